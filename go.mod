@@ -1,0 +1,3 @@
+module github.com/poold/poold
+
+go 1.26.0

@@ -1,0 +1,82 @@
+// Package profile decodes, defaults and validates the profiles JSON that tells poold
+// which models it may serve, on which GPU pools and how (DESIGN.md §3), and indexes
+// every servable name for O(1) resolution.
+package profile
+
+import (
+	"time"
+)
+
+// Default timeouts applied when neither the profile nor the file's defaults set one.
+const (
+	DefaultStartupTimeout = 30 * time.Minute
+	DefaultStopTimeout    = 90 * time.Second
+	DefaultMinResidency   = 30 * time.Second
+	DefaultMaxQueue       = 256
+	DefaultMaxQueueWait   = 10 * time.Minute
+)
+
+// Config is one decoded, defaulted and validated profiles file. It is immutable once
+// returned by Parse or Load: reloads build a new Config and swap it in whole.
+// The zero value serves nothing.
+type Config struct {
+	Pools    []*PoolSpec `json:"pools"`
+	Defaults Defaults    `json:"defaults"`
+	Profiles []*Profile  `json:"profiles"`
+
+	names map[string]*Profile // id and every alias → profile
+	pools map[string]*PoolSpec
+}
+
+// PoolSpec is a named set of GPUs that holds at most one awake engine.
+type PoolSpec struct {
+	Name string `json:"name"`
+	GPUs []int  `json:"gpus"`
+	// Default is the profile id or alias preloaded at start-up; empty means the pool
+	// starts empty.
+	Default string `json:"default,omitempty"`
+	// MinResidency is how long a freshly loaded profile keeps the pool while it still
+	// has demand before waiters for other profiles close the gate; zero means the
+	// file's default (DefaultMinResidency unless defaults.minResidency is set).
+	MinResidency Duration `json:"minResidency,omitzero"`
+	// MaxQueue bounds the requests waiting on this pool; zero means DefaultMaxQueue.
+	MaxQueue int `json:"maxQueue,omitempty"`
+	// MaxQueueWait bounds how long one request waits; zero means DefaultMaxQueueWait.
+	MaxQueueWait Duration `json:"maxQueueWait,omitzero"`
+}
+
+// Defaults are applied to every profile that leaves the field unset.
+type Defaults struct {
+	StartupTimeout Duration          `json:"startupTimeout,omitzero"`
+	StopTimeout    Duration          `json:"stopTimeout,omitzero"`
+	Env            map[string]string `json:"env,omitempty"`
+	MinResidency   Duration          `json:"minResidency,omitzero"`
+	MaxQueue       int               `json:"maxQueue,omitempty"`
+	MaxQueueWait   Duration          `json:"maxQueueWait,omitzero"`
+}
+
+// Profile says how to serve one model.
+type Profile struct {
+	// ID is the canonical model id: the name the engine serves and upstream requests carry.
+	ID      string   `json:"id"`
+	Aliases []string `json:"aliases,omitempty"`
+	// Model is the path or hub name handed to `vllm serve`.
+	Model string `json:"model"`
+	// Pools lists the pools this profile may run on; empty means every pool.
+	Pools       []string          `json:"pools,omitempty"`
+	MaxModelLen int               `json:"maxModelLen,omitempty"`
+	Args        []string          `json:"args,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	// Command, when set, replaces the `vllm serve` argv; {port}, {model}, {id} and
+	// {poold} (this daemon's own executable) are substituted inside every argument.
+	Command        []string `json:"command,omitempty"`
+	StartupTimeout Duration `json:"startupTimeout,omitzero"`
+	StopTimeout    Duration `json:"stopTimeout,omitzero"`
+	// Priority orders waiting profiles: higher goes first, and waiting time ages a
+	// lower priority up so it is never starved. Zero is the normal priority.
+	Priority int `json:"priority,omitempty"`
+}
+
+// Duration is a time.Duration written in JSON as a Go duration string ("90s", "30m").
+// The zero value means unset.
+type Duration struct{ time.Duration }
