@@ -24,8 +24,9 @@ type Config struct {
 	Defaults Defaults    `json:"defaults"`
 	Profiles []*Profile  `json:"profiles"`
 
-	names map[string]*Profile // id and every alias → profile
-	pools map[string]*PoolSpec
+	names  map[string]*Profile // id and every alias → profile
+	pools  map[string]*PoolSpec
+	sorted []string // the keys of names, sorted
 }
 
 // PoolSpec is a named set of GPUs that holds at most one awake engine.
@@ -78,5 +79,11 @@ type Profile struct {
 }
 
 // Duration is a time.Duration written in JSON as a Go duration string ("90s", "30m").
-// The zero value means unset.
-type Duration struct{ time.Duration }
+// The zero value means unset. A string that does not parse decodes without error, to
+// zero, and is reported by validation with every other problem in the file.
+type Duration struct {
+	time.Duration
+
+	text  string // as written in the file
+	given bool   // the file gave a string (possibly an invalid one)
+}

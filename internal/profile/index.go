@@ -1,0 +1,102 @@
+package profile
+
+import (
+	"maps"
+	"slices"
+)
+
+// applyDefaults fills every unset field of a validated c.
+func (c *Config) applyDefaults() {
+	d := &c.Defaults
+	for _, p := range c.Pools {
+		p.MinResidency = p.MinResidency.or(d.MinResidency, DefaultMinResidency)
+		p.MaxQueueWait = p.MaxQueueWait.or(d.MaxQueueWait, DefaultMaxQueueWait)
+		if p.MaxQueue == 0 {
+			p.MaxQueue = d.MaxQueue
+		}
+		if p.MaxQueue == 0 {
+			p.MaxQueue = DefaultMaxQueue
+		}
+	}
+	for _, p := range c.Profiles {
+		p.StartupTimeout = p.StartupTimeout.or(d.StartupTimeout, DefaultStartupTimeout)
+		p.StopTimeout = p.StopTimeout.or(d.StopTimeout, DefaultStopTimeout)
+		if len(d.Env) > 0 {
+			env := maps.Clone(d.Env)
+			maps.Copy(env, p.Env)
+			p.Env = env
+		}
+		if len(p.Pools) == 0 {
+			p.Pools = make([]string, len(c.Pools))
+			for i, pool := range c.Pools {
+				p.Pools[i] = pool.Name
+			}
+		}
+	}
+}
+
+// index builds the name lookups of a validated c.
+func (c *Config) index() {
+	c.pools = make(map[string]*PoolSpec, len(c.Pools))
+	for _, p := range c.Pools {
+		c.pools[p.Name] = p
+	}
+	c.names = make(map[string]*Profile)
+	for _, p := range c.Profiles {
+		c.names[p.ID] = p
+		for _, a := range p.Aliases {
+			c.names[a] = p
+		}
+	}
+	c.sorted = slices.Sorted(maps.Keys(c.names))
+}
+
+// Lookup returns the profile whose id or alias is name, or nil if there is none.
+func (c *Config) Lookup(name string) *Profile {
+	if c == nil {
+		return nil
+	}
+	return c.names[name]
+}
+
+// Pool returns the pool called name, or nil if there is none.
+func (c *Config) Pool(name string) *PoolSpec {
+	if c == nil {
+		return nil
+	}
+	return c.pools[name]
+}
+
+// Names returns every servable name, ids and aliases alike, sorted. The caller may
+// modify the returned slice.
+func (c *Config) Names() []string {
+	if c == nil {
+		return nil
+	}
+	return slices.Clone(c.sorted)
+}
+
+// EligibleOn reports whether p may run on the pool called pool. A profile with no
+// Pools is eligible everywhere (after Parse, Pools lists every pool instead).
+func (p *Profile) EligibleOn(pool string) bool {
+	return len(p.Pools) == 0 || slices.Contains(p.Pools, pool)
+}
+
+// Equal reports whether p and q define the same profile. Durations compare by value,
+// nil and empty lists and maps are equal.
+func (p *Profile) Equal(q *Profile) bool {
+	if p == nil || q == nil {
+		return p == q
+	}
+	return p.ID == q.ID &&
+		slices.Equal(p.Aliases, q.Aliases) &&
+		p.Model == q.Model &&
+		slices.Equal(p.Pools, q.Pools) &&
+		p.MaxModelLen == q.MaxModelLen &&
+		slices.Equal(p.Args, q.Args) &&
+		maps.Equal(p.Env, q.Env) &&
+		slices.Equal(p.Command, q.Command) &&
+		p.StartupTimeout.Duration == q.StartupTimeout.Duration &&
+		p.StopTimeout.Duration == q.StopTimeout.Duration &&
+		p.Priority == q.Priority
+}
