@@ -34,13 +34,17 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 func (d Duration) IsZero() bool { return d.Duration == 0 && !d.given }
 
 // problem returns why d is not a valid setting, or "" when it is valid or unset.
-func (d Duration) problem() string {
+// Zero is valid only when zeroOK is set.
+func (d Duration) problem(zeroOK bool) string {
 	if d.given {
 		v, err := time.ParseDuration(d.text)
 		if err != nil {
 			return fmt.Sprintf("invalid duration %q", d.text)
 		}
-		if v <= 0 {
+		switch {
+		case v < 0 && zeroOK:
+			return fmt.Sprintf("%q is negative", d.text)
+		case v <= 0 && !zeroOK:
 			return fmt.Sprintf("%q is not positive", d.text)
 		}
 		return ""

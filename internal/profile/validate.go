@@ -177,7 +177,7 @@ func (v *checker) add(field, format string, args ...any) {
 }
 
 func (v *checker) duration(field string, d Duration) {
-	if msg := d.problem(); msg != "" {
+	if msg := d.problem(field == "minResidency"); msg != "" {
 		v.add(field, "%s", msg)
 	}
 }

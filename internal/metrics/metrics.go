@@ -1,0 +1,238 @@
+// Package metrics defines every Prometheus collector poold exports (DESIGN.md §6),
+// registered against an injected Registerer, and the per-request record that
+// feeds both the request metrics and the access log.
+package metrics
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/poold/poold/internal/pool"
+)
+
+// Latency buckets suited to LLM serving: milliseconds to tens of minutes.
+var (
+	latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
+	swapBuckets    = []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
+)
+
+// Metrics holds poold's collectors. Build it with New; the zero value is not usable.
+type Metrics struct {
+	requests         *prometheus.CounterVec
+	duration         *prometheus.HistogramVec
+	ttfb             *prometheus.HistogramVec
+	queueWait        *prometheus.HistogramVec
+	promptTokens     *prometheus.CounterVec
+	completionTokens *prometheus.CounterVec
+	swaps            *prometheus.CounterVec
+	swapDuration     *prometheus.HistogramVec
+	engineStarts     *prometheus.CounterVec
+	engineExits      *prometheus.CounterVec
+	reloadOK         prometheus.Gauge
+	reloadTime       prometheus.Gauge
+}
+
+// New registers every collector on reg: the request and swap metrics, a
+// collector reading pool snapshots from pools at scrape time, the Go and process
+// collectors, and poold_build_info.
+func New(reg prometheus.Registerer, pools func() []pool.Status, version, revision string) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming and client class.",
+		}, []string{"pool", "model", "code_class", "stream", "client"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_request_duration_seconds", Help: "Request duration from arrival to the last byte, queueing included.", Buckets: latencyBuckets,
+		}, []string{"pool", "model", "stream"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_time_to_first_byte_seconds", Help: "Time from arrival to the first response byte sent to the client.", Buckets: latencyBuckets,
+		}, []string{"pool", "model"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_queue_wait_seconds", Help: "Time a request waited for its model to be ready and admitted.", Buckets: latencyBuckets,
+		}, []string{"pool", "model"}),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_prompt_tokens_total", Help: "Prompt tokens reported by the engines.",
+		}, []string{"pool", "model", "client"}),
+		completionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_completion_tokens_total", Help: "Completion tokens reported by the engines.",
+		}, []string{"pool", "model", "client"}),
+		swaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_swaps_total", Help: "Swap attempts, by pool, from and to profile, and result.",
+		}, []string{"pool", "from", "to", "result"}),
+		swapDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_swap_duration_seconds", Help: "Duration of each swap phase (drain, stop, start, ready).", Buckets: swapBuckets,
+		}, []string{"pool", "phase"}),
+		engineStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_engine_starts_total", Help: "Engine starts, by result (ok, failed).",
+		}, []string{"pool", "profile", "result"}),
+		engineExits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_engine_exits_total", Help: "Engine process exits, by reason (stopped, crashed, load_failed).",
+		}, []string{"pool", "profile", "reason"}),
+		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "poold_config_last_reload_successful", Help: "1 if the last profiles load succeeded.",
+		}),
+		reloadTime: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "poold_config_last_reload_success_timestamp_seconds", Help: "Unix time of the last successful profiles load.",
+		}),
+	}
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "poold_build_info", Help: "Always 1; labels carry the build.",
+	}, []string{"version", "revision"})
+	build.WithLabelValues(version, revision).Set(1)
+	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.promptTokens, m.completionTokens,
+		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.reloadOK, m.reloadTime, build,
+		&poolCollector{pools: pools},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// ConfigLoaded records the outcome of a profiles load.
+func (m *Metrics) ConfigLoaded(ok bool, at time.Time) {
+	if !ok {
+		m.reloadOK.Set(0)
+		return
+	}
+	m.reloadOK.Set(1)
+	m.reloadTime.Set(float64(at.UnixNano()) / 1e9)
+}
+
+// Swap implements pool.Observer.
+func (m *Metrics) Swap(poolName, from, to, result string, phases map[string]time.Duration) {
+	m.swaps.WithLabelValues(poolName, from, to, result).Inc()
+	for phase, d := range phases {
+		m.swapDuration.WithLabelValues(poolName, phase).Observe(d.Seconds())
+	}
+	startResult := "ok"
+	if _, started := phases["start"]; !started || result != "ok" {
+		startResult = "failed"
+	}
+	m.engineStarts.WithLabelValues(poolName, to, startResult).Inc()
+}
+
+// EngineExit implements pool.Observer.
+func (m *Metrics) EngineExit(poolName, profile, reason string) {
+	m.engineExits.WithLabelValues(poolName, profile, reason).Inc()
+}
+
+// Record is everything known about one finished request. It feeds the request
+// metrics and is the access-log line. Pool and Profile are empty when the request
+// never reached a pool (bad body, unknown model).
+type Record struct {
+	RequestID string
+	Pool      string
+	Model     string // the name the client asked for
+	Profile   string // the canonical profile id it resolved to
+	Client    string
+	Status    int
+	Stream    bool
+	// Counted reports whether the engine reported usage.
+	Counted          bool
+	PromptTokens     int
+	CompletionTokens int
+	QueueWait        time.Duration
+	TTFB             time.Duration
+	Duration         time.Duration
+}
+
+// Observe adds a finished request to the metrics. Requests that reached no
+// profile are counted under pool and model "none", so that request input never
+// creates label values.
+func (m *Metrics) Observe(r *Record) {
+	pl, model := r.Pool, r.Profile
+	if model == "" {
+		pl, model = "none", "none"
+	}
+	stream := strconv.FormatBool(r.Stream)
+	m.requests.WithLabelValues(pl, model, codeClass(r.Status), stream, r.Client).Inc()
+	m.duration.WithLabelValues(pl, model, stream).Observe(r.Duration.Seconds())
+	if r.Pool == "" {
+		return
+	}
+	m.queueWait.WithLabelValues(pl, model).Observe(r.QueueWait.Seconds())
+	if r.TTFB > 0 {
+		m.ttfb.WithLabelValues(pl, model).Observe(r.TTFB.Seconds())
+	}
+	if r.Counted {
+		m.promptTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.PromptTokens))
+		m.completionTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.CompletionTokens))
+	}
+}
+
+// Log writes r as one access-log line.
+func (r *Record) Log(log *slog.Logger) {
+	log.LogAttrs(context.Background(), slog.LevelInfo, "request",
+		slog.String("request_id", r.RequestID),
+		slog.String("pool", r.Pool),
+		slog.String("model", r.Model),
+		slog.String("profile", r.Profile),
+		slog.String("client", r.Client),
+		slog.Int("status", r.Status),
+		slog.Bool("stream", r.Stream),
+		slog.Int("prompt_tokens", r.PromptTokens),
+		slog.Int("completion_tokens", r.CompletionTokens),
+		slog.Int64("queue_wait_ms", r.QueueWait.Milliseconds()),
+		slog.Int64("ttfb_ms", r.TTFB.Milliseconds()),
+		slog.Int64("duration_ms", r.Duration.Milliseconds()),
+	)
+}
+
+func codeClass(status int) string {
+	switch {
+	case status >= 500:
+		return "5xx"
+	case status >= 400:
+		return "4xx"
+	case status >= 300:
+		return "3xx"
+	case status >= 200:
+		return "2xx"
+	default:
+		return "1xx"
+	}
+}
+
+// poolCollector reads pool snapshots at scrape time.
+type poolCollector struct {
+	pools func() []pool.Status
+}
+
+var (
+	inFlightDesc = prometheus.NewDesc("poold_in_flight_requests", "Requests holding a lease, by pool and model.", []string{"pool", "model"}, nil)
+	waitingDesc  = prometheus.NewDesc("poold_waiting_requests", "Requests queued, by pool and the model they wait for.", []string{"pool", "model"}, nil)
+	loadedDesc   = prometheus.NewDesc("poold_pool_loaded_profile", "1 for the profile loaded in each pool.", []string{"pool", "profile"}, nil)
+	stateDesc    = prometheus.NewDesc("poold_pool_state", "1 for each pool's current state.", []string{"pool", "state"}, nil)
+)
+
+var poolStates = []pool.State{pool.StateEmpty, pool.StateStarting, pool.StateReady, pool.StateDraining, pool.StateStopping, "sleeping", pool.StateFailed}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- inFlightDesc
+	ch <- waitingDesc
+	ch <- loadedDesc
+	ch <- stateDesc
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range c.pools() {
+		loaded := ""
+		if st.Profile != nil {
+			loaded = *st.Profile
+			ch <- prometheus.MustNewConstMetric(loadedDesc, prometheus.GaugeValue, 1, st.Name, loaded)
+		}
+		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), st.Name, loaded)
+		for model, n := range st.Waiting {
+			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), st.Name, model)
+		}
+		for _, s := range poolStates {
+			v := 0.0
+			if st.State == s {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, st.Name, string(s))
+		}
+	}
+}

@@ -1,0 +1,287 @@
+package pool
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/poold/poold/internal/profile"
+)
+
+// logLines is how many of an engine's last output lines are kept for error reports.
+const logLines = 30
+
+// engine is one engine subprocess in its own process group. Its fields are set
+// before start returns and not changed afterwards, except through the exited
+// channel (closed by the one goroutine that calls cmd.Wait, after setting
+// exitErr) and the log ring (which has its own mutex).
+type engine struct {
+	profile   *profile.Profile
+	port      int
+	pid       int // also the process group id
+	startedAt time.Time
+
+	exited  chan struct{}
+	exitErr error // valid once exited is closed
+	logs    *ring
+}
+
+// startEngine starts prof's engine for the pool on a free loopback port.
+// self is poold's own executable, substituted for {poold} in commands.
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, log *slog.Logger) (*engine, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, fmt.Errorf("choosing a port: %w", err)
+	}
+	argv := prof.Argv(port, spec, self)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), prof.Environ(spec)...)
+	// Own process group, so that stop can signal the engine's whole tree; and
+	// SIGKILL if poold dies, so that no engine outlives its daemon.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// The engine writes into a pipe that we read ourselves, so that cmd.Wait does
+	// not wait for grandchildren that inherited the pipe.
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("creating log pipe: %w", err)
+	}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return nil, fmt.Errorf("running %q: %w", argv[0], err)
+	}
+	w.Close()
+	e := &engine{
+		profile:   prof,
+		port:      port,
+		pid:       cmd.Process.Pid,
+		startedAt: time.Now(),
+		exited:    make(chan struct{}),
+		logs:      &ring{max: logLines},
+	}
+	log = log.With("profile", prof.ID, "pid", e.pid)
+	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "))
+	go e.pump(r, log)
+	go func() {
+		e.exitErr = cmd.Wait()
+		close(e.exited)
+	}()
+	return e, nil
+}
+
+// base is the engine's loopback URL.
+func (e *engine) base() string { return "http://127.0.0.1:" + strconv.Itoa(e.port) }
+
+// pump copies the engine's output lines into the log and the ring until every
+// writer (the engine and its descendants) has closed the pipe.
+func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 64*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		e.logs.add(line)
+		log.Info(line, "stream", "engine")
+	}
+}
+
+// failure describes an engine exit with its status and last log lines.
+func (e *engine) failure() error {
+	status := "exited"
+	if e.exitErr != nil {
+		status = e.exitErr.Error()
+	}
+	return fmt.Errorf("engine %q %s; last output: %s", e.profile.ID, status, e.logs.tail(5))
+}
+
+// probeTimeout bounds one readiness probe.
+const probeTimeout = 2 * time.Second
+
+// probeClient is used only for readiness probes.
+var probeClient = &http.Client{Timeout: probeTimeout}
+
+// waitReady polls /v1/models until the profile's id is listed: every few
+// milliseconds at first, backing off to maxProbeInterval. It fails at once if the
+// engine exits, and after timeout.
+func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
+	const maxProbeInterval = 100 * time.Millisecond
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	interval := 2 * time.Millisecond
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.exited:
+			return fmt.Errorf("while loading: %w", e.failure())
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("engine %q not ready after startupTimeout %s; last output: %s", e.profile.ID, timeout, e.logs.tail(5))
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+		if e.serves(ctx) {
+			return nil
+		}
+		t.Reset(interval)
+		interval = min(interval*2, maxProbeInterval)
+	}
+}
+
+// serves reports whether the engine's /v1/models lists the profile's id.
+func (e *engine) serves(ctx context.Context) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.base()+"/v1/models", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := probeClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list) != nil {
+		return false
+	}
+	for _, m := range list.Data {
+		if m.ID == e.profile.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// killWait bounds the wait for a SIGKILLed group to vanish.
+const killWait = 10 * time.Second
+
+// stop ends the engine's whole process group: SIGTERM, up to grace for the group
+// to empty, then SIGKILL. It returns only when no live process of the group
+// remains, or with an error naming the survivors.
+func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
+	pgid := e.pid
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	if waitGroupGone(pgid, grace) {
+		<-e.exited
+		return nil
+	}
+	log.Warn("engine ignored SIGTERM; sending SIGKILL", "profile", e.profile.ID, "pgid", pgid, "grace", grace)
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	if !waitGroupGone(pgid, killWait) {
+		return fmt.Errorf("process group %d still has live members %v after SIGKILL", pgid, groupMembers(pgid))
+	}
+	<-e.exited
+	return nil
+}
+
+// waitGroupGone polls until process group pgid has no live member, or d passes.
+func waitGroupGone(pgid int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	interval := time.Millisecond
+	for {
+		if len(groupMembers(pgid)) == 0 {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(interval)
+		interval = min(interval*2, 50*time.Millisecond)
+	}
+}
+
+// groupMembers lists the live (not zombie) processes whose process group is
+// pgid, from /proc.
+func groupMembers(pgid int) []int {
+	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
+		return nil
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + ent.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after the command, which is in parentheses and may hold anything:
+		// state ppid pgrp ...
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// freePort asks the kernel for a free loopback port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ring keeps the last max lines written to it.
+type ring struct {
+	max   int
+	mu    sync.Mutex // guards lines
+	lines []string
+}
+
+func (r *ring) add(line string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.lines) == r.max {
+		copy(r.lines, r.lines[1:])
+		r.lines = r.lines[:r.max-1]
+	}
+	r.lines = append(r.lines, line)
+}
+
+// tail returns the last n lines joined by " | ", or "(none)".
+func (r *ring) tail(n int) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.lines[max(0, len(r.lines)-n):]
+	if len(l) == 0 {
+		return "(none)"
+	}
+	return strings.Join(l, " | ")
+}

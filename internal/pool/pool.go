@@ -1,0 +1,486 @@
+// Package pool runs one engine per GPU pool: admission of requests, the swap
+// scheduler's decisions, the engine's process lifecycle under the swap contract
+// (drain, bounded stop, readiness gate), and placement across the pools of a host.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/poold/poold/internal/profile"
+)
+
+// State is a pool's externally visible state (DESIGN.md §6).
+type State string
+
+// The pool states.
+const (
+	StateEmpty    State = "empty"
+	StateStarting State = "starting"
+	StateReady    State = "ready"
+	StateDraining State = "draining"
+	StateStopping State = "stopping"
+	StateFailed   State = "failed"
+)
+
+// ErrShutdown answers requests still waiting when poold shuts down.
+var ErrShutdown = errors.New("poold is shutting down")
+
+// LoadError is a failed engine start or load, handed to every request that
+// waited for it.
+type LoadError struct {
+	Profile string
+	Err     error
+}
+
+func (e *LoadError) Error() string { return fmt.Sprintf("loading %q: %v", e.Profile, e.Err) }
+func (e *LoadError) Unwrap() error { return e.Err }
+
+// Observer receives a pool's lifecycle events, for metrics. Its methods must not
+// block. A nil Observer in Options means none.
+type Observer interface {
+	// Swap reports one finished swap attempt: from ("" when the pool was empty),
+	// to, result ("ok" or "failed") and the duration of each phase (drain, stop,
+	// start, ready).
+	Swap(pool, from, to, result string, phases map[string]time.Duration)
+	// EngineExit reports an engine process that ended, and why: "stopped",
+	// "crashed" or "load_failed".
+	EngineExit(pool, profile, reason string)
+}
+
+// Options configures a Pool. Self is poold's executable (for {poold} in engine
+// commands); Now defaults to time.Now.
+type Options struct {
+	Self     string
+	Logger   *slog.Logger
+	Observer Observer
+	Now      func() time.Time
+}
+
+// Pool owns one GPU set and at most one engine on it.
+//
+// Its run loop is the only goroutine that starts or stops engines. Acquire and
+// Lease.Release run on request goroutines and talk to the loop through the
+// scheduler (under mu) and the kick channel.
+type Pool struct {
+	name string
+	opts Options
+	log  *slog.Logger
+	kick chan struct{} // buffered(1): wakes the run loop
+	done chan struct{} // closed when the run loop has ended
+
+	mu        sync.Mutex // guards every field below
+	spec      *profile.PoolSpec
+	cfg       *profile.Config
+	sched     Scheduler
+	state     State
+	eng       *engine // the engine starting or serving; nil when none
+	since     time.Time
+	lastErr   error
+	lastSwap  time.Duration // duration of the last successful swap, for Retry-After
+	readyAt   time.Time
+	shut      bool // the loop has stopped: no more admissions
+	drainedAt time.Time
+}
+
+func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Pool{
+		name:  spec.Name,
+		opts:  opts,
+		log:   opts.Logger.With("component", "pool", "pool", spec.Name),
+		kick:  make(chan struct{}, 1),
+		done:  make(chan struct{}),
+		spec:  spec,
+		cfg:   cfg,
+		state: StateEmpty,
+		since: opts.Now(),
+	}
+	p.sched.Policy = policyFor(spec)
+	return p
+}
+
+func policyFor(spec *profile.PoolSpec) Policy {
+	return Policy{
+		MinResidency: spec.MinResidency.Duration,
+		IdleGrace:    DefaultIdleGrace,
+		PriorityAge:  DefaultPriorityAge,
+		MaxQueue:     spec.MaxQueue,
+	}
+}
+
+// Name is the pool's name.
+func (p *Pool) Name() string { return p.name }
+
+// Lease is one request's right to use a pool's ready engine. Release it exactly
+// once when the request is over; further calls do nothing.
+type Lease struct {
+	Pool    string
+	Profile *profile.Profile
+	// Target is the engine's base URL (http://127.0.0.1:PORT).
+	Target *url.URL
+	// Waited is how long the request queued before admission.
+	Waited time.Duration
+
+	p    *Pool
+	once sync.Once
+}
+
+// Release returns the lease to its pool.
+func (l *Lease) Release() {
+	l.once.Do(func() {
+		p := l.p
+		p.mu.Lock()
+		p.sched.Release(p.opts.Now())
+		p.mu.Unlock()
+		p.wake()
+	})
+}
+
+// grant is what a waiter receives: a lease or the reason it has none.
+type grant struct {
+	lease *Lease
+	err   error
+}
+
+// QueueError is a refusal because the queue is full or the wait was too long;
+// RetryAfter estimates when a retry could succeed.
+type QueueError struct {
+	Err        error
+	RetryAfter time.Duration
+}
+
+func (e *QueueError) Error() string { return e.Err.Error() }
+func (e *QueueError) Unwrap() error { return e.Err }
+
+// Acquire waits until prof is ready in this pool and the scheduler admits the
+// request, then returns its lease. It returns early with ctx's error when the
+// client goes away (leaving the queue at once), a *QueueError when the queue is
+// full or the wait exceeds the pool's maxQueueWait, or a *LoadError when the
+// engine fails to load.
+func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile) (*Lease, error) {
+	now := p.opts.Now()
+	w := &Waiter{Profile: prof.ID, Priority: prof.Priority, Arrived: now, done: make(chan grant, 1)}
+	p.mu.Lock()
+	if p.shut {
+		p.mu.Unlock()
+		return nil, ErrShutdown
+	}
+	admitted, err := p.sched.Arrive(w)
+	var lease *Lease
+	if admitted {
+		lease = p.leaseLocked(prof, 0)
+	}
+	maxWait := p.spec.MaxQueueWait.Duration
+	retry := p.retryAfterLocked()
+	p.mu.Unlock()
+	if err != nil {
+		return nil, &QueueError{Err: err, RetryAfter: retry}
+	}
+	if lease != nil {
+		return lease, nil
+	}
+	p.wake()
+
+	var timeout <-chan time.Time
+	if maxWait > 0 {
+		t := time.NewTimer(maxWait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case g := <-w.done:
+		return g.lease, g.err
+	case <-ctx.Done():
+		return nil, p.leave(w, ctx.Err())
+	case <-timeout:
+		p.mu.Lock()
+		retry := p.retryAfterLocked()
+		p.mu.Unlock()
+		return nil, p.leave(w, &QueueError{Err: ErrQueueTimeout, RetryAfter: retry})
+	}
+}
+
+// leave takes w out of the queue and returns err; if w was granted a lease in
+// the meantime, the lease is released.
+func (p *Pool) leave(w *Waiter, err error) error {
+	p.mu.Lock()
+	removed := p.sched.Cancel(w)
+	p.mu.Unlock()
+	if removed {
+		p.wake()
+		return err
+	}
+	if g := <-w.done; g.lease != nil {
+		g.lease.Release()
+	}
+	return err
+}
+
+// leaseLocked makes a lease on the current engine; p.mu must be held and the
+// scheduler must have counted it in flight.
+func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
+	u, _ := url.Parse(p.eng.base())
+	return &Lease{Pool: p.name, Profile: prof, Target: u, Waited: waited, p: p}
+}
+
+// retryAfterLocked estimates how long until a queued request could be served:
+// one swap per distinct profile waiting, plus the residency. p.mu must be held.
+func (p *Pool) retryAfterLocked() time.Duration {
+	swap := p.lastSwap
+	if swap == 0 {
+		swap = 10 * time.Second
+	}
+	waiting, _ := p.sched.Waiting()
+	return p.sched.Policy.MinResidency + time.Duration(len(waiting)+1)*swap
+}
+
+func (p *Pool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// answer hands each waiter its grant: a lease on the current engine, or err.
+// p.mu must be held.
+func (p *Pool) answerLocked(ws []*Waiter, err error) {
+	now := p.opts.Now()
+	for _, w := range ws {
+		if err != nil {
+			w.done <- grant{err: err}
+			continue
+		}
+		w.done <- grant{lease: p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))}
+	}
+}
+
+// run is the pool's loop: it preloads the default, then acts on the scheduler's
+// decisions until ctx ends, and then stops the engine.
+func (p *Pool) run(ctx context.Context) {
+	defer close(p.done)
+	p.mu.Lock()
+	if def := p.cfg.Lookup(p.spec.Default); def != nil && p.sched.QueueLen() == 0 {
+		p.sched.Begin(def.ID)
+		p.mu.Unlock()
+		p.swap(ctx, def)
+	} else {
+		p.mu.Unlock()
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		d := p.sched.Next(p.opts.Now())
+		p.answerLocked(d.Admit, nil)
+		var next *profile.Profile
+		if d.Load != "" {
+			next = p.cfg.Lookup(d.Load)
+			p.sched.Begin(d.Load)
+		} else if p.sched.Closing() && p.state == StateReady {
+			p.setStateLocked(StateDraining)
+		} else if !p.sched.Closing() && p.state == StateDraining {
+			p.setStateLocked(StateReady) // the gate reopened: those waiting for others left
+		}
+		var exited <-chan struct{}
+		if p.eng != nil {
+			exited = p.eng.exited
+		}
+		p.mu.Unlock()
+		if next != nil {
+			p.swap(ctx, next)
+			continue
+		}
+		var recheck <-chan time.Time
+		if !d.Recheck.IsZero() {
+			timer.Reset(max(d.Recheck.Sub(p.opts.Now()), time.Millisecond))
+			recheck = timer.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-p.kick:
+		case <-recheck:
+		case <-exited:
+			p.engineExited()
+		}
+	}
+	p.shutdown()
+}
+
+// engineExited handles an engine that ended on its own while serving.
+func (p *Pool) engineExited() {
+	p.mu.Lock()
+	e := p.eng
+	p.eng = nil
+	p.sched.Lost()
+	err := e.failure()
+	p.lastErr = err
+	p.setStateLocked(StateFailed)
+	p.mu.Unlock()
+	p.log.Error("engine exited", "profile", e.profile.ID, "err", err)
+	// Reap what is left of its group (grandchildren may survive their parent).
+	if stopErr := e.stop(0, p.log); stopErr != nil {
+		p.log.Error("cleaning up engine", "profile", e.profile.ID, "err", stopErr)
+	}
+	p.observeExit(e.profile.ID, "crashed")
+}
+
+// swap replaces the pool's engine with one serving prof, under the swap
+// contract. The scheduler has already recorded Begin(prof.ID) and no lease is open.
+func (p *Pool) swap(ctx context.Context, prof *profile.Profile) {
+	begin := p.opts.Now()
+	phases := make(map[string]time.Duration, 4)
+	p.mu.Lock()
+	old := p.eng
+	if !p.drainedAt.IsZero() {
+		phases["drain"] = begin.Sub(p.drainedAt)
+	}
+	p.drainedAt = time.Time{}
+	from := ""
+	if old != nil {
+		from = old.profile.ID
+		p.setStateLocked(StateStopping)
+	}
+	spec := p.spec
+	p.mu.Unlock()
+
+	if old != nil {
+		t := p.opts.Now()
+		if err := p.stopEngine(old); err != nil {
+			p.failSwap(prof, from, phases, err)
+			return
+		}
+		phases["stop"] = p.opts.Now().Sub(t)
+	}
+
+	t := p.opts.Now()
+	p.mu.Lock()
+	p.setStateLocked(StateStarting)
+	p.mu.Unlock()
+	p.log.Info("starting engine", "profile", prof.ID, "from", from)
+	e, err := startEngine(prof, spec, p.opts.Self, p.log)
+	if err != nil {
+		p.failSwap(prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
+		return
+	}
+	p.mu.Lock()
+	p.eng = e
+	p.mu.Unlock()
+	phases["start"] = p.opts.Now().Sub(t)
+
+	t = p.opts.Now()
+	if err := e.waitReady(ctx, prof.StartupTimeout.Duration); err != nil {
+		if stopErr := e.stop(prof.StopTimeout.Duration, p.log); stopErr != nil {
+			p.log.Error("stopping failed engine", "profile", prof.ID, "err", stopErr)
+		}
+		p.mu.Lock()
+		p.eng = nil
+		p.mu.Unlock()
+		p.observeExit(prof.ID, "load_failed")
+		p.failSwap(prof, from, phases, err)
+		return
+	}
+	now := p.opts.Now()
+	phases["ready"] = now.Sub(t)
+
+	p.mu.Lock()
+	p.lastErr = nil
+	p.readyAt = now
+	p.lastSwap = now.Sub(begin)
+	p.setStateLocked(StateReady)
+	p.answerLocked(p.sched.Ready(prof.ID, now), nil)
+	p.mu.Unlock()
+	p.log.Info("engine ready", "profile", prof.ID, "from", from, "took", now.Sub(begin))
+	p.observeSwap(from, prof.ID, "ok", phases)
+}
+
+// failSwap records a failed swap and answers the profile's waiters at once.
+func (p *Pool) failSwap(prof *profile.Profile, from string, phases map[string]time.Duration, err error) {
+	p.log.Error("swap failed", "profile", prof.ID, "from", from, "err", err)
+	p.mu.Lock()
+	p.lastErr = err
+	p.setStateLocked(StateFailed)
+	p.answerLocked(p.sched.Failed(prof.ID), &LoadError{Profile: prof.ID, Err: err})
+	p.mu.Unlock()
+	p.observeSwap(from, prof.ID, "failed", phases)
+}
+
+// stopEngine stops e under the stop contract and forgets it.
+func (p *Pool) stopEngine(e *engine) error {
+	p.log.Info("stopping engine", "profile", e.profile.ID, "pid", e.pid)
+	err := e.stop(e.profile.StopTimeout.Duration, p.log)
+	p.mu.Lock()
+	if p.eng == e {
+		p.eng = nil
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("stopping engine %q: %w", e.profile.ID, err)
+	}
+	p.observeExit(e.profile.ID, "stopped")
+	return nil
+}
+
+// refuse stops admissions: queued and new requests get ErrShutdown.
+func (p *Pool) refuse() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.shut = true
+	p.answerLocked(p.sched.Drop(""), ErrShutdown)
+}
+
+// shutdown answers every waiter and stops the engine; it runs once the loop's
+// context has ended. In-flight leases are the caller's to drain before that.
+func (p *Pool) shutdown() {
+	p.refuse()
+	p.mu.Lock()
+	e := p.eng
+	if e != nil {
+		p.setStateLocked(StateStopping)
+	}
+	p.mu.Unlock()
+	if e == nil {
+		return
+	}
+	if err := p.stopEngine(e); err != nil {
+		p.log.Error("shutdown", "err", err)
+	}
+	p.mu.Lock()
+	p.sched.Lost()
+	p.setStateLocked(StateEmpty)
+	p.mu.Unlock()
+}
+
+// setStateLocked moves the pool to s; p.mu must be held.
+func (p *Pool) setStateLocked(s State) {
+	if p.state == s {
+		return
+	}
+	if s == StateDraining {
+		p.drainedAt = p.opts.Now()
+	}
+	p.state = s
+	p.since = p.opts.Now()
+}
+
+func (p *Pool) observeSwap(from, to, result string, phases map[string]time.Duration) {
+	if p.opts.Observer != nil {
+		p.opts.Observer.Swap(p.name, from, to, result, phases)
+	}
+}
+
+func (p *Pool) observeExit(profile, reason string) {
+	if p.opts.Observer != nil {
+		p.opts.Observer.EngineExit(p.name, profile, reason)
+	}
+}

@@ -1,0 +1,282 @@
+package pool
+
+import (
+	"errors"
+	"slices"
+	"time"
+)
+
+// Scheduling errors a waiting request can get.
+var (
+	ErrQueueFull    = errors.New("queue full")
+	ErrQueueTimeout = errors.New("timed out waiting for the model to load")
+)
+
+// DefaultIdleGrace is how long after its last request the loaded profile still
+// counts as in demand; it bridges the gap between the requests of a closed-loop
+// client, so that such a client keeps its model for the minimum residency.
+const DefaultIdleGrace = time.Second
+
+// DefaultPriorityAge is how much waiting time one priority level is worth: a waiter
+// of priority p behaves as if it had arrived p×DefaultPriorityAge earlier.
+const DefaultPriorityAge = time.Minute
+
+// Policy holds one pool's scheduling settings. Zero durations disable the
+// corresponding rule; a zero MaxQueue means no bound.
+type Policy struct {
+	// MinResidency is how long a freshly loaded profile keeps the pool while it
+	// still has demand, before waiters for other profiles close the gate.
+	MinResidency time.Duration
+	// IdleGrace is how long after its last use the loaded profile counts as in demand.
+	IdleGrace time.Duration
+	// PriorityAge is the waiting time one priority level is worth.
+	PriorityAge time.Duration
+	// MaxQueue bounds the number of waiting requests.
+	MaxQueue int
+}
+
+// Waiter is one request queued on a pool. The scheduler reads its exported
+// fields; the pool owns the rest.
+type Waiter struct {
+	Profile  string
+	Priority int
+	Arrived  time.Time
+
+	done chan grant // buffered(1); the pool sends exactly one grant
+}
+
+// Decision is what the scheduler wants the pool to do next.
+type Decision struct {
+	// Admit are waiters that now hold a lease (already counted in flight).
+	Admit []*Waiter
+	// Load, when non-empty, is the profile to swap to now: the pool has no lease
+	// open, and the caller must call Begin(Load) and then Ready or Failed.
+	Load string
+	// Recheck, when non-zero, is when Next should be called again even if
+	// nothing else happens.
+	Recheck time.Time
+}
+
+// Scheduler decides, for one pool, which requests may use the engine now and
+// which profile the pool should hold next. It is a pure decision object: it does
+// no I/O, starts no goroutines and reads no clock (callers pass now). It is not
+// safe for concurrent use; the pool calls it with its mutex held.
+//
+// The zero value, with a zero Policy, is an empty pool that swaps as soon as
+// another profile is wanted.
+type Scheduler struct {
+	Policy Policy
+
+	loaded   string // profile ready in the pool; "" when none
+	target   string // profile being loaded; "" when no swap is under way
+	readyAt  time.Time
+	lastUsed time.Time // last admission or release of a lease
+	closing  bool      // the gate is closed: the pool drains towards a swap
+	inFlight int
+	queue    []*Waiter // in arrival order
+}
+
+// Arrive admits w at once (true) when its profile is ready and the gate is open;
+// otherwise it queues w (false), or refuses it with ErrQueueFull.
+func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
+	if s.loaded != "" && w.Profile == s.loaded && !s.gateClosed(w.Arrived) {
+		s.inFlight++
+		s.lastUsed = w.Arrived
+		return true, nil
+	}
+	if s.Policy.MaxQueue > 0 && len(s.queue) >= s.Policy.MaxQueue {
+		return false, ErrQueueFull
+	}
+	s.queue = append(s.queue, w)
+	return false, nil
+}
+
+// Cancel removes a queued waiter and reports whether it was still queued (false
+// means it was already admitted or failed).
+func (s *Scheduler) Cancel(w *Waiter) bool {
+	for i, q := range s.queue {
+		if q == w {
+			s.queue = slices.Delete(s.queue, i, i+1)
+			return true
+		}
+	}
+	return false
+}
+
+// Release ends one lease.
+func (s *Scheduler) Release(now time.Time) {
+	s.inFlight--
+	s.lastUsed = now
+}
+
+// Next decides what the pool should do now.
+func (s *Scheduler) Next(now time.Time) Decision {
+	if s.target != "" {
+		return Decision{}
+	}
+	if s.loaded != "" && !s.hasOthers() {
+		// Only waiters for the loaded profile remain, or none (those for
+		// others left): there is nothing to drain for, so reopen the gate and
+		// admit them, even while leases are still open.
+		s.closing = false
+		return Decision{Admit: s.admit(s.loaded, now)}
+	}
+	if len(s.queue) == 0 {
+		return Decision{}
+	}
+	if s.loaded != "" && !s.closing {
+		residencyEnd := s.readyAt.Add(s.Policy.MinResidency)
+		idleAt := s.lastUsed.Add(s.Policy.IdleGrace)
+		idle := s.inFlight == 0 && !now.Before(idleAt)
+		if now.Before(residencyEnd) && !idle {
+			d := Decision{Recheck: residencyEnd}
+			if s.inFlight == 0 && idleAt.Before(residencyEnd) {
+				d.Recheck = idleAt
+			}
+			return d
+		}
+		s.closing = true
+	}
+	if s.inFlight > 0 {
+		return Decision{}
+	}
+	next := s.pick()
+	if next == s.loaded {
+		s.closing = false
+		return Decision{Admit: s.admit(next, now)}
+	}
+	return Decision{Load: next}
+}
+
+// Begin records that a swap to profile has started: the old profile is gone.
+func (s *Scheduler) Begin(profile string) {
+	s.loaded, s.target, s.closing = "", profile, false
+}
+
+// Ready records that profile is serving and admits all of its waiters together.
+func (s *Scheduler) Ready(profile string, now time.Time) []*Waiter {
+	s.loaded, s.target, s.closing = profile, "", false
+	s.readyAt, s.lastUsed = now, now
+	return s.admit(profile, now)
+}
+
+// Failed records that loading profile failed and removes its waiters, which the
+// pool must answer with the failure.
+func (s *Scheduler) Failed(profile string) []*Waiter {
+	s.loaded, s.target, s.closing = "", "", false
+	return s.take(profile)
+}
+
+// Lost records that the loaded engine went away on its own (it exited).
+func (s *Scheduler) Lost() {
+	s.loaded, s.closing = "", false
+}
+
+// Drop removes every waiter (for shutdown or a removed profile when profile is
+// non-empty) and returns them for the pool to answer.
+func (s *Scheduler) Drop(profile string) []*Waiter {
+	if profile != "" {
+		return s.take(profile)
+	}
+	q := s.queue
+	s.queue = nil
+	return q
+}
+
+// Loaded is the profile ready in the pool, or "".
+func (s *Scheduler) Loaded() string { return s.loaded }
+
+// Target is the profile being loaded, or "".
+func (s *Scheduler) Target() string { return s.target }
+
+// InFlight is the number of open leases.
+func (s *Scheduler) InFlight() int { return s.inFlight }
+
+// Closing reports whether the gate is closed and the pool drains towards a swap.
+func (s *Scheduler) Closing() bool { return s.closing }
+
+// LastUsed is when a lease was last taken or returned.
+func (s *Scheduler) LastUsed() time.Time { return s.lastUsed }
+
+// Waiting counts the queued waiters by profile and returns the oldest arrival.
+func (s *Scheduler) Waiting() (map[string]int, time.Time) {
+	m := make(map[string]int)
+	var oldest time.Time
+	for _, w := range s.queue {
+		m[w.Profile]++
+		if oldest.IsZero() || w.Arrived.Before(oldest) {
+			oldest = w.Arrived
+		}
+	}
+	return m, oldest
+}
+
+// Queued reports whether any waiter wants profile.
+func (s *Scheduler) Queued(profile string) bool {
+	for _, w := range s.queue {
+		if w.Profile == profile {
+			return true
+		}
+	}
+	return false
+}
+
+// QueueLen is the number of waiters.
+func (s *Scheduler) QueueLen() int { return len(s.queue) }
+
+// gateClosed reports whether a request for the loaded profile must queue: the
+// pool is draining, or its residency is over while other profiles wait.
+func (s *Scheduler) gateClosed(now time.Time) bool {
+	if s.closing {
+		return true
+	}
+	return s.hasOthers() && !now.Before(s.readyAt.Add(s.Policy.MinResidency))
+}
+
+func (s *Scheduler) hasOthers() bool {
+	for _, w := range s.queue {
+		if w.Profile != s.loaded {
+			return true
+		}
+	}
+	return false
+}
+
+// pick returns the profile of the waiter that goes next: the oldest arrival,
+// each priority level counting as PriorityAge of extra waiting.
+func (s *Scheduler) pick() string {
+	var best *Waiter
+	var bestAt time.Time
+	for _, w := range s.queue {
+		at := w.Arrived.Add(-time.Duration(w.Priority) * s.Policy.PriorityAge)
+		if best == nil || at.Before(bestAt) {
+			best, bestAt = w, at
+		}
+	}
+	return best.Profile
+}
+
+// admit removes profile's waiters from the queue and counts them in flight.
+func (s *Scheduler) admit(profile string, now time.Time) []*Waiter {
+	ws := s.take(profile)
+	if len(ws) > 0 {
+		s.inFlight += len(ws)
+		s.lastUsed = now
+	}
+	return ws
+}
+
+func (s *Scheduler) take(profile string) []*Waiter {
+	var taken []*Waiter
+	kept := s.queue[:0]
+	for _, w := range s.queue {
+		if w.Profile == profile {
+			taken = append(taken, w)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	clear(s.queue[len(kept):])
+	s.queue = kept
+	return taken
+}

@@ -1,0 +1,60 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// apiError is the OpenAI error body: {"error": {"message", "type", "param", "code"}}.
+type apiError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    any     `json:"code"`
+}
+
+// errorType maps a status to the OpenAI error type name.
+func errorType(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusServiceUnavailable:
+		return "service_unavailable"
+	default:
+		return "server_error"
+	}
+}
+
+// writeError writes an OpenAI-shaped error. code is the machine-readable code
+// ("model_not_found", "queue_full", …); param names the offending field or is "".
+func writeError(w http.ResponseWriter, status int, code, param, msg string) {
+	e := apiError{Message: msg, Type: errorType(status), Code: code}
+	if param != "" {
+		e.Param = &param
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(struct {
+		Error apiError `json:"error"`
+	}{e})
+}
+
+// writeUnavailable writes a 503 with Retry-After in whole seconds (at least 1).
+func writeUnavailable(w http.ResponseWriter, code, msg string, retry time.Duration) {
+	// Rounded up without adding to retry, which could overflow.
+	secs := retry / time.Second
+	if retry%time.Second > 0 {
+		secs++
+	}
+	secs = max(1, secs)
+	w.Header().Set("Retry-After", strconv.FormatInt(int64(secs), 10))
+	writeError(w, http.StatusServiceUnavailable, code, "", msg)
+}

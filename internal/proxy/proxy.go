@@ -1,0 +1,337 @@
+// Package proxy is poold's OpenAI-compatible HTTP surface: it resolves each
+// request's model to a profile, acquires a lease on a pool, forwards the request
+// to that pool's engine and streams the answer back unbuffered while counting
+// tokens. It also serves /v1/models, /status and /health.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/poold/poold/internal/metrics"
+	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/profile"
+)
+
+// DefaultMaxBodyBytes is the default request body limit.
+const DefaultMaxBodyBytes = 32 << 20
+
+// Options configures a Handler. Zero values: MaxBodyBytes → DefaultMaxBodyBytes;
+// Logger → discard; AccessLog → none; Metrics → none.
+type Options struct {
+	MaxBodyBytes int64
+	Logger       *slog.Logger
+	AccessLog    *slog.Logger
+	Metrics      *metrics.Metrics
+	// Status fills the daemon-wide part of GET /status.
+	Status func() Status
+}
+
+// Handler serves the OpenAI API and the operations endpoints.
+type Handler struct {
+	cfg   *profile.Config
+	pools *pool.Set
+	opts  Options
+	log   *slog.Logger
+	rp    *httputil.ReverseProxy
+	mux   *http.ServeMux
+	seq   atomic.Uint64 // request ids
+	// created is the "created" time of every /v1/models entry: when the
+	// profiles were loaded.
+	created int64
+}
+
+// New builds the handler for cfg served by pools.
+func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{cfg: cfg, pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
+	h.rp = &httputil.ReverseProxy{
+		Rewrite:        h.rewriteOut,
+		Transport:      NewTransport(),
+		FlushInterval:  -1,
+		ModifyResponse: h.modifyResponse,
+		ErrorHandler:   h.upstreamError,
+		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
+	mux.HandleFunc("POST /pools/{pool}/v1/{path...}", h.serveAPI)
+	mux.HandleFunc("GET /v1/models", h.serveModels)
+	mux.HandleFunc("GET /status", h.serveStatus)
+	mux.HandleFunc("GET /health", h.serveHealth)
+	h.mux = mux
+	return h
+}
+
+// Handle adds another route (such as /metrics) to the handler's mux.
+func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// NewTransport is the one Transport shared by every forwarded request: engines
+// are on loopback, so connections are kept and reused generously.
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 0, // a queued or long prefill can take long; the client's context bounds it
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
+}
+
+// exchange is one forwarded request's state, carried in its context from
+// serveAPI through the ReverseProxy callbacks.
+type exchange struct {
+	lease    *pool.Lease
+	body     []byte
+	withhold bool
+	start    time.Time
+	first    time.Time // first response byte sent
+	sse      *sseReader
+	tail     *tailReader
+	status   int
+}
+
+type exchangeKey struct{}
+
+func (x *exchange) markFirst() { x.first = time.Now() }
+
+func (x *exchange) usage() (Usage, bool) {
+	switch {
+	case x.sse != nil:
+		return x.sse.usage, x.sse.counted
+	case x.tail != nil:
+		return x.tail.usage()
+	}
+	return Usage{}, false
+}
+
+// serveAPI handles POST /v1/* and its pinned form /pools/{pool}/v1/*.
+func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &metrics.Record{RequestID: h.requestID(r), Client: "other"}
+	w.Header().Set("X-Request-Id", rec.RequestID)
+	x := &exchange{start: start}
+	defer func() {
+		if rec.Status == 0 {
+			// Forwarded (or aborted mid-stream, which unwinds through here).
+			rec.Status = x.status
+			if rec.Status == 0 {
+				rec.Status = 499 // the client closed the request before any answer
+			}
+		}
+		rec.Duration = time.Since(start)
+		if !x.first.IsZero() {
+			rec.TTFB = x.first.Sub(start)
+		}
+		if u, ok := x.usage(); ok {
+			rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
+		}
+		h.finish(rec)
+	}()
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			rec.Status = http.StatusRequestEntityTooLarge
+			writeError(w, rec.Status, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", h.opts.MaxBodyBytes))
+			return
+		}
+		rec.Status = http.StatusBadRequest
+		writeError(w, rec.Status, "invalid_body", "", "reading request body: "+err.Error())
+		return
+	}
+	req, err := parseRequest(body)
+	if err != nil {
+		rec.Status = http.StatusBadRequest
+		param := ""
+		if strings.Contains(err.Error(), `"model"`) {
+			param = "model"
+		}
+		writeError(w, rec.Status, "invalid_body", param, err.Error())
+		return
+	}
+	rec.Model, rec.Stream = req.model, req.stream
+	prof := h.cfg.Lookup(req.model)
+	if prof == nil {
+		rec.Status = http.StatusNotFound
+		writeError(w, rec.Status, "model_not_found", "model", h.unknownModel(req.model))
+		return
+	}
+	rec.Profile = prof.ID
+
+	lease, err := h.pools.Acquire(r.Context(), prof, r.PathValue("pool"))
+	if err != nil {
+		rec.Status = h.acquireError(w, r, prof, err)
+		return
+	}
+	defer lease.Release()
+	rec.Pool, rec.QueueWait = lease.Pool, lease.Waited
+
+	path := r.PathValue("path")
+	inject := req.stream && !req.includeUsage && (path == "chat/completions" || path == "completions")
+	x.lease = lease
+	x.body = rewrite(body, req, prof.ID, inject)
+	x.withhold = inject
+	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+}
+
+// finish records a finished request in the metrics and the access log.
+func (h *Handler) finish(rec *metrics.Record) {
+	if h.opts.Metrics != nil {
+		h.opts.Metrics.Observe(rec)
+	}
+	if h.opts.AccessLog != nil {
+		rec.Log(h.opts.AccessLog)
+	}
+}
+
+// acquireError answers a request that got no lease and returns the status sent.
+func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *profile.Profile, err error) int {
+	var qe *pool.QueueError
+	var le *pool.LoadError
+	switch {
+	case r.Context().Err() != nil:
+		return 499
+	case errors.As(err, &qe):
+		code := "queue_full"
+		if errors.Is(err, pool.ErrQueueTimeout) {
+			code = "queue_timeout"
+		}
+		writeUnavailable(w, code, fmt.Sprintf("model %q: %v", prof.ID, err), qe.RetryAfter)
+		return http.StatusServiceUnavailable
+	case errors.As(err, &le):
+		writeError(w, http.StatusBadGateway, "engine_failed", "", err.Error())
+		return http.StatusBadGateway
+	case errors.Is(err, pool.ErrNoPool):
+		writeError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool")))
+		return http.StatusNotFound
+	case errors.Is(err, pool.ErrShutdown):
+		writeUnavailable(w, "shutting_down", err.Error(), 5*time.Second)
+		return http.StatusServiceUnavailable
+	default:
+		writeError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
+		return http.StatusInternalServerError
+	}
+}
+
+// maxListed bounds the names listed in a 404.
+const maxListed = 50
+
+func (h *Handler) unknownModel(name string) string {
+	names := h.cfg.Names()
+	more := ""
+	if len(names) > maxListed {
+		more = fmt.Sprintf(" and %d more", len(names)-maxListed)
+		names = names[:maxListed]
+	}
+	return fmt.Sprintf("model %s does not exist; available models: %s%s", strconv.Quote(name), strings.Join(names, ", "), more)
+}
+
+// rewriteOut builds the upstream request: the engine's URL, the rewritten body,
+// and no client credentials (engines are not meant to see API keys).
+func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
+	x := pr.In.Context().Value(exchangeKey{}).(*exchange)
+	out := pr.Out
+	out.URL.Scheme = x.lease.Target.Scheme
+	out.URL.Host = x.lease.Target.Host
+	out.URL.Path = "/v1/" + pr.In.PathValue("path")
+	out.URL.RawPath = ""
+	out.Host = ""
+	out.Body = io.NopCloser(bytes.NewReader(x.body))
+	out.ContentLength = int64(len(x.body))
+	out.Header.Set("Content-Length", strconv.Itoa(len(x.body)))
+	out.Header.Del("Authorization")
+	out.Header.Del("X-Api-Key")
+	out.Header.Del("Accept-Encoding")
+}
+
+// modifyResponse wraps the engine's response body to count tokens and, for
+// streams where poold asked for usage, withhold the usage-only chunk.
+func (h *Handler) modifyResponse(resp *http.Response) error {
+	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		x.sse = newSSEReader(resp.Body, x.withhold, x.markFirst)
+		resp.Body = x.sse
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+		return nil
+	}
+	x.tail = &tailReader{src: resp.Body, onFirst: x.markFirst}
+	resp.Body = x.tail
+	return nil
+}
+
+// upstreamError answers a request whose engine could not be reached or failed
+// before sending a response.
+func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client went away; nobody to answer
+	}
+	x := r.Context().Value(exchangeKey{}).(*exchange)
+	h.log.Warn("engine request failed", "pool", x.lease.Pool, "profile", x.lease.Profile.ID, "err", err)
+	writeError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine for %q failed: %v", x.lease.Profile.ID, err))
+}
+
+// requestID takes the client's X-Request-Id when it is sane, else makes one.
+func (h *Handler) requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 && printable(id) {
+		return id
+	}
+	return "poold-" + strconv.FormatUint(h.seq.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+}
+
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// statusWriter remembers the status written through it. It forwards Flush and
+// Unwrap so that streaming keeps working.
+type statusWriter struct {
+	http.ResponseWriter
+	status *int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if *s.status == 0 {
+		*s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if *s.status == 0 {
+		*s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusWriter) Flush() { http.NewResponseController(s.ResponseWriter).Flush() }
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

@@ -1,0 +1,235 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+)
+
+// Usage is the token count of one request, as the engine reported it.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+// maxEvent bounds one SSE event held while it is incomplete.
+const maxEvent = 1 << 20
+
+// errEventTooLarge ends a stream whose event exceeds maxEvent.
+var errEventTooLarge = errors.New("upstream SSE event larger than 1 MiB")
+
+// sseReader passes an upstream SSE stream through event by event, reading usage
+// from the events that carry it and, when withhold is set, dropping the final
+// usage-only chunk (`"choices": []`) that poold asked for on the client's behalf.
+// Every other byte passes through unchanged and in order. Events are returned as
+// soon as they are complete; nothing else is held back.
+type sseReader struct {
+	src      io.ReadCloser
+	withhold bool
+	onFirst  func() // called once, when the first bytes are returned
+
+	pending []byte // bytes read from src that do not yet end an event
+	scanned int    // how much of pending eventEnd has already searched
+	out     []byte // complete events ready to return
+	scratch []byte
+	err     error // src's error, returned once out is drained
+	errSent bool  // an error event for err was queued
+
+	usage   Usage
+	counted bool // usage was seen
+	events  int  // data events passed to the client, [DONE] excluded
+}
+
+func newSSEReader(src io.ReadCloser, withhold bool, onFirst func()) *sseReader {
+	return &sseReader{src: src, withhold: withhold, onFirst: onFirst, scratch: make([]byte, 32*1024)}
+}
+
+func (s *sseReader) Read(p []byte) (int, error) {
+	for len(s.out) == 0 {
+		if s.err != nil {
+			if len(s.pending) > 0 && s.err == io.EOF {
+				// A last event without its blank line: pass it on as it is,
+				// once its usage, if any, is read.
+				ev := s.pending
+				s.pending = nil
+				if s.keep(ev) {
+					s.out = ev
+					break
+				}
+				continue
+			}
+			if s.err != io.EOF && !s.errSent {
+				// The engine failed mid-stream: tell the client in the stream
+				// itself before the connection is cut.
+				s.errSent = true
+				s.out = streamError(s.err)
+				break
+			}
+			return 0, s.err
+		}
+		n, err := s.src.Read(s.scratch)
+		s.pending = append(s.pending, s.scratch[:n]...)
+		s.err = err
+		s.split()
+		if len(s.pending) > maxEvent && (s.err == nil || s.err == io.EOF) {
+			s.err = errEventTooLarge
+		}
+	}
+	if s.onFirst != nil {
+		s.onFirst()
+		s.onFirst = nil
+	}
+	n := copy(p, s.out)
+	s.out = s.out[n:]
+	if len(s.out) == 0 {
+		s.out = nil
+	}
+	return n, nil
+}
+
+func (s *sseReader) Close() error { return s.src.Close() }
+
+// split moves every complete event from pending to out. It resumes the search
+// for an event's end where the last one stopped (less the two bytes a
+// terminator could straddle), so an event arriving in many small reads costs
+// linear time, not quadratic.
+func (s *sseReader) split() {
+	for {
+		from := max(0, s.scanned-2)
+		end := eventEnd(s.pending[from:])
+		if end < 0 {
+			s.scanned = len(s.pending)
+			return
+		}
+		end += from
+		if end > maxEvent {
+			// Too large whether or not it arrived whole: the limit must not
+			// depend on how the engine's bytes were chunked.
+			s.err = errEventTooLarge
+			return
+		}
+		ev := s.pending[:end]
+		if s.keep(ev) {
+			s.out = append(s.out, ev...)
+		}
+		s.pending = s.pending[end:]
+		s.scanned = 0
+	}
+}
+
+// streamError is the SSE event that ends a stream the engine broke off.
+func streamError(err error) []byte {
+	b, _ := json.Marshal(map[string]apiError{"error": {
+		Message: "engine stream failed: " + err.Error(),
+		Type:    errorType(http.StatusBadGateway),
+		Code:    "engine_stream_failed",
+	}})
+	return append(append([]byte("data: "), b...), "\n\n"...)
+}
+
+// eventEnd returns the length of the first complete event in b (through its
+// terminating blank line), or -1.
+func eventEnd(b []byte) int {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\n' {
+			continue
+		}
+		// A blank line follows this newline, with or without a carriage return.
+		if i+1 < len(b) && b[i+1] == '\n' {
+			return i + 2
+		}
+		if i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n' {
+			return i + 3
+		}
+	}
+	return -1
+}
+
+var (
+	dataPrefix = []byte("data:")
+	usageKey   = []byte(`"usage"`)
+	doneData   = []byte("[DONE]")
+)
+
+// keep records usage from one event and reports whether it goes to the client.
+func (s *sseReader) keep(ev []byte) bool {
+	data := eventData(ev)
+	if data == nil || bytes.Equal(data, doneData) {
+		return true
+	}
+	s.events++
+	if !bytes.Contains(data, usageKey) {
+		return true
+	}
+	var chunk struct {
+		Choices []json.RawMessage `json:"choices"`
+		Usage   *Usage            `json:"usage"`
+	}
+	if json.Unmarshal(data, &chunk) != nil || chunk.Usage == nil {
+		return true
+	}
+	s.usage, s.counted = *chunk.Usage, true
+	if s.withhold && chunk.Choices != nil && len(chunk.Choices) == 0 {
+		s.events--
+		return false
+	}
+	return true
+}
+
+// eventData returns the payload of an event's data line, trimmed, or nil.
+func eventData(ev []byte) []byte {
+	for line := range bytes.Lines(ev) {
+		if rest, ok := bytes.CutPrefix(line, dataPrefix); ok {
+			return bytes.TrimSpace(rest)
+		}
+	}
+	return nil
+}
+
+// tailReader passes a body through unchanged, keeping only its last tailSize
+// bytes, from which the usage of a non-streaming response is read at the end.
+type tailReader struct {
+	src     io.ReadCloser
+	onFirst func()
+	tail    []byte
+}
+
+const tailSize = 16 * 1024
+
+func (t *tailReader) Read(p []byte) (int, error) {
+	n, err := t.src.Read(p)
+	if n > 0 {
+		if t.onFirst != nil {
+			t.onFirst()
+			t.onFirst = nil
+		}
+		t.tail = append(t.tail, p[:n]...)
+		if over := len(t.tail) - tailSize; over > 0 {
+			t.tail = append(t.tail[:0], t.tail[over:]...)
+		}
+	}
+	return n, err
+}
+
+func (t *tailReader) Close() error { return t.src.Close() }
+
+// usage finds the last "usage" member holding an object in the tail. Later
+// occurrences of the string "usage" that are not a key (a decoded token in
+// prompt_logprobs, say) are skipped.
+func (t *tailReader) usage() (Usage, bool) {
+	for i := bytes.LastIndex(t.tail, usageKey); i >= 0; i = bytes.LastIndex(t.tail[:i], usageKey) {
+		rest := bytes.TrimLeft(t.tail[i+len(usageKey):], " \t\r\n")
+		rest, ok := bytes.CutPrefix(rest, []byte(":"))
+		if !ok {
+			continue
+		}
+		var u *Usage
+		if json.NewDecoder(bytes.NewReader(rest)).Decode(&u) != nil || u == nil {
+			continue
+		}
+		return *u, true
+	}
+	return Usage{}, false
+}

@@ -1,0 +1,425 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+// scriptReader returns its parts one per Read (splitting a part only when p is
+// too small), then err (io.EOF when nil). With errWithLast the error comes
+// with the last part's bytes instead of on the next Read.
+type scriptReader struct {
+	parts       [][]byte
+	err         error
+	errWithLast bool
+	closed      bool
+}
+
+func (r *scriptReader) Read(p []byte) (int, error) {
+	err := r.err
+	if err == nil {
+		err = io.EOF
+	}
+	if len(r.parts) == 0 {
+		return 0, err
+	}
+	n := copy(p, r.parts[0])
+	r.parts[0] = r.parts[0][n:]
+	if len(r.parts[0]) == 0 {
+		r.parts = r.parts[1:]
+		if len(r.parts) == 0 && r.errWithLast {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (r *scriptReader) Close() error { r.closed = true; return nil }
+
+// chunks splits b into pieces of size n (the last may be shorter).
+func chunks(b []byte, n int) [][]byte {
+	var out [][]byte
+	for len(b) > n {
+		out = append(out, b[:n])
+		b = b[n:]
+	}
+	return append(out, b)
+}
+
+const (
+	evRole    = `data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1718000000,"model":"qwen","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n"
+	evHello   = `data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1718000000,"model":"qwen","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n"
+	evWorld   = `data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1718000000,"model":"qwen","choices":[{"index":0,"delta":{"content":" \"usage\" world\n\n"},"logprobs":null,"finish_reason":null}]}` + "\n\n"
+	evFinish  = `data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1718000000,"model":"qwen","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}` + "\n\n"
+	evUsage   = `data: {"id":"chatcmpl-7","object":"chat.completion.chunk","created":1718000000,"model":"qwen","choices":[],"usage":{"prompt_tokens":17,"total_tokens":21,"completion_tokens":4}}` + "\n\n"
+	evDone    = "data: [DONE]\n\n"
+	wantUsage = 17
+)
+
+// continuous-usage events: usage in every chunk, the last one being the truth.
+func contEvent(content string, prompt, completion int) string {
+	return `data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":` +
+		strings.TrimSpace(mustJSON(content)) + `,"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":` +
+		itoa(prompt) + `,"total_tokens":` + itoa(prompt+completion) + `,"completion_tokens":` + itoa(completion) + "}}\n\n"
+}
+
+func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
+func itoa(n int) string     { return mustJSON(n) }
+
+type sseCase struct {
+	name        string
+	in          string
+	withhold    bool
+	want        string
+	usage       Usage
+	counted     bool
+	events      int
+	wantErr     error // the error returned after the output (io.EOF: a clean end)
+	errorEvents int   // SSE error events appended by the reader
+}
+
+func sseCases() []sseCase {
+	stream := evRole + evHello + evWorld + evFinish + evUsage + evDone
+	crlf := strings.ReplaceAll(stream, "\n\n", "\r\n\r\n")
+	cont := contEvent("a", 5, 1) + contEvent("b", 5, 2) + contEvent("", 5, 3) +
+		`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}` + "\n\n" + evDone
+	noUsage := evRole + evHello + evWorld + evFinish + evDone
+	return []sseCase{
+		{name: "withhold", in: stream, withhold: true, want: evRole + evHello + evWorld + evFinish + evDone,
+			usage: Usage{wantUsage, 4}, counted: true, events: 4, wantErr: io.EOF},
+		{name: "pass through", in: stream, withhold: false, want: stream,
+			usage: Usage{wantUsage, 4}, counted: true, events: 5, wantErr: io.EOF},
+		{name: "crlf withhold", in: crlf, withhold: true,
+			want:  strings.ReplaceAll(evRole+evHello+evWorld+evFinish+evDone, "\n\n", "\r\n\r\n"),
+			usage: Usage{wantUsage, 4}, counted: true, events: 4, wantErr: io.EOF},
+		{name: "crlf pass through", in: crlf, want: crlf, usage: Usage{wantUsage, 4}, counted: true, events: 5, wantErr: io.EOF},
+		{name: "continuous usage", in: cont, want: cont, usage: Usage{5, 3}, counted: true, events: 4, wantErr: io.EOF},
+		{name: "continuous usage withheld", in: cont, withhold: true, want: strings.TrimSuffix(cont, cont[strings.LastIndex(cont[:len(cont)-len(evDone)-2], "\n\n")+2:]) + evDone,
+			usage: Usage{5, 3}, counted: true, events: 3, wantErr: io.EOF},
+		{name: "no usage", in: noUsage, withhold: true, want: noUsage, events: 4, wantErr: io.EOF},
+		{name: "no usage pass", in: noUsage, want: noUsage, events: 4, wantErr: io.EOF},
+		{name: "last event unterminated", in: evRole + "data: [DONE]", want: evRole + "data: [DONE]", events: 1, wantErr: io.EOF},
+		{name: "last event unterminated, one newline", in: evRole + evHello[:len(evHello)-1], want: evRole + evHello[:len(evHello)-1], events: 2, wantErr: io.EOF},
+		{name: "usage event unterminated withheld", in: evRole + strings.TrimSuffix(evUsage, "\n\n"), withhold: true, want: evRole,
+			usage: Usage{wantUsage, 4}, counted: true, events: 1, wantErr: io.EOF},
+		{name: "usage event unterminated passed", in: evRole + strings.TrimSuffix(evUsage, "\n"), want: evRole + strings.TrimSuffix(evUsage, "\n"),
+			usage: Usage{wantUsage, 4}, counted: true, events: 2, wantErr: io.EOF},
+		{name: "comments and fields", in: ": ping\n\nevent: message\nid: 3\n" + evHello + "retry: 10\n\n" + evDone,
+			withhold: true, want: ": ping\n\nevent: message\nid: 3\n" + evHello + "retry: 10\n\n" + evDone, events: 1, wantErr: io.EOF},
+		{name: "empty", in: "", want: "", wantErr: io.EOF},
+	}
+}
+
+// readAll drains r, reading into buffers of size bufSize, and returns what it
+// read and the error that ended it.
+func readAll(r io.Reader, bufSize int) ([]byte, error) {
+	var out []byte
+	buf := make([]byte, bufSize)
+	for {
+		n, err := r.Read(buf)
+		if n < 0 || n > len(buf) {
+			panic("bad read count")
+		}
+		out = append(out, buf[:n]...)
+		if err != nil {
+			return out, err
+		}
+	}
+}
+
+// chunkings returns every way the tests feed input to the reader: whole, split
+// at every byte offset into two reads, one byte per read, and small pieces.
+func chunkings(in []byte) map[string]func() io.Reader {
+	m := map[string]func() io.Reader{
+		"whole":    func() io.Reader { return &scriptReader{parts: [][]byte{bytes.Clone(in)}} },
+		"one byte": func() io.Reader { return iotest.OneByteReader(bytes.NewReader(in)) },
+		"7 bytes":  func() io.Reader { return &scriptReader{parts: chunks(bytes.Clone(in), 7)} },
+		"with EOF": func() io.Reader { return &scriptReader{parts: chunks(bytes.Clone(in), 100), errWithLast: true} },
+	}
+	for i := 0; i <= len(in); i++ {
+		m["split "+itoa(i)] = func() io.Reader {
+			return &scriptReader{parts: [][]byte{bytes.Clone(in[:i]), bytes.Clone(in[i:])}}
+		}
+	}
+	return m
+}
+
+func TestSSEReader(t *testing.T) {
+	for _, tc := range sseCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			for how, src := range chunkings([]byte(tc.in)) {
+				for _, bufSize := range []int{1, 5, 32 * 1024} {
+					if bufSize == 1 && strings.HasPrefix(how, "split") {
+						continue // keeps the test quick; "one byte" covers it
+					}
+					firsts := 0
+					s := newSSEReader(io.NopCloser(src()), tc.withhold, func() { firsts++ })
+					got, err := readAll(s, bufSize)
+					if string(got) != tc.want {
+						t.Fatalf("%s/buf %d: output\n%q\nwant\n%q", how, bufSize, got, tc.want)
+					}
+					if err != tc.wantErr {
+						t.Fatalf("%s/buf %d: err = %v, want %v", how, bufSize, err, tc.wantErr)
+					}
+					if s.usage != tc.usage || s.counted != tc.counted || s.events != tc.events {
+						t.Fatalf("%s/buf %d: usage %+v counted %v events %d; want %+v %v %d",
+							how, bufSize, s.usage, s.counted, s.events, tc.usage, tc.counted, tc.events)
+					}
+					if wantFirsts := min(1, len(tc.want)); firsts != wantFirsts {
+						t.Fatalf("%s/buf %d: onFirst called %d times, want %d", how, bufSize, firsts, wantFirsts)
+					}
+					// A drained reader keeps answering its final error.
+					if n, err2 := s.Read(make([]byte, 8)); n != 0 || err2 != err {
+						t.Fatalf("%s: read after end = %d, %v", how, n, err2)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestSSEReaderOnFirstBeforeEOF(t *testing.T) {
+	// onFirst runs when the first bytes are returned, not when the stream ends.
+	firsts := 0
+	src := &scriptReader{parts: [][]byte{[]byte(evRole), []byte(evHello)}}
+	s := newSSEReader(src, true, func() { firsts++ })
+	buf := make([]byte, 10)
+	if n, err := s.Read(buf); n != 10 || err != nil || firsts != 1 {
+		t.Fatalf("first read: %d, %v, onFirst %d times", n, err, firsts)
+	}
+	if _, err := io.ReadAll(s); err != nil || firsts != 1 {
+		t.Fatalf("rest: %v, onFirst %d times", err, firsts)
+	}
+	if err := s.Close(); err != nil || !src.closed {
+		t.Fatalf("Close did not close the source")
+	}
+}
+
+// errorEvent checks that b is exactly one SSE error event naming cause.
+func checkErrorEvent(t *testing.T, b []byte, cause string) {
+	t.Helper()
+	data, ok := bytes.CutPrefix(b, []byte("data: "))
+	if !ok || !bytes.HasSuffix(data, []byte("\n\n")) || eventEnd(b) != len(b) {
+		t.Fatalf("error event %q is not one SSE data event", b)
+	}
+	var e struct {
+		Error map[string]any `json:"error"`
+	}
+	if err := json.Unmarshal(data, &e); err != nil {
+		t.Fatalf("error event %q: %v", b, err)
+	}
+	msg, _ := e.Error["message"].(string)
+	if !strings.Contains(msg, cause) || e.Error["type"] != "server_error" || e.Error["code"] != "engine_stream_failed" {
+		t.Fatalf("error event %s", data)
+	}
+	if p, ok := e.Error["param"]; !ok || p != nil {
+		t.Fatalf("error event param = %v (present %v)", p, ok)
+	}
+}
+
+func TestSSEReaderUpstreamError(t *testing.T) {
+	boom := errors.New("connection reset by peer")
+	tests := []struct {
+		name        string
+		src         *scriptReader
+		want        string
+		withLastErr bool
+	}{
+		{"at event boundary", &scriptReader{parts: [][]byte{[]byte(evRole + evHello), []byte(evWorld)}, err: boom}, evRole + evHello + evWorld, false},
+		{"error with bytes", &scriptReader{parts: [][]byte{[]byte(evRole + evHello)}, err: boom, errWithLast: true}, evRole + evHello, true},
+		// A half-received event is dropped: forwarding it would hand the
+		// client a truncated JSON chunk glued to the error event.
+		{"mid event", &scriptReader{parts: [][]byte{[]byte(evRole), []byte(evHello[:40])}, err: boom}, evRole, false},
+		{"before anything", &scriptReader{err: boom}, "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			firsts := 0
+			s := newSSEReader(tt.src, true, func() { firsts++ })
+			got, err := readAll(s, 7)
+			if !errors.Is(err, boom) {
+				t.Fatalf("err = %v, want %v", err, boom)
+			}
+			if !bytes.HasPrefix(got, []byte(tt.want)) {
+				t.Fatalf("output %q does not start with %q", got, tt.want)
+			}
+			checkErrorEvent(t, got[len(tt.want):], boom.Error())
+			if firsts != 1 {
+				t.Fatalf("onFirst called %d times", firsts)
+			}
+			if n, err := s.Read(make([]byte, 8)); n != 0 || !errors.Is(err, boom) {
+				t.Fatalf("read after error = %d, %v", n, err)
+			}
+		})
+	}
+}
+
+func TestSSEReaderEventTooLarge(t *testing.T) {
+	big := "data: " + strings.Repeat("x", maxEvent) + "\n\n"
+	almost := "data: " + strings.Repeat("y", maxEvent-len("data: \n\n")) + "\n\n"
+	for _, size := range []int{1, 100, 1500, 32 * 1024, 2 * maxEvent} {
+		t.Run("read size "+itoa(size), func(t *testing.T) {
+			// An event of exactly maxEvent bytes passes.
+			in := evRole + almost + evDone
+			s := newSSEReader(&scriptReader{parts: chunks([]byte(in), size)}, true, nil)
+			start := time.Now()
+			got, err := readAll(s, 32*1024)
+			if err != io.EOF || string(got) != in {
+				t.Fatalf("1 MiB event: err %v, output %d bytes, want %d", err, len(got), len(in))
+			}
+			// One byte more ends the stream.
+			s = newSSEReader(&scriptReader{parts: chunks([]byte(evRole+big+evDone), size)}, true, nil)
+			got, err = readAll(s, 32*1024)
+			if !errors.Is(err, errEventTooLarge) {
+				t.Fatalf("err = %v, want errEventTooLarge", err)
+			}
+			if !bytes.HasPrefix(got, []byte(evRole)) {
+				t.Fatalf("output %.100q lacks the first event", got)
+			}
+			checkErrorEvent(t, got[len(evRole):], "larger than 1 MiB")
+			if d := time.Since(start); d > 20*time.Second {
+				t.Errorf("took %v: splitting is not linear", d)
+			}
+		})
+	}
+}
+
+func FuzzSSEReader(f *testing.F) {
+	f.Add([]byte(evRole+evHello+evWorld+evFinish+evUsage+evDone), byte(1))
+	f.Add([]byte(evRole+evUsage+evDone), byte(7))
+	f.Add([]byte(strings.ReplaceAll(evHello+evUsage+evDone, "\n\n", "\r\n\r\n")), byte(3))
+	f.Add([]byte("data: x\n\r\n\ndata:{\"choices\":[],\"usage\":{}}\n\ndata"), byte(2))
+	f.Add([]byte(contEvent("a", 1, 1)+contEvent("b", 1, 2)), byte(0))
+	f.Add([]byte("\n\n\r\n\r\n\n"), byte(255))
+	f.Fuzz(func(t *testing.T, in []byte, size byte) {
+		n := int(size)%64 + 1
+		var ref []byte
+		var refUsage Usage
+		var refCounted bool
+		for _, withhold := range []bool{false, true} {
+			firsts := 0
+			s := newSSEReader(&scriptReader{parts: chunks(bytes.Clone(in), n)}, withhold, func() { firsts++ })
+			got, err := readAll(s, n+3)
+			if err != io.EOF {
+				t.Fatalf("err = %v", err)
+			}
+			if firsts != min(1, len(got)) {
+				t.Fatalf("onFirst called %d times for %d bytes", firsts, len(got))
+			}
+			if !withhold {
+				if !bytes.Equal(got, in) {
+					t.Fatalf("withhold=false, chunk %d: output\n%q\nwant\n%q", n, got, in)
+				}
+				refUsage, refCounted = s.usage, s.counted
+				continue
+			}
+			// Withholding drops whole events only, whatever the chunking.
+			whole := newSSEReader(io.NopCloser(bytes.NewReader(in)), true, nil)
+			ref, _ = io.ReadAll(whole)
+			if !bytes.Equal(got, ref) || s.usage != whole.usage || s.counted != whole.counted {
+				t.Fatalf("withhold=true, chunk %d: output %q, usage %+v; single read: %q, %+v", n, got, s.usage, ref, whole.usage)
+			}
+			if s.usage != refUsage || s.counted != refCounted {
+				t.Fatalf("usage differs with withhold: %+v/%v vs %+v/%v", s.usage, s.counted, refUsage, refCounted)
+			}
+			if len(got) > len(in) {
+				t.Fatalf("withheld output longer than input")
+			}
+		}
+	})
+}
+
+// chatResponse is a non-streaming vLLM chat response whose content is about
+// contentLen bytes, serialized compactly or, with spaced, as Python's
+// json.dumps does by default.
+func chatResponse(contentLen int, spaced bool, tailExtra string) []byte {
+	content := strings.Repeat("The quick brown \"fox\" jumps; usage: {}. ", contentLen/40+1)
+	s := `{"id":"chatcmpl-42","object":"chat.completion","created":1718000000,"model":"qwen","choices":[{"index":0,"message":{"role":"assistant","content":` +
+		mustJSON(content) + `,"refusal":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"length","stop_reason":null}],` +
+		`"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":1234,"total_tokens":21234,"completion_tokens":20000,"prompt_tokens_details":null},` +
+		`"prompt_logprobs":` + tailExtra + `,"kv_transfer_params":null}`
+	if spaced {
+		s = strings.NewReplacer(`":`, `": `, `,"`, `, "`).Replace(s)
+	}
+	return []byte(s)
+}
+
+func TestTailReaderClose(t *testing.T) {
+	src := &scriptReader{}
+	if err := (&tailReader{src: src}).Close(); err != nil || !src.closed {
+		t.Fatalf("Close did not close the source")
+	}
+}
+
+func TestTailReader(t *testing.T) {
+	want := Usage{PromptTokens: 1234, CompletionTokens: 20000}
+	tests := []struct {
+		name  string
+		body  []byte
+		want  Usage
+		found bool
+	}{
+		{"compact", chatResponse(70*1024, false, "null"), want, true},
+		{"spaced", chatResponse(70*1024, true, "null"), want, true},
+		{"small", chatResponse(10, false, "null"), want, true},
+		{"usage string after usage key", chatResponse(70*1024, false,
+			`[null,{"8207":{"logprob":-1.5,"rank":1,"decoded_token":"usage"}}]`), want, true},
+		{"usage null", []byte(`{"object":"list","data":[],"usage":null}`), Usage{}, false},
+		{"no usage", []byte(`{"object":"list","data":[{"id":"m","object":"model"}]}`), Usage{}, false},
+		{"usage only in content", []byte(`{"choices":[{"message":{"content":"\"usage\":{\"prompt_tokens\":3}"}}]}`), Usage{}, false},
+		{"usage too early", append(append([]byte(`{"usage":{"prompt_tokens":1,"completion_tokens":2},"data":"`), bytes.Repeat([]byte("z"), 2*tailSize)...), `"}`...), Usage{}, false},
+		{"embeddings", []byte(`{"id":"embd-1","object":"list","created":1,"model":"e5","data":[{"index":0,"object":"embedding","embedding":[0.1,-0.2]}],"usage":{"prompt_tokens":8,"total_tokens":8,"completion_tokens":0,"prompt_tokens_details":null}}`),
+			Usage{PromptTokens: 8}, true},
+		{"empty", nil, Usage{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			readers := map[string]func() io.Reader{
+				"whole":  func() io.Reader { return bytes.NewReader(tt.body) },
+				"odd":    func() io.Reader { return &scriptReader{parts: chunks(bytes.Clone(tt.body), 4093)} },
+				"halves": func() io.Reader { return iotest.HalfReader(bytes.NewReader(tt.body)) },
+				"one byte": func() io.Reader {
+					return iotest.OneByteReader(bytes.NewReader(tt.body[max(0, len(tt.body)-3*tailSize):]))
+				},
+			}
+			for how, src := range readers {
+				firsts := 0
+				tr := &tailReader{src: io.NopCloser(src()), onFirst: func() { firsts++ }}
+				for _, bufSize := range []int{1 << 20, 32 * 1024} {
+					if how == "one byte" && bufSize != 32*1024 {
+						continue
+					}
+					got, err := readAll(tr, bufSize)
+					if err != io.EOF {
+						t.Fatalf("%s: err %v", how, err)
+					}
+					body := tt.body
+					if how == "one byte" {
+						body = body[max(0, len(body)-3*tailSize):]
+					}
+					if !bytes.Equal(got, body) {
+						t.Fatalf("%s: body changed", how)
+					}
+					if len(tr.tail) > tailSize {
+						t.Fatalf("%s: tail holds %d bytes", how, len(tr.tail))
+					}
+					u, ok := tr.usage()
+					if u != tt.want || ok != tt.found {
+						t.Fatalf("%s: usage() = %+v, %v; want %+v, %v", how, u, ok, tt.want, tt.found)
+					}
+					if firsts != min(1, len(body)) {
+						t.Fatalf("%s: onFirst called %d times", how, firsts)
+					}
+					tr = &tailReader{src: io.NopCloser(src()), onFirst: func() { firsts++ }}
+					firsts = 0
+				}
+			}
+		})
+	}
+}
