@@ -1,0 +1,35 @@
+# poold's developer entry points. `make test` is the whole suite (what CI runs).
+
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+.PHONY: build demo test vet fuzz-smoke tools-check bench
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/poold ./cmd/poold
+
+# Run poold on the demo profiles: no GPU, the simulator engine as a real subprocess.
+demo:
+	$(GO) run ./cmd/poold --profiles profiles/demo.json
+
+vet:
+	@test -z "$$(gofmt -l .)" || (echo "gofmt would change:"; gofmt -l .; exit 1)
+	$(GO) vet ./...
+
+# The whole test suite: vet, every Go test under the race detector, a few seconds
+# of each fuzz target, and the checks of the shipped config files.
+test: vet
+	$(GO) test -race -count=1 -timeout 60m ./...
+	$(MAKE) fuzz-smoke
+	$(MAKE) tools-check
+
+FUZZTIME ?= 5s
+fuzz-smoke:
+	$(GO) test -run '^$$' -fuzz '^FuzzRewrite$$' -fuzztime $(FUZZTIME) ./internal/proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzSSEReader$$' -fuzztime $(FUZZTIME) ./internal/proxy/
+
+# Checks that need tools outside Go. Each is skipped with a note when its tool is
+# missing, unless REQUIRE_TOOLS=1 (CI), where a missing tool fails.
+tools-check:
+	@./scripts/tools-check.sh
