@@ -28,8 +28,15 @@ FUZZTIME ?= 5s
 fuzz-smoke:
 	$(GO) test -run '^$$' -fuzz '^FuzzRewrite$$' -fuzztime $(FUZZTIME) ./internal/proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzSSEReader$$' -fuzztime $(FUZZTIME) ./internal/proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/profile/
 
 # Checks that need tools outside Go. Each is skipped with a note when its tool is
 # missing, unless REQUIRE_TOOLS=1 (CI), where a missing tool fails.
 tools-check:
 	@./scripts/tools-check.sh
+
+# The benchmark harness (docs/benchmarks.md): every workload directly against the
+# engine and through poold, in alternating rounds, printed as one table.
+BENCHFLAGS ?=
+bench:
+	$(GO) run ./test/bench $(BENCHFLAGS)

@@ -15,3 +15,18 @@ missing() {
 # Every bundled profiles file validates.
 go run ./cmd/poold check profiles/demo.json
 go run ./cmd/poold check profiles/example-vllm.json
+
+# Prometheus alert and recording rules, and their unit tests.
+if command -v promtool >/dev/null; then
+  promtool check rules deploy/prometheus/poold-rules.yml
+  promtool test rules deploy/prometheus/tests/poold-rules.test.yml
+else
+  missing promtool "apt-get install prometheus"
+fi
+
+# The systemd units (verified against freshly built binaries).
+if command -v systemd-analyze >/dev/null; then
+  ./scripts/verify-units.sh
+else
+  missing systemd-analyze "apt-get install systemd"
+fi

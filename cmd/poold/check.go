@@ -3,29 +3,31 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
-	"os"
 
 	"github.com/poold/poold/internal/profile"
 )
 
-// check validates a profiles file: exit 0 valid, 1 invalid, 2 unreadable.
-func check(args []string) int {
+// check validates a profiles file: exit 0 valid, 1 invalid, 2 unreadable. An
+// invalid file is reported as "FILE: invalid:" on stderr, then every problem
+// on a line of its own, each naming its JSON path.
+func check(args []string, stdout, stderr io.Writer) int {
 	if len(args) != 1 {
-		fmt.Fprintln(os.Stderr, "usage: poold check FILE")
+		fmt.Fprintln(stderr, "usage: poold check FILE")
 		return 2
 	}
 	_, _, err := profile.Load(args[0])
 	var pathErr *fs.PathError
 	switch {
 	case err == nil:
-		fmt.Printf("%s: ok\n", args[0])
+		fmt.Fprintf(stdout, "%s: ok\n", args[0])
 		return 0
 	case errors.As(err, &pathErr):
-		fmt.Fprintf(os.Stderr, "poold check: %v\n", err)
+		fmt.Fprintf(stderr, "poold check: %v\n", err)
 		return 2
 	default:
-		fmt.Fprintf(os.Stderr, "%s: invalid:\n%v\n", args[0], err)
+		fmt.Fprintf(stderr, "%s: invalid:\n%v\n", args[0], err)
 		return 1
 	}
 }

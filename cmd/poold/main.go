@@ -3,6 +3,7 @@
 //
 //	poold [serve] --listen ADDR --profiles FILE [--log-level L] [--log-format F]
 //	poold check FILE
+//	poold status [--addr URL] [--json]
 //	poold version
 //	poold engine-sim [vllm serve flags]   (the bundled vLLM simulator)
 package main
@@ -29,13 +30,15 @@ func main() {
 		defer stop()
 		os.Exit(serve(ctx, args))
 	case "check":
-		os.Exit(check(args))
+		os.Exit(check(args, os.Stdout, os.Stderr))
+	case "status":
+		os.Exit(status(args, os.Stdout, os.Stderr))
 	case "version":
 		fmt.Println(versionString())
 	case "engine-sim":
 		os.Exit(enginesim.Main(args))
 	default:
-		fmt.Fprintf(os.Stderr, "poold: unknown command %q (serve, check, version, engine-sim)\n", cmd)
+		fmt.Fprintf(os.Stderr, "poold: unknown command %q (serve, check, status, version, engine-sim)\n", cmd)
 		os.Exit(2)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,10 +11,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
@@ -57,41 +56,75 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	var h *proxy.Handler
 	m := metrics.New(reg, func() []pool.Status { return h.PoolStatus() }, version, revision())
 	m.ConfigLoaded(true, loadedAt)
+	notify := newNotifier(log)
+	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
+	ledger, err := openState(s.StateDir, log)
+	if err != nil {
+		return err
+	}
+	defer ledger.Close()
+	gpus, closeGPUs := gpu.Open(log.With("component", "gpu"))
+	defer closeGPUs()
+	reg.MustRegister(metrics.GPUCollector(gpus))
+	var vram pool.VRAM
+	if ok, _ := gpus.Available(); ok {
+		vram = &gpu.Releaser{Provider: gpus, Timeout: s.VRAMReleaseTimeout}
+	}
+	accessOut, closeAccess, err := openAccessLog(s.AccessLog)
+	if err != nil {
+		return err
+	}
+	defer closeAccess()
 
-	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m})
+	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger,
+		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
 	h = proxy.New(cfg, pools, proxy.Options{
 		MaxBodyBytes: s.MaxBodyBytes,
 		Logger:       log,
-		AccessLog:    slog.New(slog.NewJSONHandler(os.Stdout, nil)).With("component", "access"),
+		AccessLog:    slog.New(slog.NewJSONHandler(&lossWriter{w: accessOut, log: log}, nil)).With("component", "access"),
 		Metrics:      m,
+		Clients:      s.Clients,
+		// Scheduling: keep-alive comments for waiting streams, the admin API.
+		KeepAliveInterval: s.KeepAliveInterval,
+		AdminToken:        s.AdminToken,
+		// Reliability: a hung engine answers 504 after this.
+		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
 		Status: func() proxy.Status {
 			return proxy.Status{
 				Version: version,
 				Host:    host,
-				Config:  proxy.ConfigStatus{Path: s.Profiles, SHA256: hex.EncodeToString(sum[:]), LoadedAt: loadedAt},
-				GPU:     proxy.GPUStatus{Available: false, Reason: "GPU telemetry is not implemented yet"},
+				Config:  rl.status(),
+				GPU:     gpuStatus(gpus),
 			}
 		},
 	})
 	h.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	rl.pools, rl.h = pools, h
 
 	ln, err := net.Listen("tcp", s.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
 	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler:           s.APIKeys.Require(h),
+		ReadTimeout:       s.ReadTimeout,
+		ReadHeaderTimeout: s.ReadHeaderTimeout,
+		MaxHeaderBytes:    s.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	poolCtx, stopPools := context.WithCancel(context.Background())
 	defer stopPools()
 	pools.Run(poolCtx)
 
+	// Watch before serving: a change made once /health answers is seen.
+	waitReloads := rl.start(ctx, s.Watch, s.ReloadDebounce)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("poold listening", "addr", ln.Addr().String(), "profiles", s.Profiles, "version", version)
-	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
+	notify.ready()
+	go notify.supervise(ctx, time.Second,
+		func() string { return poolSummary(h.PoolStatus(), rl.status().LastError != nil) },
+		func() error { return pools.Healthy(5 * time.Second) })
 
 	select {
 	case err := <-served:
@@ -99,10 +132,18 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: draining requests", "timeout", s.ShutdownTimeout)
-	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	notify.stopping()
+	waitReloads()
 	pools.Refuse()
 	drainCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
+	// The listener stays open until the requests in flight are done, so that
+	// new ones get a 503 shutting_down rather than a refused connection; no
+	// connection is kept alive, so that clients reconnect elsewhere.
+	srv.SetKeepAlivesEnabled(false)
+	if !waitDrained(drainCtx, h) {
+		log.Warn("drain bound reached with requests in flight", "timeout", s.ShutdownTimeout)
+	}
 	if err := srv.Shutdown(drainCtx); err != nil {
 		log.Warn("drain timed out; closing remaining connections", "err", err)
 		_ = srv.Close()
@@ -115,4 +156,17 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	pools.Wait()
 	log.Info("poold stopped")
 	return nil
+}
+
+// gpuStatus is the "gpu" part of /status: every GPU's telemetry, or why there
+// is none.
+func gpuStatus(p gpu.Provider) proxy.GPUStatus {
+	if ok, reason := p.Available(); !ok {
+		return proxy.GPUStatus{Reason: reason}
+	}
+	devs, err := p.Devices()
+	if err != nil {
+		return proxy.GPUStatus{Reason: err.Error()}
+	}
+	return proxy.GPUStatus{Available: true, Devices: devs}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -12,6 +13,9 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/metrics"
+	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/proxy"
 )
 
@@ -28,6 +32,41 @@ type settings struct {
 	LogFormat       string
 	MaxBodyBytes    int64
 	ShutdownTimeout time.Duration
+	// KeepAliveInterval is how often a stream waiting for a swap gets an SSE
+	// comment line; zero disables them.
+	KeepAliveInterval time.Duration
+	// AdminToken enables the admin API (explicit load and unload) for requests
+	// bearing it; empty leaves the API unbound. From admin-token or the first
+	// line of admin-token-file.
+	AdminToken string
+	// AccessLog is where the JSON access log goes: "stdout", "stderr" or a
+	// file path (appended to).
+	AccessLog string
+	// Clients classifies requests for the client label; built from the settings
+	// file's `clients` section (nil when it has none).
+	Clients *metrics.Clients
+	// VRAMReleaseTimeout bounds the wait for a stopped engine's GPU memory.
+	VRAMReleaseTimeout time.Duration
+	// StateDir holds the engines file and the lock (crash clean-up).
+	StateDir string
+	// Watch makes poold reload the profiles file when it changes; SIGHUP
+	// reloads either way.
+	Watch bool
+	// ReloadDebounce is how long the profiles file must stay quiet after a
+	// change before it is reloaded.
+	ReloadDebounce time.Duration
+
+	// Limits and faults (docs/reliability.md). UpstreamHeaderTimeout bounds
+	// the wait for an engine's response headers (0: none). ReadTimeout bounds
+	// reading a request, body included, and ReadHeaderTimeout its headers;
+	// MaxHeaderBytes caps the headers' size. RestartBackoff and
+	// MaxRestartBackoff space out restarts of a failing engine.
+	UpstreamHeaderTimeout, ReadTimeout, ReadHeaderTimeout time.Duration
+	MaxHeaderBytes                                        int
+	RestartBackoff, MaxRestartBackoff                     time.Duration
+	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
+	// api-keys-file); only the keys' hashes are kept.
+	APIKeys *proxy.APIKeys
 }
 
 // loadSettings parses serve's flags and merges them with the environment and
@@ -41,6 +80,22 @@ func loadSettings(args []string) (settings, error) {
 	fl.String("log-format", "text", "log format: json or text")
 	fl.Int64("max-body-bytes", proxy.DefaultMaxBodyBytes, "request body limit in bytes")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
+	fl.Duration("keepalive-interval", 10*time.Second, "interval of the SSE comments sent to a stream waiting for a swap; 0 disables them")
+	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
+	fl.String("admin-token-file", "", "file holding the admin token")
+	fl.String("access-log", "stdout", "where the JSON access log goes: stdout, stderr or a file path")
+	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped engine's GPU memory to be released (with NVML)")
+	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
+	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
+	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
+	fl.Duration("upstream-header-timeout", 10*time.Minute, "how long an engine may take to start answering a request (504 after); 0 waits as long as the client")
+	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
+	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
+	fl.Int("max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
+	fl.Duration("restart-backoff", pool.DefaultRestartBackoff, "wait before restarting an engine that failed twice in a row, doubling with each further failure")
+	fl.Duration("restart-backoff-max", pool.DefaultMaxRestartBackoff, "cap of the restart backoff; an engine ready this long ends a failure streak")
+	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
+	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
 	if err := fl.Parse(args); err != nil {
 		return settings{}, err
 	}
@@ -64,7 +119,50 @@ func loadSettings(args []string) (settings, error) {
 	s.LogFormat = v.GetString("log-format")
 	s.MaxBodyBytes = v.GetInt64("max-body-bytes")
 	s.ShutdownTimeout = v.GetDuration("shutdown-timeout")
+	s.KeepAliveInterval = v.GetDuration("keepalive-interval")
+	s.AccessLog = v.GetString("access-log")
+	s.VRAMReleaseTimeout = v.GetDuration("vram-release-timeout")
+	s.StateDir = v.GetString("state-dir")
+	s.Watch = v.GetBool("watch")
+	s.ReloadDebounce = v.GetDuration("reload-debounce")
 	var errs []error
+	if s.KeepAliveInterval < 0 {
+		errs = append(errs, errors.New("keepalive-interval: must not be negative"))
+	}
+	var err error
+	if s.AdminToken, err = adminToken(v.GetString("admin-token"), v.GetString("admin-token-file")); err != nil {
+		errs = append(errs, err)
+	}
+	if v.IsSet("clients") {
+		var cc metrics.ClientConfig
+		if err := v.UnmarshalKey("clients", &cc); err != nil {
+			errs = append(errs, fmt.Errorf("clients: %w", err))
+		} else if s.Clients, err = metrics.NewClients(cc); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.AccessLog == "" {
+		errs = append(errs, errors.New("access-log: must be stdout, stderr or a file path"))
+	}
+	if s.StateDir == "" {
+		errs = append(errs, errors.New("state-dir: must not be empty"))
+	}
+	s.UpstreamHeaderTimeout = v.GetDuration("upstream-header-timeout")
+	s.ReadTimeout = v.GetDuration("read-timeout")
+	s.ReadHeaderTimeout = v.GetDuration("read-header-timeout")
+	s.MaxHeaderBytes = v.GetInt("max-header-bytes")
+	s.RestartBackoff = v.GetDuration("restart-backoff")
+	s.MaxRestartBackoff = v.GetDuration("restart-backoff-max")
+	errs = append(errs, s.checkLimits()...)
+	if s.APIKeys, err = apiKeys(v.GetStringSlice("api-keys"), v.GetString("api-keys-file")); err != nil {
+		errs = append(errs, err)
+	}
+	if s.ReloadDebounce < 0 {
+		errs = append(errs, errors.New("reload-debounce: must not be negative"))
+	}
+	if s.VRAMReleaseTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("vram-release-timeout: must be positive"))
+	}
 	if err := s.LogLevel.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
 		errs = append(errs, fmt.Errorf("log-level: %w", err))
 	}
@@ -83,6 +181,26 @@ func loadSettings(args []string) (settings, error) {
 	return s, errors.Join(errs...)
 }
 
+// adminToken is the admin token given inline or in a file (its first line,
+// trimmed), or "" when neither is given.
+func adminToken(inline, file string) (string, error) {
+	switch {
+	case inline != "" && file != "":
+		return "", errors.New("admin-token and admin-token-file: give one, not both")
+	case file == "":
+		return inline, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("admin-token-file: %w", err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	if tok := strings.TrimSpace(line); tok != "" {
+		return tok, nil
+	}
+	return "", fmt.Errorf("admin-token-file: %q holds no token", file)
+}
+
 // readSettingsFile reads --config (or POOLD_CONFIG), which must exist, or else
 // the default file when it exists.
 func readSettingsFile(v *viper.Viper) error {
@@ -98,6 +216,22 @@ func readSettingsFile(v *viper.Viper) error {
 		return fmt.Errorf("reading settings %q: %w", path, err)
 	}
 	return nil
+}
+
+// openAccessLog opens the access log's destination; close is a no-op for
+// stdout and stderr.
+func openAccessLog(dest string) (w io.Writer, close func() error, err error) {
+	switch dest {
+	case "stdout":
+		return os.Stdout, func() error { return nil }, nil
+	case "stderr":
+		return os.Stderr, func() error { return nil }, nil
+	}
+	f, err := os.OpenFile(dest, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening access log: %w", err)
+	}
+	return f, f.Close, nil
 }
 
 // newLogger builds the daemon's logger on stderr.

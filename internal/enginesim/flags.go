@@ -42,6 +42,11 @@ type Config struct {
 	ShutdownTimeout      int
 	EnableSleepMode      bool
 
+	// MaxNumSeqs, as vLLM's --max-num-seqs, bounds the requests generating at
+	// once; the others wait their turn (vllm:num_requests_waiting), so that an
+	// overloaded engine answers later. Zero means no bound.
+	MaxNumSeqs int
+
 	// LoadDelay is how long the simulated engine loads before the server listens;
 	// connections are refused meanwhile. Zero listens at once.
 	LoadDelay time.Duration
@@ -58,6 +63,11 @@ type Config struct {
 	NeverReady bool
 	// Hang makes every handler block until the request or the process ends.
 	Hang bool
+	// HangRequests makes the API's POST endpoints block until the request or the
+	// process ends, while /v1/models and /health answer (a ready engine that hangs).
+	HangRequests bool
+	// LogHeaders logs the names (never the values) of every request's headers.
+	LogHeaders bool
 	// CrashAfterTokens, when positive, SIGKILLs the process once that many content
 	// tokens have been sent in total; zero disables it.
 	CrashAfterTokens int
@@ -169,6 +179,7 @@ var flagSpecs = map[string]flagSpec{
 	"dtype":                 {kindString, func(c *Config, v string) error { c.Dtype = v; return nil }, "ignored"},
 	"shutdown-timeout":      {kindInt, intFlag(func(c *Config) *int { return &c.ShutdownTimeout }, 0), "ignored"},
 	"enable-sleep-mode":     {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableSleepMode }), "ignored"},
+	"max-num-seqs":          {kindInt, intFlag(func(c *Config) *int { return &c.MaxNumSeqs }, 1), "requests generating at once; the others wait (default: no bound)"},
 
 	"sim-load-delay":         {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.LoadDelay }), "load time before listening (default 0)"},
 	"sim-ttft":               {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.TTFT }), "time to first token (default 0)"},
@@ -177,6 +188,8 @@ var flagSpecs = map[string]flagSpec{
 	"sim-fail-load":          {kindBool, boolFlag(func(c *Config) *bool { return &c.FailLoad }), "fail loading: log an error and exit 1"},
 	"sim-never-ready":        {kindBool, boolFlag(func(c *Config) *bool { return &c.NeverReady }), "never listen"},
 	"sim-hang":               {kindBool, boolFlag(func(c *Config) *bool { return &c.Hang }), "listen but never answer"},
+	"sim-hang-requests":      {kindBool, boolFlag(func(c *Config) *bool { return &c.HangRequests }), "become ready, but never answer POST requests"},
+	"sim-log-headers":        {kindBool, boolFlag(func(c *Config) *bool { return &c.LogHeaders }), "log the names of each request's headers"},
 	"sim-crash-after-tokens": {kindInt, intFlag(func(c *Config) *int { return &c.CrashAfterTokens }, 0), "SIGKILL self after N content tokens in total"},
 	"sim-exit-after-ready":   {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.ExitAfterReady }), "exit 1 this long after ready"},
 	"sim-ignore-sigterm":     {kindBool, boolFlag(func(c *Config) *bool { return &c.IgnoreSigterm }), "log and ignore SIGTERM/SIGINT"},

@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -9,10 +10,12 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +49,10 @@ type Server struct {
 
 	mu      sync.Mutex // guards running and the order of updates to the running and KV gauges
 	running int        // requests being generated now
+
+	// slots holds a token per generating request when MaxNumSeqs bounds them;
+	// nil means no bound.
+	slots chan struct{}
 }
 
 // NewHandler returns a Server for cfg (as returned by ParseFlags; a zero Tokens or
@@ -83,6 +90,9 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 	}
 	mj, _ := json.Marshal(s.model)
 	s.modelJSON = string(mj)
+	if cfg.MaxNumSeqs > 0 {
+		s.slots = make(chan struct{}, cfg.MaxNumSeqs)
+	}
 	return s
 }
 
@@ -95,9 +105,15 @@ type reqInfo struct {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.Hang {
+	if s.cfg.LogHeaders {
+		s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request headers",
+			slog.String("path", r.URL.Path), slog.String("headers", strings.Join(slices.Sorted(maps.Keys(r.Header)), ",")))
+	}
+	if s.cfg.Hang || (s.cfg.HangRequests && r.Method == http.MethodPost) {
 		s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request hanging (--sim-hang)",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path))
+		// Read the body, so that the server notices when the client goes away.
+		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxBodyBytes))
 		<-r.Context().Done()
 		return
 	}
@@ -470,12 +486,40 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 		p.id = randomID("cmpl-")
 	}
 
+	if !s.admit(r.Context()) {
+		info.status = 499 // the client left while waiting for a slot
+		return
+	}
+	defer s.leave()
 	s.begin(p.prompt)
 	defer s.end(start)
 	if p.stream {
 		s.stream(w, r, &p)
 	} else {
 		s.complete(w, r, info, &p)
+	}
+}
+
+// admit waits for a generation slot (--max-num-seqs), counting the request as
+// waiting meanwhile; it reports false if ctx ends first.
+func (s *Server) admit(ctx context.Context) bool {
+	if s.slots == nil {
+		return true
+	}
+	s.metrics.waiting.Inc()
+	defer s.metrics.waiting.Dec()
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// leave frees the slot admit took.
+func (s *Server) leave() {
+	if s.slots != nil {
+		<-s.slots
 	}
 }
 

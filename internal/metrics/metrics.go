@@ -33,6 +33,7 @@ type Metrics struct {
 	swapDuration     *prometheus.HistogramVec
 	engineStarts     *prometheus.CounterVec
 	engineExits      *prometheus.CounterVec
+	vramHeld         *prometheus.CounterVec
 	reloadOK         prometheus.Gauge
 	reloadTime       prometheus.Gauge
 }
@@ -64,7 +65,7 @@ func New(reg prometheus.Registerer, pools func() []pool.Status, version, revisio
 			Name: "poold_swaps_total", Help: "Swap attempts, by pool, from and to profile, and result.",
 		}, []string{"pool", "from", "to", "result"}),
 		swapDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "poold_swap_duration_seconds", Help: "Duration of each swap phase (drain, stop, start, ready).", Buckets: swapBuckets,
+			Name: "poold_swap_duration_seconds", Help: "Duration of each swap phase (drain, stop, vram_release, start, ready).", Buckets: swapBuckets,
 		}, []string{"pool", "phase"}),
 		engineStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_engine_starts_total", Help: "Engine starts, by result (ok, failed).",
@@ -72,6 +73,9 @@ func New(reg prometheus.Registerer, pools func() []pool.Status, version, revisio
 		engineExits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_engine_exits_total", Help: "Engine process exits, by reason (stopped, crashed, load_failed).",
 		}, []string{"pool", "profile", "reason"}),
+		vramHeld: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_vram_not_released_total", Help: "Engine stops after which the pool's GPUs still held memory when the bounded VRAM check gave up.",
+		}, []string{"pool"}),
 		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "poold_config_last_reload_successful", Help: "1 if the last profiles load succeeded.",
 		}),
@@ -84,7 +88,7 @@ func New(reg prometheus.Registerer, pools func() []pool.Status, version, revisio
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
 	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.promptTokens, m.completionTokens,
-		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.reloadOK, m.reloadTime, build,
+		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.reloadOK, m.reloadTime, build,
 		&poolCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -118,6 +122,11 @@ func (m *Metrics) EngineExit(poolName, profile, reason string) {
 	m.engineExits.WithLabelValues(poolName, profile, reason).Inc()
 }
 
+// VRAMNotReleased implements pool.Observer.
+func (m *Metrics) VRAMNotReleased(poolName string) {
+	m.vramHeld.WithLabelValues(poolName).Inc()
+}
+
 // Record is everything known about one finished request. It feeds the request
 // metrics and is the access-log line. Pool and Profile are empty when the request
 // never reached a pool (bad body, unknown model).
@@ -126,7 +135,7 @@ type Record struct {
 	Pool      string
 	Model     string // the name the client asked for
 	Profile   string // the canonical profile id it resolved to
-	Client    string
+	Client    string // the client class (never a key)
 	Status    int
 	Stream    bool
 	// Counted reports whether the engine reported usage.
@@ -140,11 +149,15 @@ type Record struct {
 
 // Observe adds a finished request to the metrics. Requests that reached no
 // profile are counted under pool and model "none", so that request input never
-// creates label values.
+// creates label values; those that reached no pool (queue full, load failed),
+// under pool "none".
 func (m *Metrics) Observe(r *Record) {
 	pl, model := r.Pool, r.Profile
 	if model == "" {
-		pl, model = "none", "none"
+		model = "none"
+	}
+	if pl == "" {
+		pl = "none"
 	}
 	stream := strconv.FormatBool(r.Stream)
 	m.requests.WithLabelValues(pl, model, codeClass(r.Status), stream, r.Client).Inc()

@@ -3,6 +3,7 @@ package pool
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,9 +35,16 @@ type engine struct {
 	port      int
 	pid       int // also the process group id
 	startedAt time.Time
+	argv, env []string // the command line, and the environment poold added
+	// token is POOLD_ENGINE_TOKEN in the environment of the engine and its
+	// descendants, which tells them from unrelated processes after a crash.
+	token string
+	// startTicks is the leader's start time (see procStat); 0 if unknown.
+	startTicks uint64
 
 	exited  chan struct{}
-	exitErr error // valid once exited is closed
+	exitErr error         // valid once exited is closed
+	pumped  chan struct{} // closed once every writer closed the log pipe
 	logs    *ring
 }
 
@@ -47,8 +56,10 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, log
 		return nil, fmt.Errorf("choosing a port: %w", err)
 	}
 	argv := prof.Argv(port, spec, self)
+	env := prof.Environ(spec)
+	token := rand.Text()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), prof.Environ(spec)...)
+	cmd.Env = append(append(os.Environ(), env...), tokenEnv+"="+token)
 	// Own process group, so that stop can signal the engine's whole tree; and
 	// SIGKILL if poold dies, so that no engine outlives its daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -70,8 +81,15 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, log
 		port:      port,
 		pid:       cmd.Process.Pid,
 		startedAt: time.Now(),
+		argv:      argv,
+		env:       env,
+		token:     token,
 		exited:    make(chan struct{}),
+		pumped:    make(chan struct{}),
 		logs:      &ring{max: logLines},
+	}
+	if st, err := procStat(e.pid); err == nil {
+		e.startTicks = st.start
 	}
 	log = log.With("profile", prof.ID, "pid", e.pid)
 	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "))
@@ -83,12 +101,19 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, log
 	return e, nil
 }
 
+// runs reports whether e runs prof on spec as prof would be started now: the
+// same command line and environment.
+func (e *engine) runs(prof *profile.Profile, spec *profile.PoolSpec, self string) bool {
+	return slices.Equal(e.argv, prof.Argv(e.port, spec, self)) && slices.Equal(e.env, prof.Environ(spec))
+}
+
 // base is the engine's loopback URL.
 func (e *engine) base() string { return "http://127.0.0.1:" + strconv.Itoa(e.port) }
 
 // pump copies the engine's output lines into the log and the ring until every
 // writer (the engine and its descendants) has closed the pipe.
 func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
+	defer close(e.pumped)
 	defer r.Close()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), 64*1024)
@@ -248,6 +273,27 @@ func groupMembers(pgid int) []int {
 	return pids
 }
 
+// portAttempts bounds the starts of one engine whose port was taken.
+const portAttempts = 3
+
+// portTaken reports whether the engine exited because its port was in use.
+// Call it once the engine's group is stopped: it waits (bounded) for the
+// engine's last output lines.
+func (e *engine) portTaken() bool {
+	select {
+	case <-e.exited:
+	default:
+		return false
+	}
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-e.pumped:
+	case <-t.C:
+	}
+	return e.logs.contains("address already in use")
+}
+
 // freePort asks the kernel for a free loopback port.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -273,6 +319,18 @@ func (r *ring) add(line string) {
 		r.lines = r.lines[:r.max-1]
 	}
 	r.lines = append(r.lines, line)
+}
+
+// contains reports whether a kept line contains s.
+func (r *ring) contains(s string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, l := range r.lines {
+		if strings.Contains(l, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // tail returns the last n lines joined by " | ", or "(none)".

@@ -4,6 +4,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -46,20 +47,41 @@ func (e *LoadError) Unwrap() error { return e.Err }
 type Observer interface {
 	// Swap reports one finished swap attempt: from ("" when the pool was empty),
 	// to, result ("ok" or "failed") and the duration of each phase (drain, stop,
-	// start, ready).
+	// vram_release, start, ready).
 	Swap(pool, from, to, result string, phases map[string]time.Duration)
 	// EngineExit reports an engine process that ended, and why: "stopped",
 	// "crashed" or "load_failed".
 	EngineExit(pool, profile, reason string)
+	// VRAMNotReleased reports a stopped engine whose GPU memory was still held
+	// when the VRAM check gave up.
+	VRAMNotReleased(pool string)
+}
+
+// VRAM is the stop contract's last step: checking that a stopped engine's GPU
+// memory was released. Watch is called just before the stop, with the pool's
+// GPUs and the live pids of the engine's process group; the function it
+// returns is called once the group is gone and blocks, for at most the
+// implementation's own bound, until the memory is released, or returns an
+// error naming the processes still holding it.
+type VRAM interface {
+	Watch(gpus []int, pids []int) (released func() error)
 }
 
 // Options configures a Pool. Self is poold's executable (for {poold} in engine
-// commands); Now defaults to time.Now.
+// commands); Now defaults to time.Now; a nil VRAM skips the VRAM check (no NVML).
 type Options struct {
 	Self     string
 	Logger   *slog.Logger
 	Observer Observer
-	Now      func() time.Time
+	VRAM     VRAM
+	// Ledger records the engines started, for crash clean-up; nil records none.
+	Ledger *Ledger
+	Now    func() time.Time
+	// RestartBackoff is the wait before the second start in a row of a profile
+	// whose engine failed twice in a row, doubling with each further failure up
+	// to MaxRestartBackoff (restartBackoff in backoff.go). Zero values mean
+	// DefaultRestartBackoff and DefaultMaxRestartBackoff.
+	RestartBackoff, MaxRestartBackoff time.Duration
 }
 
 // Pool owns one GPU set and at most one engine on it.
@@ -73,6 +95,8 @@ type Pool struct {
 	log  *slog.Logger
 	kick chan struct{} // buffered(1): wakes the run loop
 	done chan struct{} // closed when the run loop has ended
+	// cancel ends the run loop's context; set by the Set before the loop starts.
+	cancel context.CancelFunc
 
 	mu        sync.Mutex // guards every field below
 	spec      *profile.PoolSpec
@@ -84,8 +108,17 @@ type Pool struct {
 	lastErr   error
 	lastSwap  time.Duration // duration of the last successful swap, for Retry-After
 	readyAt   time.Time
-	shut      bool // the loop has stopped: no more admissions
+	refused   error // non-nil once the pool admits no more requests: what they get
 	drainedAt time.Time
+	backoff   restartBackoff // spaces out the restarts of a failing profile
+	// Reloads (reload.go): retiring marks an engine a reload removed or
+	// changed, which takes no new leases and is stopped once its last lease
+	// ends; want is a profile to load once the pool is otherwise idle (the
+	// changed profile, or a new default), "" for none; dirty asks the loop to
+	// check the engine against the profiles once the swap under way is over;
+	// removing marks a pool a reload removed.
+	retiring, dirty, removing bool
+	want                      string
 }
 
 func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
@@ -106,17 +139,29 @@ func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
 		state: StateEmpty,
 		since: opts.Now(),
 	}
-	p.sched.Policy = policyFor(spec)
+	p.backoff.base, p.backoff.max = cmp.Or(opts.RestartBackoff, DefaultRestartBackoff), cmp.Or(opts.MaxRestartBackoff, DefaultMaxRestartBackoff)
+	p.sched.Policy = policyFor(spec, cfg)
 	return p
 }
 
-func policyFor(spec *profile.PoolSpec) Policy {
-	return Policy{
+// policyFor is the scheduling policy of the pool spec under cfg: the pool's
+// settings, with the residency of each eligible profile that sets its own.
+func policyFor(spec *profile.PoolSpec, cfg *profile.Config) Policy {
+	pol := Policy{
 		MinResidency: spec.MinResidency.Duration,
 		IdleGrace:    DefaultIdleGrace,
 		PriorityAge:  DefaultPriorityAge,
 		MaxQueue:     spec.MaxQueue,
 	}
+	for _, prof := range cfg.Profiles {
+		if d, own := prof.Residency(spec); own && prof.EligibleOn(spec.Name) {
+			if pol.Residency == nil {
+				pol.Residency = make(map[string]time.Duration)
+			}
+			pol.Residency[prof.ID] = d
+		}
+	}
+	return pol
 }
 
 // Name is the pool's name.
@@ -166,28 +211,65 @@ func (e *QueueError) Unwrap() error { return e.Err }
 // Acquire waits until prof is ready in this pool and the scheduler admits the
 // request, then returns its lease. It returns early with ctx's error when the
 // client goes away (leaving the queue at once), a *QueueError when the queue is
-// full or the wait exceeds the pool's maxQueueWait, or a *LoadError when the
-// engine fails to load.
+// full or the wait exceeds maxQueueWait (the profile's, else the pool's), or a
+// *LoadError when the engine fails to load.
 func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile) (*Lease, error) {
-	now := p.opts.Now()
-	w := &Waiter{Profile: prof.ID, Priority: prof.Priority, Arrived: now, done: make(chan grant, 1)}
+	return p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority}, prof)
+}
+
+// Load has prof loaded in this pool through the scheduler: the explicit load
+// waits its turn and drains the pool like a request for prof, but holds no
+// lease. It returns once prof is ready (at once if it already is and the gate
+// is open), or with Acquire's errors; a client that goes away withdraws it.
+func (p *Pool) Load(ctx context.Context, prof *profile.Profile) error {
+	_, err := p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority, Intent: true}, prof)
+	return err
+}
+
+// Unload has this pool's engine stopped through the scheduler: it waits its
+// turn and drains the pool like a swap, and returns once the pool is empty
+// (at once if it is), or with Acquire's errors; a stop that fails returns the
+// stop's error.
+func (p *Pool) Unload(ctx context.Context) error {
+	_, err := p.enqueue(ctx, &Waiter{Intent: true}, nil)
+	return err
+}
+
+// enqueue hands w to the scheduler and waits for its grant. prof is w's
+// profile (nil for an unload); the wait is bounded by its maxQueueWait.
+func (p *Pool) enqueue(ctx context.Context, w *Waiter, prof *profile.Profile) (*Lease, error) {
+	w.Arrived = p.opts.Now()
+	w.done = make(chan grant, 1)
 	p.mu.Lock()
-	if p.shut {
+	if p.refused != nil {
 		p.mu.Unlock()
-		return nil, ErrShutdown
+		return nil, p.refused
+	}
+	if prof != nil && !p.servesLocked(prof.ID) {
+		p.mu.Unlock()
+		return nil, ErrProfileRemoved // a reload took it away on the request's way here
+	}
+	if prof != nil && p.sched.Loaded() != prof.ID {
+		if err := p.backoff.refusal(p.cfg.Lookup(prof.ID), w.Arrived); err != nil {
+			p.mu.Unlock()
+			return nil, err
+		}
 	}
 	admitted, err := p.sched.Arrive(w)
 	var lease *Lease
-	if admitted {
+	if admitted && !w.Intent {
 		lease = p.leaseLocked(prof, 0)
 	}
 	maxWait := p.spec.MaxQueueWait.Duration
+	if prof != nil {
+		maxWait = prof.QueueWait(p.spec)
+	}
 	retry := p.retryAfterLocked()
 	p.mu.Unlock()
 	if err != nil {
 		return nil, &QueueError{Err: err, RetryAfter: retry}
 	}
-	if lease != nil {
+	if admitted {
 		return lease, nil
 	}
 	p.wake()
@@ -242,7 +324,7 @@ func (p *Pool) retryAfterLocked() time.Duration {
 		swap = 10 * time.Second
 	}
 	waiting, _ := p.sched.Waiting()
-	return p.sched.Policy.MinResidency + time.Duration(len(waiting)+1)*swap
+	return p.sched.Policy.residency(p.sched.Loaded()) + time.Duration(len(waiting)+1)*swap
 }
 
 func (p *Pool) wake() {
@@ -257,11 +339,14 @@ func (p *Pool) wake() {
 func (p *Pool) answerLocked(ws []*Waiter, err error) {
 	now := p.opts.Now()
 	for _, w := range ws {
-		if err != nil {
+		switch {
+		case err != nil:
 			w.done <- grant{err: err}
-			continue
+		case w.Intent:
+			w.done <- grant{} // done; an intent holds no lease
+		default:
+			w.done <- grant{lease: p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))}
 		}
-		w.done <- grant{lease: p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))}
 	}
 }
 
@@ -281,15 +366,30 @@ func (p *Pool) run(ctx context.Context) {
 	defer timer.Stop()
 	for ctx.Err() == nil {
 		p.mu.Lock()
+		if step := p.reloadStepLocked(); step != nil {
+			p.mu.Unlock()
+			if !step(ctx) {
+				break
+			}
+			continue
+		}
 		d := p.sched.Next(p.opts.Now())
 		p.answerLocked(d.Admit, nil)
 		var next *profile.Profile
 		if d.Load != "" {
 			next = p.cfg.Lookup(d.Load)
-			p.sched.Begin(d.Load)
+			if err := p.backoff.refusal(next, p.opts.Now()); err != nil {
+				// Those who waited for it are told now, not at the backoff's end.
+				p.answerLocked(p.sched.Drop(d.Load), err)
+				next = nil
+			} else {
+				p.sched.Begin(d.Load)
+			}
+		} else if d.Unload {
+			p.sched.Begin("")
 		} else if p.sched.Closing() && p.state == StateReady {
 			p.setStateLocked(StateDraining)
-		} else if !p.sched.Closing() && p.state == StateDraining {
+		} else if !p.sched.Closing() && p.state == StateDraining && !p.retiring {
 			p.setStateLocked(StateReady) // the gate reopened: those waiting for others left
 		}
 		var exited <-chan struct{}
@@ -299,6 +399,10 @@ func (p *Pool) run(ctx context.Context) {
 		p.mu.Unlock()
 		if next != nil {
 			p.swap(ctx, next)
+			continue
+		}
+		if d.Unload {
+			p.unload()
 			continue
 		}
 		var recheck <-chan time.Time
@@ -326,10 +430,11 @@ func (p *Pool) engineExited() {
 	err := e.failure()
 	p.lastErr = err
 	p.setStateLocked(StateFailed)
+	wait := p.backoff.failed(e.profile, err, p.opts.Now())
 	p.mu.Unlock()
-	p.log.Error("engine exited", "profile", e.profile.ID, "err", err)
+	p.log.Error("engine exited", "profile", e.profile.ID, "err", err, "restart_backoff", wait)
 	// Reap what is left of its group (grandchildren may survive their parent).
-	if stopErr := e.stop(0, p.log); stopErr != nil {
+	if _, stopErr := p.stopGroup(e, 0); stopErr != nil {
 		p.log.Error("cleaning up engine", "profile", e.profile.ID, "err", stopErr)
 	}
 	p.observeExit(e.profile.ID, "crashed")
@@ -346,6 +451,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile) {
 		phases["drain"] = begin.Sub(p.drainedAt)
 	}
 	p.drainedAt = time.Time{}
+	p.retiring, p.want = false, "" // the old engine goes now, whatever replaces it
 	from := ""
 	if old != nil {
 		from = old.profile.ID
@@ -356,46 +462,65 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile) {
 
 	if old != nil {
 		t := p.opts.Now()
-		if err := p.stopEngine(old); err != nil {
+		release, err := p.stopEngine(old)
+		if err != nil {
 			p.failSwap(prof, from, phases, err)
 			return
 		}
-		phases["stop"] = p.opts.Now().Sub(t)
+		phases["stop"] = p.opts.Now().Sub(t) - release
+		if release > 0 {
+			phases["vram_release"] = release
+		}
 	}
 
-	t := p.opts.Now()
 	p.mu.Lock()
 	p.setStateLocked(StateStarting)
 	p.mu.Unlock()
-	p.log.Info("starting engine", "profile", prof.ID, "from", from)
-	e, err := startEngine(prof, spec, p.opts.Self, p.log)
-	if err != nil {
-		p.failSwap(prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
-		return
-	}
-	p.mu.Lock()
-	p.eng = e
-	p.mu.Unlock()
-	phases["start"] = p.opts.Now().Sub(t)
+	// An engine that could not bind its port (taken between freePort and the
+	// engine's bind) is started again on another, a bounded number of times.
+	for attempt := 1; ; attempt++ {
+		t := p.opts.Now()
+		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
+		e, err := startEngine(prof, spec, p.opts.Self, p.log)
+		if err != nil {
+			p.failSwap(prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
+			return
+		}
+		p.opts.Ledger.add(p.name, e)
+		p.mu.Lock()
+		p.eng = e
+		p.mu.Unlock()
+		phases["start"] = p.opts.Now().Sub(t)
 
-	t = p.opts.Now()
-	if err := e.waitReady(ctx, prof.StartupTimeout.Duration); err != nil {
-		if stopErr := e.stop(prof.StopTimeout.Duration, p.log); stopErr != nil {
+		t = p.opts.Now()
+		err = e.waitReady(ctx, prof.StartupTimeout.Duration)
+		if err == nil {
+			phases["ready"] = p.opts.Now().Sub(t)
+			break
+		}
+		if _, stopErr := p.stopGroup(e, prof.StopTimeout.Duration); stopErr != nil {
 			p.log.Error("stopping failed engine", "profile", prof.ID, "err", stopErr)
 		}
 		p.mu.Lock()
 		p.eng = nil
 		p.mu.Unlock()
 		p.observeExit(prof.ID, "load_failed")
+		if e.portTaken() {
+			if attempt < portAttempts {
+				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt)
+				continue
+			}
+			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
+		}
 		p.failSwap(prof, from, phases, err)
 		return
 	}
 	now := p.opts.Now()
-	phases["ready"] = now.Sub(t)
 
 	p.mu.Lock()
 	p.lastErr = nil
 	p.readyAt = now
+	p.backoff.ready(now)
 	p.lastSwap = now.Sub(begin)
 	p.setStateLocked(StateReady)
 	p.answerLocked(p.sched.Ready(prof.ID, now), nil)
@@ -404,45 +529,107 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile) {
 	p.observeSwap(from, prof.ID, "ok", phases)
 }
 
+// unload stops the pool's engine for an explicit unload and leaves the pool
+// empty. The scheduler has already recorded Begin("") and no lease is open; a
+// profile is loaded, so there is an engine.
+func (p *Pool) unload() {
+	p.mu.Lock()
+	e := p.eng
+	p.drainedAt = time.Time{} // an unload is not a swap: no drain phase to report
+	p.setStateLocked(StateStopping)
+	p.mu.Unlock()
+	_, err := p.stopEngine(e)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.log.Error("unload failed", "profile", e.profile.ID, "err", err)
+		p.lastErr = err
+		p.setStateLocked(StateFailed)
+		p.answerLocked(p.sched.Failed(""), err)
+		return
+	}
+	p.log.Info("engine unloaded", "profile", e.profile.ID)
+	p.lastErr = nil
+	p.setStateLocked(StateEmpty)
+	p.answerLocked(p.sched.Ready("", p.opts.Now()), nil)
+}
+
 // failSwap records a failed swap and answers the profile's waiters at once.
 func (p *Pool) failSwap(prof *profile.Profile, from string, phases map[string]time.Duration, err error) {
 	p.log.Error("swap failed", "profile", prof.ID, "from", from, "err", err)
 	p.mu.Lock()
 	p.lastErr = err
 	p.setStateLocked(StateFailed)
+	p.backoff.failed(prof, err, p.opts.Now())
 	p.answerLocked(p.sched.Failed(prof.ID), &LoadError{Profile: prof.ID, Err: err})
 	p.mu.Unlock()
 	p.observeSwap(from, prof.ID, "failed", phases)
 }
 
-// stopEngine stops e under the stop contract and forgets it.
-func (p *Pool) stopEngine(e *engine) error {
+// stopEngine stops e under the stop contract and forgets it. release is how
+// long the VRAM check took, zero when it did not run or gave up.
+func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
 	p.log.Info("stopping engine", "profile", e.profile.ID, "pid", e.pid)
-	err := e.stop(e.profile.StopTimeout.Duration, p.log)
+	release, err = p.stopGroup(e, e.profile.StopTimeout.Duration)
 	p.mu.Lock()
 	if p.eng == e {
 		p.eng = nil
 	}
 	p.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("stopping engine %q: %w", e.profile.ID, err)
+		return 0, fmt.Errorf("stopping engine %q: %w", e.profile.ID, err)
 	}
 	p.observeExit(e.profile.ID, "stopped")
-	return nil
+	return release, nil
 }
 
-// refuse stops admissions: queued and new requests get ErrShutdown.
-func (p *Pool) refuse() {
+// stopGroup stops e's process group (SIGTERM, grace, SIGKILL) and then, with a
+// VRAM check configured, waits for the pool's GPUs to release its memory. A
+// check that gives up is a warning, not a failed stop: the group is gone.
+// release is how long the check took, zero when it did not run or gave up.
+func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration, err error) {
+	var released func() error
+	if p.opts.VRAM != nil {
+		released = p.opts.VRAM.Watch(p.spec.GPUs, groupMembers(e.pid))
+	}
+	if err := e.stop(grace, p.log); err != nil {
+		return 0, err
+	}
+	p.opts.Ledger.remove(e)
+	if released == nil {
+		return 0, nil
+	}
+	t := p.opts.Now()
+	if err := released(); err != nil {
+		p.log.Warn("engine's GPU memory not released", "profile", e.profile.ID, "gpus", p.spec.GPUs, "err", err)
+		if p.opts.Observer != nil {
+			p.opts.Observer.VRAMNotReleased(p.name)
+		}
+		return 0, nil
+	}
+	// At least 1ns, so that a check that ran is told from one that did not.
+	return max(p.opts.Now().Sub(t), time.Nanosecond), nil
+}
+
+// refuse stops admissions: queued and new requests get err (or the error of
+// an earlier refusal).
+func (p *Pool) refuse(err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.shut = true
-	p.answerLocked(p.sched.Drop(""), ErrShutdown)
+	p.refuseLocked(err)
+}
+
+func (p *Pool) refuseLocked(err error) {
+	if p.refused == nil {
+		p.refused = err
+	}
+	p.answerLocked(p.sched.Drop(""), p.refused)
 }
 
 // shutdown answers every waiter and stops the engine; it runs once the loop's
 // context has ended. In-flight leases are the caller's to drain before that.
 func (p *Pool) shutdown() {
-	p.refuse()
+	p.refuse(ErrShutdown)
 	p.mu.Lock()
 	e := p.eng
 	if e != nil {
@@ -452,7 +639,7 @@ func (p *Pool) shutdown() {
 	if e == nil {
 		return
 	}
-	if err := p.stopEngine(e); err != nil {
+	if _, err := p.stopEngine(e); err != nil {
 		p.log.Error("shutdown", "err", err)
 	}
 	p.mu.Lock()

@@ -27,6 +27,9 @@ type Policy struct {
 	// MinResidency is how long a freshly loaded profile keeps the pool while it
 	// still has demand, before waiters for other profiles close the gate.
 	MinResidency time.Duration
+	// Residency overrides MinResidency for the profiles it lists (a profile's
+	// own minResidency); nil or a missing profile means MinResidency.
+	Residency map[string]time.Duration
 	// IdleGrace is how long after its last use the loaded profile counts as in demand.
 	IdleGrace time.Duration
 	// PriorityAge is the waiting time one priority level is worth.
@@ -35,23 +38,42 @@ type Policy struct {
 	MaxQueue int
 }
 
+// residency is how long profile keeps the pool once loaded.
+func (p Policy) residency(profile string) time.Duration {
+	if d, ok := p.Residency[profile]; ok {
+		return d
+	}
+	return p.MinResidency
+}
+
 // Waiter is one request queued on a pool. The scheduler reads its exported
 // fields; the pool owns the rest.
 type Waiter struct {
+	// Profile is the profile wanted; "" (only with Intent) means an empty pool.
 	Profile  string
 	Priority int
 	Arrived  time.Time
+	// Intent marks an explicit load (of Profile) or unload (Profile "") from
+	// the admin API rather than a request: it queues, is ordered and closes
+	// the gate like a request, but holds no lease once admitted.
+	Intent bool
 
 	done chan grant // buffered(1); the pool sends exactly one grant
 }
 
 // Decision is what the scheduler wants the pool to do next.
 type Decision struct {
-	// Admit are waiters that now hold a lease (already counted in flight).
+	// Admit are waiters admitted now: requests hold a lease (already counted in
+	// flight), intents are done. Only when all of them are intents can a Load
+	// or Unload come with them.
 	Admit []*Waiter
 	// Load, when non-empty, is the profile to swap to now: the pool has no lease
 	// open, and the caller must call Begin(Load) and then Ready or Failed.
 	Load string
+	// Unload, when set, asks the pool to stop its engine and stay empty (an
+	// unload intent goes next): no lease is open, and the caller must call
+	// Begin("") and then Ready("") or Failed("").
+	Unload bool
 	// Recheck, when non-zero, is when Next should be called again even if
 	// nothing else happens.
 	Recheck time.Time
@@ -68,7 +90,8 @@ type Scheduler struct {
 	Policy Policy
 
 	loaded   string // profile ready in the pool; "" when none
-	target   string // profile being loaded; "" when no swap is under way
+	target   string // profile being loaded; "" when none or unloading
+	swapping bool   // between Begin and Ready or Failed
 	readyAt  time.Time
 	lastUsed time.Time // last admission or release of a lease
 	closing  bool      // the gate is closed: the pool drains towards a swap
@@ -76,12 +99,16 @@ type Scheduler struct {
 	queue    []*Waiter // in arrival order
 }
 
-// Arrive admits w at once (true) when its profile is ready and the gate is open;
-// otherwise it queues w (false), or refuses it with ErrQueueFull.
+// Arrive admits w at once (true) when its profile is ready (for an unload
+// intent: the pool is empty) and the gate is open; otherwise it queues w
+// (false), or refuses it with ErrQueueFull. An admitted request holds a lease;
+// an admitted intent is simply done.
 func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
-	if s.loaded != "" && w.Profile == s.loaded && !s.gateClosed(w.Arrived) {
-		s.inFlight++
-		s.lastUsed = w.Arrived
+	if !s.swapping && w.Profile == s.loaded && !s.gateClosed(w.Arrived) {
+		if !w.Intent {
+			s.inFlight++
+			s.lastUsed = w.Arrived
+		}
 		return true, nil
 	}
 	if s.Policy.MaxQueue > 0 && len(s.queue) >= s.Policy.MaxQueue {
@@ -111,7 +138,7 @@ func (s *Scheduler) Release(now time.Time) {
 
 // Next decides what the pool should do now.
 func (s *Scheduler) Next(now time.Time) Decision {
-	if s.target != "" {
+	if s.swapping {
 		return Decision{}
 	}
 	if s.loaded != "" && !s.hasOthers() {
@@ -125,7 +152,7 @@ func (s *Scheduler) Next(now time.Time) Decision {
 		return Decision{}
 	}
 	if s.loaded != "" && !s.closing {
-		residencyEnd := s.readyAt.Add(s.Policy.MinResidency)
+		residencyEnd := s.readyAt.Add(s.Policy.residency(s.loaded))
 		idleAt := s.lastUsed.Add(s.Policy.IdleGrace)
 		idle := s.inFlight == 0 && !now.Before(idleAt)
 		if now.Before(residencyEnd) && !idle {
@@ -140,30 +167,42 @@ func (s *Scheduler) Next(now time.Time) Decision {
 	if s.inFlight > 0 {
 		return Decision{}
 	}
-	next := s.pick()
-	if next == s.loaded {
+	var d Decision
+	// Each turn admits at least one waiter, and only intents (which take no
+	// lease) let it go round again, so this ends.
+	for len(s.queue) > 0 {
+		next := s.pick()
+		if next != s.loaded {
+			d.Load, d.Unload = next, next == ""
+			return d
+		}
 		s.closing = false
-		return Decision{Admit: s.admit(next, now)}
+		d.Admit = append(d.Admit, s.admit(next, now)...)
+		if s.inFlight > 0 {
+			return d
+		}
 	}
-	return Decision{Load: next}
+	return d
 }
 
-// Begin records that a swap to profile has started: the old profile is gone.
+// Begin records that a swap to profile ("" for an unload) has started: the old
+// profile is gone.
 func (s *Scheduler) Begin(profile string) {
-	s.loaded, s.target, s.closing = "", profile, false
+	s.loaded, s.target, s.closing, s.swapping = "", profile, false, true
 }
 
-// Ready records that profile is serving and admits all of its waiters together.
+// Ready records that profile is serving (for "": that the unload is done) and
+// admits all of its waiters together.
 func (s *Scheduler) Ready(profile string, now time.Time) []*Waiter {
-	s.loaded, s.target, s.closing = profile, "", false
+	s.loaded, s.target, s.closing, s.swapping = profile, "", false, false
 	s.readyAt, s.lastUsed = now, now
 	return s.admit(profile, now)
 }
 
-// Failed records that loading profile failed and removes its waiters, which the
-// pool must answer with the failure.
+// Failed records that loading profile (unloading, for "") failed and removes
+// its waiters, which the pool must answer with the failure.
 func (s *Scheduler) Failed(profile string) []*Waiter {
-	s.loaded, s.target, s.closing = "", "", false
+	s.loaded, s.target, s.closing, s.swapping = "", "", false, false
 	return s.take(profile)
 }
 
@@ -189,6 +228,9 @@ func (s *Scheduler) Loaded() string { return s.loaded }
 // Target is the profile being loaded, or "".
 func (s *Scheduler) Target() string { return s.target }
 
+// Swapping reports whether a load or unload is under way.
+func (s *Scheduler) Swapping() bool { return s.swapping }
+
 // InFlight is the number of open leases.
 func (s *Scheduler) InFlight() int { return s.inFlight }
 
@@ -198,11 +240,16 @@ func (s *Scheduler) Closing() bool { return s.closing }
 // LastUsed is when a lease was last taken or returned.
 func (s *Scheduler) LastUsed() time.Time { return s.lastUsed }
 
-// Waiting counts the queued waiters by profile and returns the oldest arrival.
+// Waiting counts the queued waiters by profile, explicit loads included (they
+// are demand for their profile), unloads not (they have none), and returns the
+// oldest arrival among them.
 func (s *Scheduler) Waiting() (map[string]int, time.Time) {
 	m := make(map[string]int)
 	var oldest time.Time
 	for _, w := range s.queue {
+		if w.Profile == "" {
+			continue
+		}
 		m[w.Profile]++
 		if oldest.IsZero() || w.Arrived.Before(oldest) {
 			oldest = w.Arrived
@@ -230,7 +277,7 @@ func (s *Scheduler) gateClosed(now time.Time) bool {
 	if s.closing {
 		return true
 	}
-	return s.hasOthers() && !now.Before(s.readyAt.Add(s.Policy.MinResidency))
+	return s.hasOthers() && !now.Before(s.readyAt.Add(s.Policy.residency(s.loaded)))
 }
 
 func (s *Scheduler) hasOthers() bool {
@@ -256,12 +303,15 @@ func (s *Scheduler) pick() string {
 	return best.Profile
 }
 
-// admit removes profile's waiters from the queue and counts them in flight.
+// admit removes profile's waiters from the queue and counts its requests in
+// flight.
 func (s *Scheduler) admit(profile string, now time.Time) []*Waiter {
 	ws := s.take(profile)
-	if len(ws) > 0 {
-		s.inFlight += len(ws)
-		s.lastUsed = now
+	for _, w := range ws {
+		if !w.Intent {
+			s.inFlight++
+			s.lastUsed = now
+		}
 	}
 	return ws
 }

@@ -1128,3 +1128,199 @@ func TestResidencyAfterSwap(t *testing.T) {
 	mustArrive(t, s, waiter("B", 0, at(100*time.Second)), true)
 	mustArrive(t, s, waiter("B", 0, at(127*time.Second)), false)
 }
+
+// ---------------------------------------------------------------------------
+// Per-profile residency and explicit load/unload intents.
+
+// A profile's own residency replaces the pool's while it is loaded.
+func TestPerProfileResidency(t *testing.T) {
+	pol := Policy{MinResidency: time.Minute, IdleGrace: time.Second,
+		Residency: map[string]time.Duration{"big": 5 * time.Minute, "small": 0}}
+
+	s := loadedAt(pol, "big", t0)
+	mustArrive(t, s, waiter("big", 0, at(time.Second)), true)
+	mustArrive(t, s, waiter("B", 0, at(2*time.Second)), false)
+	checkDecision(t, "big resident", s.Next(at(2*time.Second)), nil, "", at(5*time.Minute))
+	mustArrive(t, s, waiter("big", 0, at(2*time.Minute)), true) // past the pool's 1m, within its own 5m
+	checkDecision(t, "big's residency over", s.Next(at(5*time.Minute)), nil, "", time.Time{})
+	mustArrive(t, s, waiter("big", 0, at(5*time.Minute)), false)
+
+	s = loadedAt(pol, "small", t0)
+	mustArrive(t, s, waiter("small", 0, at(time.Second)), true)
+	mustArrive(t, s, waiter("B", 0, at(2*time.Second)), false)
+	mustArrive(t, s, waiter("small", 0, at(2*time.Second)), false) // residency 0: the gate closes at once
+	s.Release(at(3 * time.Second))
+	checkDecision(t, "small drained", s.Next(at(3*time.Second)), nil, "B", time.Time{})
+
+	s = loadedAt(pol, "other", t0) // not listed: the pool's minute
+	mustArrive(t, s, waiter("other", 0, at(time.Second)), true)
+	mustArrive(t, s, waiter("B", 0, at(2*time.Second)), false)
+	checkDecision(t, "pool residency", s.Next(at(2*time.Second)), nil, "", at(time.Minute))
+}
+
+func intent(profile string, prio int, arrived time.Time) *Waiter {
+	return &Waiter{Profile: profile, Priority: prio, Arrived: arrived, Intent: true}
+}
+
+// A load intent queues, closes the gate after the residency and drains the
+// pool like a request for its profile; once loaded it holds no lease, so the
+// profile it loaded has no demand beyond the idle grace.
+func TestLoadIntentDrainsLikeASwap(t *testing.T) {
+	pol := Policy{MinResidency: time.Minute, IdleGrace: time.Second}
+	s := loadedAt(pol, "A", t0)
+	mustArrive(t, s, waiter("A", 0, at(time.Second)), true)
+	load := intent("B", 0, at(2*time.Second))
+	mustArrive(t, s, load, false)
+	checkDecision(t, "A resident", s.Next(at(3*time.Second)), nil, "", at(time.Minute))
+	mustArrive(t, s, waiter("A", 0, at(30*time.Second)), true)
+	checkDecision(t, "residency over", s.Next(at(time.Minute)), nil, "", time.Time{})
+	if !s.Closing() {
+		t.Fatal("gate open after the residency with a load intent queued")
+	}
+	late := waiter("A", 0, at(61*time.Second))
+	mustArrive(t, s, late, false)
+	s.Release(at(62 * time.Second))
+	checkDecision(t, "one lease open", s.Next(at(62*time.Second)), nil, "", time.Time{})
+	s.Release(at(63 * time.Second))
+	checkDecision(t, "drained", s.Next(at(63*time.Second)), nil, "B", time.Time{})
+	s.Begin("B")
+	if got := s.Ready("B", at(68*time.Second)); !sameWaiters(got, []*Waiter{load}) {
+		t.Fatalf("Ready(B) = [%s], want the intent", profiles(got))
+	}
+	if s.InFlight() != 0 {
+		t.Fatalf("in flight %d after an intent was admitted", s.InFlight())
+	}
+	// B has no demand: once the idle grace is over, the waiting A goes next.
+	checkDecision(t, "B within idle grace", s.Next(at(68*time.Second)), nil, "", at(69*time.Second))
+	checkDecision(t, "B idle", s.Next(at(69*time.Second)), nil, "A", time.Time{})
+}
+
+func TestIntentsDoneAtOnce(t *testing.T) {
+	s := loadedAt(Policy{MinResidency: time.Minute}, "A", t0)
+	mustArrive(t, s, intent("A", 0, at(time.Second)), true)
+	if s.InFlight() != 0 || s.QueueLen() != 0 {
+		t.Fatalf("load of the loaded profile: in flight %d, queued %d", s.InFlight(), s.QueueLen())
+	}
+	var empty Scheduler
+	mustArrive(t, &empty, intent("", 0, at(0)), true)
+	if empty.InFlight() != 0 || empty.QueueLen() != 0 || empty.Swapping() {
+		t.Fatal("unload of an empty pool left state behind")
+	}
+}
+
+// An unload intent drains the pool like a swap and leaves it empty; the next
+// request loads its profile again.
+func TestUnloadIntent(t *testing.T) {
+	pol := Policy{MinResidency: 10 * time.Second, IdleGrace: time.Second}
+	s := loadedAt(pol, "A", t0)
+	mustArrive(t, s, waiter("A", 0, at(time.Second)), true)
+	unload := intent("", 0, at(2*time.Second))
+	mustArrive(t, s, unload, false)
+	mustArrive(t, s, waiter("A", 0, at(5*time.Second)), true) // within the residency
+	checkDecision(t, "resident", s.Next(at(5*time.Second)), nil, "", at(10*time.Second))
+	s.Next(at(10 * time.Second))
+	mustArrive(t, s, waiter("A", 0, at(11*time.Second)), false)
+	s.Release(at(12 * time.Second))
+	s.Release(at(12 * time.Second))
+	d := s.Next(at(12 * time.Second))
+	if !d.Unload || d.Load != "" || len(d.Admit) != 0 {
+		t.Fatalf("drained: %+v, want Unload", d)
+	}
+	s.Begin("")
+	if !s.Swapping() || s.Loaded() != "" || s.Target() != "" {
+		t.Fatalf("unloading: swapping %v, loaded %q, target %q", s.Swapping(), s.Loaded(), s.Target())
+	}
+	mustArrive(t, s, waiter("A", 0, at(13*time.Second)), false)
+	checkDecision(t, "unloading", s.Next(at(13*time.Second)), nil, "", time.Time{})
+	if got := s.Ready("", at(14*time.Second)); !sameWaiters(got, []*Waiter{unload}) {
+		t.Fatalf(`Ready("") = [%s], want the unload intent`, profiles(got))
+	}
+	checkDecision(t, "empty", s.Next(at(14*time.Second)), nil, "A", time.Time{})
+}
+
+// An unload waits behind older waiters like any request: in an empty pool a
+// queued request is loaded and served first.
+func TestUnloadOrderedBehindOlderWaiter(t *testing.T) {
+	pol := Policy{MinResidency: 10 * time.Second, IdleGrace: time.Second}
+	var s Scheduler
+	s.Policy = pol
+	b := waiter("B", 0, at(0))
+	mustArrive(t, &s, b, false)
+	unload := intent("", 0, at(time.Second))
+	mustArrive(t, &s, unload, false)
+	checkDecision(t, "empty", s.Next(at(time.Second)), nil, "B", time.Time{})
+	s.Begin("B")
+	if got := s.Ready("B", at(2*time.Second)); !sameWaiters(got, []*Waiter{b}) {
+		t.Fatalf("Ready(B) = [%s]", profiles(got))
+	}
+	s.Release(at(3 * time.Second))
+	checkDecision(t, "B idle soon", s.Next(at(3*time.Second)), nil, "", at(4*time.Second))
+	if d := s.Next(at(4 * time.Second)); !d.Unload {
+		t.Fatalf("B idle: %+v, want Unload", d)
+	}
+}
+
+// An intent that goes first is done at once and the decision goes on to the
+// next profile in the same call.
+func TestIntentAdmittedThenNextLoads(t *testing.T) {
+	pol := Policy{MinResidency: 10 * time.Second, IdleGrace: time.Second, PriorityAge: time.Minute}
+	s := loadedAt(pol, "A", t0)
+	b := waiter("B", 0, at(20*time.Second))
+	mustArrive(t, s, b, false)
+	s.Next(at(20 * time.Second)) // idle: the gate closes
+	again := intent("A", 1, at(21*time.Second))
+	mustArrive(t, s, again, false)
+	checkDecision(t, "intent first", s.Next(at(21*time.Second)), []*Waiter{again}, "B", time.Time{})
+}
+
+// Intents count towards maxQueue; Waiting counts a load under its profile and
+// an unload not at all.
+func TestIntentsQueueCounting(t *testing.T) {
+	s := loadedAt(Policy{MinResidency: time.Minute, MaxQueue: 2}, "A", t0)
+	mustArrive(t, s, intent("", 0, at(time.Second)), false)
+	mustArrive(t, s, intent("B", 0, at(2*time.Second)), false)
+	if _, err := s.Arrive(waiter("C", 0, at(3*time.Second))); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third waiter: %v, want ErrQueueFull", err)
+	}
+	if m, oldest := s.Waiting(); len(m) != 1 || m["B"] != 1 || !oldest.Equal(at(2*time.Second)) {
+		t.Fatalf("Waiting = %v, %v; want the load of B only", m, offset(oldest))
+	}
+	if !s.Queued("B") {
+		t.Fatal("a load intent for B does not count as queued for B (placement)")
+	}
+}
+
+// A withdrawn unload (its client left) reopens the gate without a swap.
+func TestCancelledUnloadCausesNoSwap(t *testing.T) {
+	s := loadedAt(Policy{MinResidency: time.Second, IdleGrace: time.Second}, "A", t0)
+	mustArrive(t, s, waiter("A", 0, at(time.Second)), true)
+	unload := intent("", 0, at(2*time.Second))
+	mustArrive(t, s, unload, false)
+	s.Next(at(2 * time.Second))
+	a := waiter("A", 0, at(3*time.Second))
+	mustArrive(t, s, a, false)
+	if !s.Cancel(unload) {
+		t.Fatal("Cancel(unload) = false")
+	}
+	checkDecision(t, "withdrawn", s.Next(at(3*time.Second)), []*Waiter{a}, "", time.Time{})
+	if s.Closing() || s.InFlight() != 2 {
+		t.Fatalf("closing %v, in flight %d", s.Closing(), s.InFlight())
+	}
+}
+
+// A failed unload answers its intents and leaves the pool empty.
+func TestFailedUnload(t *testing.T) {
+	s := loadedAt(Policy{}, "A", t0)
+	unload := intent("", 0, at(time.Second))
+	mustArrive(t, s, unload, false)
+	if d := s.Next(at(time.Second)); !d.Unload {
+		t.Fatalf("%+v, want Unload", d)
+	}
+	s.Begin("")
+	if got := s.Failed(""); !sameWaiters(got, []*Waiter{unload}) {
+		t.Fatalf(`Failed("") = [%s]`, profiles(got))
+	}
+	if s.Swapping() || s.Loaded() != "" || s.QueueLen() != 0 {
+		t.Fatal("state left after a failed unload")
+	}
+}

@@ -3,6 +3,8 @@ package pool
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/poold/poold/internal/profile"
@@ -11,56 +13,81 @@ import (
 // ErrNoPool is returned when a profile may not run on the pool asked for.
 var ErrNoPool = errors.New("no such pool for this model")
 
-// Set is every pool of a host. Its pool list is fixed at construction.
+// Set is every pool of a host. Apply replaces its pool list; requests read
+// the list without locking.
 type Set struct {
-	cfg   *profile.Config
-	pools []*Pool
-	by    map[string]*Pool
+	opts Options
+	list atomic.Pointer[poolList] // the pools in service, replaced whole by Apply
+
+	mu  sync.Mutex      // guards ctx; serialises Run and Apply
+	ctx context.Context // the pools' parent context, set by Run; nil before
+	wg  sync.WaitGroup  // counts running pool loops, removed pools' included
+}
+
+// poolList is one immutable generation of a Set's pools.
+type poolList struct {
+	all []*Pool // in file order
+	by  map[string]*Pool
 }
 
 // NewSet builds one Pool per pool of cfg. Call Run to start them.
 func NewSet(cfg *profile.Config, opts Options) *Set {
-	s := &Set{cfg: cfg, by: make(map[string]*Pool, len(cfg.Pools))}
-	for _, spec := range cfg.Pools {
-		p := newPool(spec, cfg, opts)
-		s.pools = append(s.pools, p)
-		s.by[spec.Name] = p
-	}
+	s := &Set{opts: opts}
+	s.list.Store(&poolList{})
+	s.Apply(cfg)
 	return s
 }
 
-// Run starts every pool's loop (each preloads its default) and returns at once.
-// When ctx ends, the pools stop their engines; Wait blocks until they have.
+// Run starts every pool's loop (each preloads its default) and returns at once;
+// pools added later by Apply start at once. When ctx ends, the pools stop their
+// engines; Wait blocks until they have.
 func (s *Set) Run(ctx context.Context) {
-	for _, p := range s.pools {
-		go p.run(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ctx = ctx
+	for _, p := range s.list.Load().all {
+		s.start(p)
 	}
 }
 
-// Wait blocks until every pool loop has stopped its engine and ended.
-func (s *Set) Wait() {
-	for _, p := range s.pools {
-		<-p.done
-	}
+// start runs p's loop under its own context, so that a removed pool can be
+// stopped alone. s.mu must be held.
+func (s *Set) start(p *Pool) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	p.cancel = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer cancel()
+		p.run(ctx)
+	}()
 }
+
+// Wait blocks until every pool loop, including those of removed pools, has
+// stopped its engine and ended.
+func (s *Set) Wait() { s.wg.Wait() }
 
 // Pool returns the named pool, or nil.
-func (s *Set) Pool(name string) *Pool { return s.by[name] }
+func (s *Set) Pool(name string) *Pool { return s.list.Load().by[name] }
 
-// Pools returns the pools in file order.
-func (s *Set) Pools() []*Pool { return s.pools }
+// Pools returns the pools in file order. The caller must not modify the slice.
+func (s *Set) Pools() []*Pool { return s.list.Load().all }
 
 // Acquire places a request for prof on a pool and waits for its lease. A
 // non-empty pin names the only pool allowed.
 func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string) (*Lease, error) {
 	if pin != "" {
-		p := s.by[pin]
+		p := s.Pool(pin)
 		if p == nil || !prof.EligibleOn(pin) {
 			return nil, ErrNoPool
 		}
 		return p.Acquire(ctx, prof)
 	}
-	return s.place(prof).Acquire(ctx, prof)
+	p := s.place(prof)
+	if p == nil {
+		return nil, ErrProfileRemoved // every pool it ran on was removed by a reload
+	}
+	return p.Acquire(ctx, prof)
 }
 
 // Placement ranks, best first.
@@ -95,7 +122,7 @@ func (c candidate) better(d candidate) bool {
 func (s *Set) place(prof *profile.Profile) *Pool {
 	var best *Pool
 	var bestC candidate
-	for _, p := range s.pools {
+	for _, p := range s.Pools() {
 		if !prof.EligibleOn(p.name) {
 			continue
 		}
@@ -117,8 +144,8 @@ func (p *Pool) candidate(id string) candidate {
 		c.rank = rankReady
 	case s.Loaded() == id || s.Target() == id || s.Queued(id):
 		c.rank = rankLoading
-	case s.Target() != "":
-		c.rank = rankBusy // loading another profile
+	case s.Swapping():
+		c.rank = rankBusy // loading another profile, or unloading
 	case s.Loaded() == "" && s.QueueLen() == 0:
 		c.rank = rankEmpty
 	case s.InFlight() == 0 && s.QueueLen() == 0 && p.opts.Now().Sub(s.LastUsed()) >= s.Policy.IdleGrace:
@@ -132,7 +159,7 @@ func (p *Pool) candidate(id string) candidate {
 // Refuse makes every pool answer new and queued requests with ErrShutdown;
 // leases already held run on. It is the first step of a graceful shutdown.
 func (s *Set) Refuse() {
-	for _, p := range s.pools {
-		p.refuse()
+	for _, p := range s.Pools() {
+		p.refuse(ErrShutdown)
 	}
 }

@@ -183,6 +183,12 @@ func TestCandidateRank(t *testing.T) {
 			ready("q", 1, 0)(t, s, now)
 			s.Lost()
 		}, rankEmpty, 1},
+		// An unload under way whose client left: nothing is queued and nothing
+		// loaded, but the engine is still stopping, so the pool is not empty.
+		{"unloading", func(t *testing.T, s *Scheduler, now time.Time) {
+			ready("q", 0, time.Minute)(t, s, now)
+			s.Begin("")
+		}, rankBusy, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			set, _, clock := newTestSet(t)

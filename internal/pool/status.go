@@ -68,6 +68,9 @@ func (p *Pool) Status() Status {
 	if t := s.Target(); t != "" {
 		st.SwitchingTo = &t
 	}
+	if p.retiring && p.eng != nil {
+		st.Profile = &p.eng.profile.ID // still loaded, draining before a reload stops it
+	}
 	if !oldest.IsZero() {
 		st.OldestWaitMs = now.Sub(oldest).Milliseconds()
 	}

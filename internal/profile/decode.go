@@ -196,6 +196,7 @@ var (
 		{"id", kString}, {"aliases", kStrings}, {"model", kString}, {"pools", kStrings},
 		{"maxModelLen", kInt}, {"args", kStrings}, {"env", kEnv}, {"command", kStrings},
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"priority", kInt},
+		{"minResidency", kDuration}, {"maxQueueWait", kDuration},
 	}
 )
 

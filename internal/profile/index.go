@@ -3,6 +3,7 @@ package profile
 import (
 	"maps"
 	"slices"
+	"time"
 )
 
 // applyDefaults fills every unset field of a validated c.
@@ -98,5 +99,31 @@ func (p *Profile) Equal(q *Profile) bool {
 		slices.Equal(p.Command, q.Command) &&
 		p.StartupTimeout.Duration == q.StartupTimeout.Duration &&
 		p.StopTimeout.Duration == q.StopTimeout.Duration &&
-		p.Priority == q.Priority
+		p.Priority == q.Priority &&
+		sameOverride(p.MinResidency, q.MinResidency) &&
+		sameOverride(p.MaxQueueWait, q.MaxQueueWait)
+}
+
+// sameOverride compares two optional settings: both unset, or both set to the
+// same value (an explicit "0s" is not unset).
+func sameOverride(a, b Duration) bool {
+	return a.IsZero() == b.IsZero() && a.Duration == b.Duration
+}
+
+// Residency is how long p keeps pool once loaded: p's own minResidency when
+// set, else the pool's. The second result reports whether p sets its own.
+func (p *Profile) Residency(pool *PoolSpec) (time.Duration, bool) {
+	if !p.MinResidency.IsZero() {
+		return p.MinResidency.Duration, true
+	}
+	return pool.MinResidency.Duration, false
+}
+
+// QueueWait is how long a request for p may wait on pool: p's own
+// maxQueueWait when set, else the pool's.
+func (p *Profile) QueueWait(pool *PoolSpec) time.Duration {
+	if !p.MaxQueueWait.IsZero() {
+		return p.MaxQueueWait.Duration
+	}
+	return pool.MaxQueueWait.Duration
 }

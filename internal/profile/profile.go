@@ -76,6 +76,14 @@ type Profile struct {
 	// Priority orders waiting profiles: higher goes first, and waiting time ages a
 	// lower priority up so it is never starved. Zero is the normal priority.
 	Priority int `json:"priority,omitempty"`
+	// MinResidency, when set, replaces the pool's minResidency while this profile
+	// is loaded (a model that is slow to load can keep the pool longer, a cheap
+	// one can give it up at once with "0s"); unset means the pool's.
+	MinResidency Duration `json:"minResidency,omitzero"`
+	// MaxQueueWait, when set, replaces the pool's maxQueueWait for requests for
+	// this profile (a big model's cold load can outlast the pool's bound); unset
+	// means the pool's.
+	MaxQueueWait Duration `json:"maxQueueWait,omitzero"`
 }
 
 // Duration is a time.Duration written in JSON as a Go duration string ("90s", "30m").

@@ -278,6 +278,9 @@ func TestEqual(t *testing.T) {
 		func(p *Profile) { p.StartupTimeout.Duration++ },
 		func(p *Profile) { p.StopTimeout.Duration++ },
 		func(p *Profile) { p.Priority++ },
+		func(p *Profile) { p.MinResidency = Duration{Duration: time.Minute} },
+		func(p *Profile) { _ = json.Unmarshal([]byte(`"0s"`), &p.MinResidency) }, // set to zero is not unset
+		func(p *Profile) { p.MaxQueueWait = Duration{Duration: time.Minute} },
 	}
 	for i, change := range changes {
 		r := *q
@@ -318,5 +321,34 @@ func TestDurationJSON(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(`{"d": 5}`), &s); err == nil {
 		t.Error("Unmarshal(number) succeeded")
+	}
+}
+
+// A profile's minResidency and maxQueueWait override its pool's; "0s" is an
+// override too (no residency), and unset means the pool's.
+func TestSchedulingOverrides(t *testing.T) {
+	c := load(t, "good-command.json")
+	gpu0, gpu1 := c.Pool("gpu0"), c.Pool("gpu1")
+	simA, big := c.Lookup("sim-a"), c.Lookup("big")
+	tests := []struct {
+		p         *Profile
+		pool      *PoolSpec
+		residency time.Duration
+		own       bool
+		queueWait time.Duration
+	}{
+		{simA, gpu1, 0, true, 2 * time.Minute},
+		{big, gpu0, 5 * time.Minute, true, 20 * time.Minute},
+		{big, gpu1, 5 * time.Minute, true, 20 * time.Minute},
+		{&Profile{ID: "plain"}, gpu1, 5 * time.Second, false, 2 * time.Minute},
+		{&Profile{ID: "plain"}, gpu0, time.Minute, false, 2 * time.Minute},
+	}
+	for _, tt := range tests {
+		if got, own := tt.p.Residency(tt.pool); got != tt.residency || own != tt.own {
+			t.Errorf("%s on %s: Residency = %v, %v; want %v, %v", tt.p.ID, tt.pool.Name, got, own, tt.residency, tt.own)
+		}
+		if got := tt.p.QueueWait(tt.pool); got != tt.queueWait {
+			t.Errorf("%s on %s: QueueWait = %v, want %v", tt.p.ID, tt.pool.Name, got, tt.queueWait)
+		}
 	}
 }

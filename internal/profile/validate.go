@@ -161,6 +161,8 @@ func (c *Config) validateProfiles(poolNames map[string]bool, byName map[string]i
 		}
 		v.duration("startupTimeout", p.StartupTimeout)
 		v.duration("stopTimeout", p.StopTimeout)
+		v.duration("minResidency", p.MinResidency)
+		v.duration("maxQueueWait", p.MaxQueueWait)
 	}
 	return v.errs
 }

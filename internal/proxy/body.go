@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
+	"unicode/utf8"
 )
 
 // request is what the proxy needs from an OpenAI request body, read in one pass.
@@ -28,61 +28,126 @@ func (s span) empty() bool { return s.to == 0 }
 var errBadBody = errors.New("invalid request body")
 
 // parseRequest reads the top level of a JSON object body once, validating the
-// whole of it, and records the fields the proxy rewrites.
+// whole of it, and records the fields the proxy rewrites. The body is checked
+// with json.Valid and then walked by hand (only the top level's keys and value
+// spans), so that only the values poold reads are decoded.
 func parseRequest(body []byte) (request, error) {
 	var r request
 	if len(bytes.TrimSpace(body)) == 0 {
 		return r, fmt.Errorf("%w: the body is empty; expected a JSON object", errBadBody)
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return r, fmt.Errorf("%w: expected a JSON object", errBadBody)
-	}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return r, fmt.Errorf("%w: %v", errBadBody, err)
-		}
-		key, _ := t.(string)
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return r, fmt.Errorf("%w: %v", errBadBody, err)
-		}
-		end := int(dec.InputOffset())
-		sp := span{end - len(raw), end}
-		switch key {
-		case "model":
-			if err := json.Unmarshal(raw, &r.model); err != nil {
-				return r, fmt.Errorf("%w: \"model\" must be a string", errBadBody)
-			}
-			r.modelSpan = sp
-		case "stream":
-			var b *bool
-			if err := json.Unmarshal(raw, &b); err != nil {
-				return r, fmt.Errorf("%w: \"stream\" must be a boolean", errBadBody)
-			}
-			r.stream = b != nil && *b
-		case "stream_options":
-			var o *struct {
-				IncludeUsage *bool `json:"include_usage"`
-			}
-			if err := json.Unmarshal(raw, &o); err != nil {
-				return r, fmt.Errorf("%w: \"stream_options\" must be an object", errBadBody)
-			}
-			r.opts = sp
-			r.includeUsage = o != nil && o.IncludeUsage != nil && *o.IncludeUsage
-		}
-	}
-	if _, err := dec.Token(); err != nil {
+	if !json.Valid(body) {
+		// Unmarshal names the syntax error and where it is.
+		err := json.Unmarshal(body, new(json.RawMessage))
 		return r, fmt.Errorf("%w: %v", errBadBody, err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return r, fmt.Errorf("%w: unexpected data after the JSON object", errBadBody)
+	i := skipSpace(body, 0)
+	if body[i] != '{' {
+		return r, fmt.Errorf("%w: expected a JSON object", errBadBody)
+	}
+	for i = skipSpace(body, i+1); body[i] != '}'; i = skipSpace(body, i) {
+		if body[i] == ',' {
+			i = skipSpace(body, i+1)
+		}
+		keyEnd := valueEnd(body, i)
+		key := body[i:keyEnd]
+		from := skipSpace(body, skipSpace(body, keyEnd)+1) // past the colon
+		i = valueEnd(body, from)
+		if err := r.member(key, body[from:i], span{from, i}); err != nil {
+			return r, err
+		}
 	}
 	if r.modelSpan.empty() || r.model == "" {
 		return r, fmt.Errorf("%w: \"model\" is required", errBadBody)
 	}
 	return r, nil
+}
+
+// member records one top-level member of a valid body: key is its quoted key,
+// raw its value at sp.
+func (r *request) member(key, raw []byte, sp span) error {
+	if bytes.IndexByte(key, '\\') >= 0 {
+		var k string
+		_ = json.Unmarshal(key, &k) // valid: the body is
+		key = []byte(`"` + k + `"`)
+	}
+	switch string(key) {
+	case `"model"`:
+		if raw[0] != '"' {
+			return fmt.Errorf("%w: \"model\" must be a string", errBadBody)
+		}
+		if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+			r.model = string(raw[1 : len(raw)-1])
+		} else if err := json.Unmarshal(raw, &r.model); err != nil {
+			return fmt.Errorf("%w: \"model\": %v", errBadBody, err)
+		}
+		r.modelSpan = sp
+	case `"stream"`:
+		switch string(raw) {
+		case "true":
+			r.stream = true
+		case "false", "null":
+			r.stream = false
+		default:
+			return fmt.Errorf("%w: \"stream\" must be a boolean", errBadBody)
+		}
+	case `"stream_options"`:
+		var o *struct {
+			IncludeUsage *bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return fmt.Errorf("%w: \"stream_options\" must be an object", errBadBody)
+		}
+		r.opts = sp
+		r.includeUsage = o != nil && o.IncludeUsage != nil && *o.IncludeUsage
+	}
+	return nil
+}
+
+// skipSpace returns the index of the first byte at or after i that is not JSON
+// whitespace.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// valueEnd returns the end of the JSON value that starts at b[i], in a valid
+// JSON text; for invalid text it returns some index up to len(b) and never
+// panics.
+func valueEnd(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if i >= len(b) {
+				return len(b)
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth < 0 {
+				return i // the end of a number or literal before the closing bracket
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+		default:
+			continue
+		}
+		if depth == 0 {
+			return i + 1
+		}
+	}
+	return i
 }
 
 // rewrite returns the body to send upstream: model replaced by id when it

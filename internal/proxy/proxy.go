@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -28,19 +29,30 @@ import (
 const DefaultMaxBodyBytes = 32 << 20
 
 // Options configures a Handler. Zero values: MaxBodyBytes → DefaultMaxBodyBytes;
-// Logger → discard; AccessLog → none; Metrics → none.
+// Logger → discard; AccessLog → none; Metrics → none; Clients → every request
+// is client "other".
 type Options struct {
 	MaxBodyBytes int64
 	Logger       *slog.Logger
 	AccessLog    *slog.Logger
 	Metrics      *metrics.Metrics
+	Clients      *metrics.Clients
 	// Status fills the daemon-wide part of GET /status.
 	Status func() Status
+	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
+	// comment line (see keepAlive); zero disables them.
+	KeepAliveInterval time.Duration
+	// AdminToken, when set, enables POST /admin/pools/{pool}/load and /unload
+	// for requests bearing it; empty leaves those routes unbound.
+	AdminToken string
+	// UpstreamHeaderTimeout bounds the wait for an engine's response headers
+	// (504 after it); zero waits as long as the client does.
+	UpstreamHeaderTimeout time.Duration
 }
 
 // Handler serves the OpenAI API and the operations endpoints.
 type Handler struct {
-	cfg   *profile.Config
+	cfg   atomic.Pointer[profile.Config] // the profiles requests resolve against; see SetConfig
 	pools *pool.Set
 	opts  Options
 	log   *slog.Logger
@@ -60,29 +72,48 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
+	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
+	h.cfg.Store(cfg)
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewriteOut,
-		Transport:      NewTransport(),
+		Transport:      upstreamTransport(opts.UpstreamHeaderTimeout),
 		FlushInterval:  -1,
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.upstreamError,
 		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+		BufferPool:     &bufferPool{},
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
 	mux.HandleFunc("POST /pools/{pool}/v1/{path...}", h.serveAPI)
 	mux.HandleFunc("GET /v1/models", h.serveModels)
+	mux.HandleFunc("GET /pools/{pool}/metrics", h.serveEngineMetrics)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", h.serveHealth)
+	if opts.AdminToken != "" {
+		h.handleAdmin(mux, opts.AdminToken)
+	}
 	h.mux = mux
 	return h
 }
+
+// SetConfig makes cfg the profiles that requests resolve against. A reload
+// calls it after applying cfg to the pools, so that a name resolved here is
+// one the pools know.
+func (h *Handler) SetConfig(cfg *profile.Config) { h.cfg.Store(cfg) }
 
 // Handle adds another route (such as /metrics) to the handler's mux.
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// upstreamTransport is NewTransport with the engine's response headers due
+// within headerTimeout (zero: no bound).
+func upstreamTransport(headerTimeout time.Duration) *http.Transport {
+	t := NewTransport()
+	t.ResponseHeaderTimeout = headerTimeout
+	return t
+}
 
 // NewTransport is the one Transport shared by every forwarded request: engines
 // are on loopback, so connections are kept and reused generously.
@@ -96,6 +127,11 @@ func NewTransport() *http.Transport {
 		ResponseHeaderTimeout: 0, // a queued or long prefill can take long; the client's context bounds it
 		DisableCompression:    true,
 		ForceAttemptHTTP2:     false,
+		// Each stream holds its connection's buffers while it lasts: small
+		// ones (the default is 4 KiB each) keep idle streams cheap, and reads
+		// into a larger buffer bypass them anyway.
+		ReadBufferSize:  1 << 10,
+		WriteBufferSize: 1 << 10,
 	}
 }
 
@@ -129,7 +165,7 @@ func (x *exchange) usage() (Usage, bool) {
 // serveAPI handles POST /v1/* and its pinned form /pools/{pool}/v1/*.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rec := &metrics.Record{RequestID: h.requestID(r), Client: "other"}
+	rec := &metrics.Record{RequestID: h.requestID(r), Client: h.opts.Clients.Classify(r.Header)}
 	w.Header().Set("X-Request-Id", rec.RequestID)
 	x := &exchange{start: start}
 	defer func() {
@@ -158,6 +194,11 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			writeError(w, rec.Status, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", h.opts.MaxBodyBytes))
 			return
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			rec.Status = http.StatusRequestTimeout // the server's read timeout: a body trickled in too slowly
+			writeError(w, rec.Status, "request_timeout", "", "reading request body: the body did not arrive within the read timeout")
+			return
+		}
 		rec.Status = http.StatusBadRequest
 		writeError(w, rec.Status, "invalid_body", "", "reading request body: "+err.Error())
 		return
@@ -173,7 +214,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Model, rec.Stream = req.model, req.stream
-	prof := h.cfg.Lookup(req.model)
+	prof := h.cfg.Load().Lookup(req.model)
 	if prof == nil {
 		rec.Status = http.StatusNotFound
 		writeError(w, rec.Status, "model_not_found", "model", h.unknownModel(req.model))
@@ -181,7 +222,15 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Profile = prof.ID
 
-	lease, err := h.pools.Acquire(r.Context(), prof, r.PathValue("pool"))
+	var lease *pool.Lease
+	if req.stream && h.opts.KeepAliveInterval > 0 {
+		k := &keepAlive{ResponseWriter: w}
+		defer k.finish()
+		w = k
+		lease, err = h.acquireKeepAlive(k, r, prof, start)
+	} else {
+		lease, err = h.pools.Acquire(r.Context(), prof, r.PathValue("pool"))
+	}
 	if err != nil {
 		rec.Status = h.acquireError(w, r, prof, err)
 		return
@@ -216,8 +265,11 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		return 499
 	case errors.As(err, &qe):
 		code := "queue_full"
-		if errors.Is(err, pool.ErrQueueTimeout) {
+		switch {
+		case errors.Is(err, pool.ErrQueueTimeout):
 			code = "queue_timeout"
+		case errors.Is(err, pool.ErrBackoff):
+			code = "engine_backoff"
 		}
 		writeUnavailable(w, code, fmt.Sprintf("model %q: %v", prof.ID, err), qe.RetryAfter)
 		return http.StatusServiceUnavailable
@@ -230,6 +282,12 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 	case errors.Is(err, pool.ErrShutdown):
 		writeUnavailable(w, "shutting_down", err.Error(), 5*time.Second)
 		return http.StatusServiceUnavailable
+	case errors.Is(err, pool.ErrProfileRemoved):
+		writeError(w, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
+		return http.StatusNotFound
+	case errors.Is(err, pool.ErrPoolRemoved):
+		writeUnavailable(w, "pool_removed", fmt.Sprintf("model %q: %v", prof.ID, err), time.Second)
+		return http.StatusServiceUnavailable
 	default:
 		writeError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
 		return http.StatusInternalServerError
@@ -240,7 +298,7 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 const maxListed = 50
 
 func (h *Handler) unknownModel(name string) string {
-	names := h.cfg.Names()
+	names := h.cfg.Load().Names()
 	more := ""
 	if len(names) > maxListed {
 		more = fmt.Sprintf(" and %d more", len(names)-maxListed)
@@ -291,6 +349,10 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	x := r.Context().Value(exchangeKey{}).(*exchange)
 	h.log.Warn("engine request failed", "pool", x.lease.Pool, "profile", x.lease.Profile.ID, "err", err)
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		writeError(w, http.StatusGatewayTimeout, "engine_timeout", "", fmt.Sprintf("engine for %q did not answer in time: %v", x.lease.Profile.ID, err))
+		return
+	}
 	writeError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine for %q failed: %v", x.lease.Profile.ID, err))
 }
 

@@ -2,9 +2,13 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"time"
 
+	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/pool"
 )
 
@@ -26,10 +30,12 @@ type ConfigStatus struct {
 	LastError *string   `json:"lastError"`
 }
 
-// GPUStatus says whether GPU telemetry is available, and if not, why.
+// GPUStatus says whether GPU telemetry is available, and if not, why; when it
+// is, Devices is every GPU's telemetry.
 type GPUStatus struct {
-	Available bool   `json:"available"`
-	Reason    string `json:"reason,omitempty"`
+	Available bool         `json:"available"`
+	Reason    string       `json:"reason,omitempty"`
+	Devices   []gpu.Device `json:"devices,omitempty"`
 }
 
 func (h *Handler) serveStatus(w http.ResponseWriter, r *http.Request) {
@@ -38,7 +44,54 @@ func (h *Handler) serveStatus(w http.ResponseWriter, r *http.Request) {
 		st = h.opts.Status()
 	}
 	st.Pools = h.PoolStatus()
+	for i := range st.Pools {
+		for _, d := range gpu.Select(st.GPU.Devices, st.Pools[i].GPUs) {
+			st.Pools[i].GPUMemory = append(st.Pools[i].GPUMemory, pool.GPUMemoryStat{Index: d.Index, UsedBytes: d.MemoryUsedBytes, TotalBytes: d.MemoryTotalBytes})
+		}
+	}
 	writeJSON(w, st)
+}
+
+// serveEngineMetrics passes the pool's engine's own /metrics (vLLM's vllm:*)
+// through, so that Prometheus can scrape engines that listen only on loopback.
+// A pool without an engine answers 503.
+func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("pool")
+	p := h.pools.Pool(name)
+	if p == nil {
+		writeError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("no pool %q", name))
+		return
+	}
+	eng := p.Status().Engine
+	if eng == nil {
+		writeError(w, http.StatusServiceUnavailable, "no_engine", "", fmt.Sprintf("pool %q runs no engine", name))
+		return
+	}
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(eng.Port)+"/metrics", nil)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
+		return
+	}
+	for _, k := range []string{"Accept", "Accept-Encoding", "X-Prometheus-Scrape-Timeout-Seconds"} {
+		if v := r.Header.Get(k); v != "" {
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := h.rp.Transport.RoundTrip(req)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine of pool %q: %v", name, err))
+		return
+	}
+	defer resp.Body.Close()
+	for _, k := range []string{"Content-Type", "Content-Encoding"} {
+		if v := resp.Header.Get(k); v != "" {
+			w.Header().Set(k, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		h.log.Debug("passing engine metrics through", "pool", name, "err", err)
+	}
 }
 
 // PoolStatus snapshots every pool, in file order.
@@ -81,10 +134,11 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 			state[*st.Profile] = "ready"
 		}
 	}
-	names := h.cfg.Names()
+	cfg := h.cfg.Load()
+	names := cfg.Names()
 	data := make([]modelEntry, 0, len(names))
 	for _, name := range names {
-		prof := h.cfg.Lookup(name)
+		prof := cfg.Lookup(name)
 		s := state[prof.ID]
 		if s == "" {
 			s = "available"

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 )
 
 // Usage is the token count of one request, as the engine reported it.
@@ -25,16 +26,22 @@ var errEventTooLarge = errors.New("upstream SSE event larger than 1 MiB")
 // usage-only chunk (`"choices": []`) that poold asked for on the client's behalf.
 // Every other byte passes through unchanged and in order. Events are returned as
 // soon as they are complete; nothing else is held back.
+//
+// It reads into one buffer that grows only to fit the largest event and is
+// reused for the whole stream: a stream costs no allocation per event.
 type sseReader struct {
 	src      io.ReadCloser
 	withhold bool
 	onFirst  func() // called once, when the first bytes are returned
 
-	pending []byte // bytes read from src that do not yet end an event
-	scanned int    // how much of pending eventEnd has already searched
-	out     []byte // complete events ready to return
-	scratch []byte
-	err     error // src's error, returned once out is drained
+	// buf holds the bytes read from src and not yet returned: buf[off:ready]
+	// are complete events to return, buf[ready:] bytes that do not yet end an
+	// event, of which eventEnd has already searched the first scanned.
+	buf     []byte
+	off     int
+	ready   int
+	scanned int
+	err     error // src's error, returned once the events before it are
 	errSent bool  // an error event for err was queued
 
 	usage   Usage
@@ -42,38 +49,49 @@ type sseReader struct {
 	events  int  // data events passed to the client, [DONE] excluded
 }
 
+// sseReadSize is the free space buf offers each read from src (and its
+// initial size): an engine's events are a few hundred bytes each.
+const sseReadSize = 1024
+
 func newSSEReader(src io.ReadCloser, withhold bool, onFirst func()) *sseReader {
-	return &sseReader{src: src, withhold: withhold, onFirst: onFirst, scratch: make([]byte, 32*1024)}
+	return &sseReader{src: src, withhold: withhold, onFirst: onFirst}
 }
 
 func (s *sseReader) Read(p []byte) (int, error) {
-	for len(s.out) == 0 {
+	for s.off == s.ready {
+		// Everything complete was returned: keep only the incomplete rest.
+		s.buf = s.buf[:copy(s.buf, s.buf[s.off:])]
+		s.off, s.ready = 0, 0
 		if s.err != nil {
-			if len(s.pending) > 0 && s.err == io.EOF {
+			if len(s.buf) > 0 && s.err == io.EOF {
 				// A last event without its blank line: pass it on as it is,
 				// once its usage, if any, is read.
-				ev := s.pending
-				s.pending = nil
-				if s.keep(ev) {
-					s.out = ev
+				if s.keep(s.buf) {
+					s.ready = len(s.buf)
 					break
 				}
+				s.buf = s.buf[:0]
 				continue
 			}
 			if s.err != io.EOF && !s.errSent {
 				// The engine failed mid-stream: tell the client in the stream
-				// itself before the connection is cut.
+				// itself before the connection is cut (an incomplete event is
+				// dropped, not glued to the error).
 				s.errSent = true
-				s.out = streamError(s.err)
+				s.buf = append(s.buf[:0], streamError(s.err)...)
+				s.ready = len(s.buf)
 				break
 			}
 			return 0, s.err
 		}
-		n, err := s.src.Read(s.scratch)
-		s.pending = append(s.pending, s.scratch[:n]...)
+		if cap(s.buf)-len(s.buf) < sseReadSize/4 {
+			s.buf = slices.Grow(s.buf, max(sseReadSize, len(s.buf)))
+		}
+		n, err := s.src.Read(s.buf[len(s.buf):cap(s.buf)])
+		s.buf = s.buf[:len(s.buf)+n]
 		s.err = err
 		s.split()
-		if len(s.pending) > maxEvent && (s.err == nil || s.err == io.EOF) {
+		if len(s.buf)-s.ready > maxEvent && (s.err == nil || s.err == io.EOF) {
 			s.err = errEventTooLarge
 		}
 	}
@@ -81,40 +99,37 @@ func (s *sseReader) Read(p []byte) (int, error) {
 		s.onFirst()
 		s.onFirst = nil
 	}
-	n := copy(p, s.out)
-	s.out = s.out[n:]
-	if len(s.out) == 0 {
-		s.out = nil
-	}
+	n := copy(p, s.buf[s.off:s.ready])
+	s.off += n
 	return n, nil
 }
 
 func (s *sseReader) Close() error { return s.src.Close() }
 
-// split moves every complete event from pending to out. It resumes the search
-// for an event's end where the last one stopped (less the two bytes a
-// terminator could straddle), so an event arriving in many small reads costs
-// linear time, not quadratic.
+// split marks every complete event after buf[:ready] ready, or removes it when
+// it is withheld. It resumes the search for an event's end where the last one
+// stopped (less the two bytes a terminator could straddle), so an event
+// arriving in many small reads costs linear time, not quadratic.
 func (s *sseReader) split() {
 	for {
-		from := max(0, s.scanned-2)
-		end := eventEnd(s.pending[from:])
+		from := s.ready + max(0, s.scanned-2)
+		end := eventEnd(s.buf[from:])
 		if end < 0 {
-			s.scanned = len(s.pending)
+			s.scanned = len(s.buf) - s.ready
 			return
 		}
-		end += from
+		end += from - s.ready
 		if end > maxEvent {
 			// Too large whether or not it arrived whole: the limit must not
 			// depend on how the engine's bytes were chunked.
 			s.err = errEventTooLarge
 			return
 		}
-		ev := s.pending[:end]
-		if s.keep(ev) {
-			s.out = append(s.out, ev...)
+		if s.keep(s.buf[s.ready : s.ready+end]) {
+			s.ready += end
+		} else {
+			s.buf = append(s.buf[:s.ready], s.buf[s.ready+end:]...)
 		}
-		s.pending = s.pending[end:]
 		s.scanned = 0
 	}
 }
@@ -160,7 +175,7 @@ func (s *sseReader) keep(ev []byte) bool {
 		return true
 	}
 	s.events++
-	if !bytes.Contains(data, usageKey) {
+	if !hasUsage(data) {
 		return true
 	}
 	var chunk struct {
@@ -176,6 +191,23 @@ func (s *sseReader) keep(ev []byte) bool {
 		return false
 	}
 	return true
+}
+
+// hasUsage reports whether data may hold a usage object: a "usage" key whose
+// value is not null. vLLM puts "usage":null in every chunk of a stream that
+// asked for usage, and decoding each of them would dominate a stream's cost.
+func hasUsage(data []byte) bool {
+	for {
+		i := bytes.Index(data, usageKey)
+		if i < 0 {
+			return false
+		}
+		data = data[i+len(usageKey):]
+		rest, isKey := bytes.CutPrefix(bytes.TrimLeft(data, " \t\r\n"), []byte(":"))
+		if isKey && !bytes.HasPrefix(bytes.TrimLeft(rest, " \t\r\n"), []byte("null")) {
+			return true
+		}
+	}
 }
 
 // eventData returns the payload of an event's data line, trimmed, or nil.
@@ -225,8 +257,9 @@ func (t *tailReader) usage() (Usage, bool) {
 		if !ok {
 			continue
 		}
+		rest = bytes.TrimLeft(rest, " \t\r\n")
 		var u *Usage
-		if json.NewDecoder(bytes.NewReader(rest)).Decode(&u) != nil || u == nil {
+		if json.Unmarshal(rest[:valueEnd(rest, 0)], &u) != nil || u == nil {
 			continue
 		}
 		return *u, true

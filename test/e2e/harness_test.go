@@ -22,8 +22,8 @@ import (
 	"time"
 )
 
-// pooldBin is the poold binary built once for the whole package.
-var pooldBin string
+// pooldBin and fleetdBin are the binaries built once for the whole package.
+var pooldBin, fleetdBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "poold-e2e-")
@@ -31,15 +31,15 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	pooldBin = filepath.Join(dir, "poold")
-	args := []string{"build", "-o", pooldBin}
+	pooldBin, fleetdBin = filepath.Join(dir, "poold"), filepath.Join(dir, "fleetd")
+	args := []string{"build", "-o", dir}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	build := exec.Command("go", append(args, "github.com/poold/poold/cmd/poold")...)
+	build := exec.Command("go", append(args, "github.com/poold/poold/cmd/poold", "github.com/poold/poold/cmd/fleetd")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building poold:", err)
+		fmt.Fprintln(os.Stderr, "building poold and fleetd:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -117,6 +117,9 @@ type daemon struct {
 	stderr *lockedBuffer
 	exited chan struct{}
 	err    error // valid after exited is closed
+	// profiles is the profiles file; its directory also holds the state
+	// directory, "state", unless the test's args give another --state-dir.
+	profiles string
 }
 
 // lockedBuffer is a bytes.Buffer safe for one writer and concurrent readers.
@@ -156,8 +159,9 @@ func launch(t *testing.T, tag string, profiles []byte, args ...string) *daemon {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	d := &daemon{t: t, url: "http://" + addr, tag: tag, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{})}
-	all := append([]string{"serve", "--listen", addr, "--profiles", path, "--log-format", "json", "--log-level", "debug"}, args...)
+	d := &daemon{t: t, url: "http://" + addr, tag: tag, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{}), profiles: path}
+	all := append([]string{"serve", "--listen", addr, "--profiles", path, "--log-format", "json", "--log-level", "debug",
+		"--state-dir", filepath.Join(dir, "state")}, args...)
 	d.cmd = exec.Command(pooldBin, all...)
 	d.cmd.Stdout, d.cmd.Stderr = d.stdout, d.stderr
 	if err := d.cmd.Start(); err != nil {

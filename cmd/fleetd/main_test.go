@@ -1,0 +1,76 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/pool"
+)
+
+func TestStatusTable(t *testing.T) {
+	profile := "qwen"
+	bad := "hosts[0]: url: required\nmore"
+	now := time.Now()
+	st := fleet.Status{Version: "v1", HostsFile: fleet.FileStatus{Path: "/etc/poold/hosts.json", LastError: &bad}, Hosts: []fleet.HostStatus{
+		{Name: "gpu-1", Healthy: true, Reachable: true, LastPoll: &now, PollLatencyMs: 1.25, Pools: []pool.Status{
+			{Name: "gpu0", State: pool.StateReady, Profile: &profile, InFlight: 2, Waiting: map[string]int{"llama": 1, "bge": 3}},
+		}},
+		{Name: "gpu-2", Ejected: true},
+	}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/status" {
+			http.NotFound(w, r)
+			return
+		}
+		json.NewEncoder(w).Encode(st)
+	}))
+	defer srv.Close()
+
+	var out bytes.Buffer
+	if code := status([]string{"--addr", srv.URL}, &out); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{
+		"fleetd v1, hosts file /etc/poold/hosts.json (last reload refused: hosts[0]: url: required)",
+		"HOST   HEALTH   POOL  STATE  PROFILE  SWITCHING  IN FLIGHT  WAITING        POLL",
+		"gpu-1  up       gpu0  ready  qwen     -          2          bge:3,llama:1  1.2ms",
+		"gpu-2  ejected  -     -      -        -          -          -              -",
+	} {
+		if !strings.Contains(out.String(), want+"\n") {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if code := status([]string{"--addr", srv.URL, "--json"}, &out); code != 0 || !strings.Contains(out.String(), `"name":"gpu-2"`) {
+		t.Fatalf("--json: exit %d\n%s", code, out.String())
+	}
+	if code := status([]string{"--addr", srv.URL + "/nowhere"}, &out); code != 1 {
+		t.Fatalf("a 404 exits %d", code)
+	}
+}
+
+func TestSettings(t *testing.T) {
+	t.Setenv("FLEETD_HOSTS", "/env/hosts.json")
+	t.Setenv("FLEETD_SCALE_OUT_WAIT", "5s")
+	s, err := loadSettings([]string{"--scale-out-wait", "3s", "--load-slack", "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Hosts != "/env/hosts.json" || s.Handler.ScaleOutWait != 3*time.Second || s.Handler.LoadSlack != 0 ||
+		s.Fleet.PollInterval != fleet.DefaultPollInterval || s.Handler.AffinityHeader != fleet.DefaultAffinityHeader {
+		t.Fatalf("settings: %+v", s)
+	}
+	t.Setenv("FLEETD_HOSTS", "")
+	_, err = loadSettings([]string{"--poll-interval", "0s", "--log-format", "xml", "--scale-out-wait", "-1s"})
+	for _, want := range []string{"hosts: a hosts file is required", "poll-interval: must be positive", `log-format: "xml"`, "scale-out-wait: must not be negative"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+}

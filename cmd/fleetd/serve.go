@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/profile"
+)
+
+// reloadDebounce is how long the hosts file must stay quiet before a reload.
+const reloadDebounce = 250 * time.Millisecond
+
+// serve runs fleetd until ctx ends and returns the exit code.
+func serve(ctx context.Context, args []string) int {
+	s, err := loadSettings(args)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fleetd: %v\n", err)
+		return 2
+	}
+	if err := run(ctx, s, newLogger(s)); err != nil {
+		fmt.Fprintf(os.Stderr, "fleetd: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// run wires fleetd together and serves until ctx ends, then lets in-flight
+// requests finish (bounded by the shutdown timeout).
+func run(ctx context.Context, s settings, log *slog.Logger) error {
+	reg := prometheus.NewRegistry()
+	opts := s.Fleet
+	opts.Logger, opts.Metrics = log, fleet.NewMetrics(reg)
+	f := fleet.New(opts)
+	if err := f.LoadFile(s.Hosts); err != nil {
+		return fmt.Errorf("loading hosts:\n%w", err)
+	}
+	fleetCtx, stopFleet := context.WithCancel(context.Background())
+	defer stopFleet()
+	changes, err := profile.Watch(fleetCtx, s.Hosts, reloadDebounce, log.With("component", "hosts-watch"))
+	if err != nil {
+		return fmt.Errorf("watching hosts file: %w", err)
+	}
+	fleetDone := make(chan struct{})
+	go func() {
+		f.Run(fleetCtx)
+		close(fleetDone)
+	}()
+	go f.WatchFile(s.Hosts, changes)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-fleetCtx.Done():
+				return
+			case <-hup:
+				if err := f.LoadFile(s.Hosts); err != nil {
+					log.Error("hosts file refused on SIGHUP; keeping the hosts in force", "err", err)
+				}
+			}
+		}
+	}()
+
+	hopts := s.Handler
+	hopts.Logger = log
+	hopts.AccessLog = slog.New(slog.NewJSONHandler(os.Stdout, nil)).With("component", "access")
+	h := fleet.NewHandler(f, hopts)
+	h.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+
+	ln, err := net.Listen("tcp", s.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", s.Listen, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Info("fleetd listening", "addr", ln.Addr().String(), "hosts", s.Hosts, "version", version)
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: draining requests", "timeout", s.ShutdownTimeout)
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	drainCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(drainCtx); err != nil {
+		log.Warn("drain timed out; closing remaining connections", "err", err)
+		_ = srv.Close()
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("server", "err", err)
+	}
+	stopFleet()
+	<-fleetDone
+	log.Info("fleetd stopped")
+	return nil
+}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+
+	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/proxy"
+)
+
+// settings are fleetd's own settings (the hosts file says where to route).
+// Precedence, highest first: flags, FLEETD_* environment variables (dashes
+// become underscores: FLEETD_SCALE_OUT_WAIT), defaults.
+type settings struct {
+	Listen          string
+	Hosts           string
+	LogLevel        slog.Level
+	LogFormat       string
+	MaxBodyBytes    int64
+	ShutdownTimeout time.Duration
+	Fleet           fleet.Options
+	Handler         fleet.HandlerOptions
+}
+
+func loadSettings(args []string) (settings, error) {
+	fl := pflag.NewFlagSet("fleetd", pflag.ContinueOnError)
+	fl.String("listen", "127.0.0.1:8090", "address to serve the API on")
+	fl.String("hosts", "", "hosts JSON file (required)")
+	fl.String("log-level", "info", "log level: debug, info, warn or error")
+	fl.String("log-format", "text", "log format: json or text")
+	fl.Int64("max-body-bytes", proxy.DefaultMaxBodyBytes, "request body limit in bytes")
+	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
+	fl.Duration("poll-interval", fleet.DefaultPollInterval, "how often each host's /status and /v1/models are read")
+	fl.Duration("poll-timeout", fleet.DefaultPollTimeout, "time limit of one poll")
+	fl.Int("eject-after", fleet.DefaultEjectAfter, "failed polls, or failed forwards, in a row that eject a host until it answers again")
+	fl.Duration("max-backoff", fleet.DefaultMaxBackoff, "longest interval between the probes of an ejected host")
+	fl.Int("max-attempts", fleet.DefaultMaxAttempts, "hosts one request may be tried on (connect failure or 503 before any byte)")
+	fl.String("affinity-header", fleet.DefaultAffinityHeader, "request header whose value keeps a session on one host")
+	fl.Int("affinity-bytes", fleet.DefaultAffinityBytes, "bytes of the first message that key affinity when the header is absent")
+	fl.Int("load-slack", fleet.DefaultLoadSlack, "requests by which a host may exceed the least loaded one and still win by affinity")
+	fl.Duration("scale-out-wait", fleet.DefaultScaleOutWait, "queue wait of every awake copy above which another copy is loaded on an idle host (0 disables)")
+	if err := fl.Parse(args); err != nil {
+		return settings{}, err
+	}
+	if fl.NArg() > 0 {
+		return settings{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fl.Args(), " "))
+	}
+	v := viper.New()
+	v.SetEnvPrefix("FLEETD")
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.AutomaticEnv()
+	if err := v.BindPFlags(fl); err != nil {
+		return settings{}, err
+	}
+
+	s := settings{
+		Listen:          v.GetString("listen"),
+		Hosts:           v.GetString("hosts"),
+		LogFormat:       v.GetString("log-format"),
+		MaxBodyBytes:    v.GetInt64("max-body-bytes"),
+		ShutdownTimeout: v.GetDuration("shutdown-timeout"),
+		Fleet: fleet.Options{
+			PollInterval: v.GetDuration("poll-interval"),
+			PollTimeout:  v.GetDuration("poll-timeout"),
+			EjectAfter:   v.GetInt("eject-after"),
+			MaxBackoff:   v.GetDuration("max-backoff"),
+		},
+		Handler: fleet.HandlerOptions{
+			MaxBodyBytes:   v.GetInt64("max-body-bytes"),
+			MaxAttempts:    v.GetInt("max-attempts"),
+			AffinityHeader: v.GetString("affinity-header"),
+			AffinityBytes:  v.GetInt("affinity-bytes"),
+			LoadSlack:      v.GetInt("load-slack"),
+			ScaleOutWait:   v.GetDuration("scale-out-wait"),
+			Version:        version,
+		},
+	}
+	var errs []error
+	if err := s.LogLevel.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
+		errs = append(errs, fmt.Errorf("log-level: %w", err))
+	}
+	if s.LogFormat != "json" && s.LogFormat != "text" {
+		errs = append(errs, fmt.Errorf("log-format: %q is neither json nor text", s.LogFormat))
+	}
+	if s.Hosts == "" {
+		errs = append(errs, errors.New("hosts: a hosts file is required (--hosts or FLEETD_HOSTS)"))
+	}
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"max-body-bytes", s.MaxBodyBytes > 0}, {"poll-interval", s.Fleet.PollInterval > 0}, {"poll-timeout", s.Fleet.PollTimeout > 0},
+		{"eject-after", s.Fleet.EjectAfter > 0}, {"max-backoff", s.Fleet.MaxBackoff > 0}, {"max-attempts", s.Handler.MaxAttempts > 0},
+		{"affinity-bytes", s.Handler.AffinityBytes > 0},
+	} {
+		if !c.ok {
+			errs = append(errs, fmt.Errorf("%s: must be positive, not %s", c.name, v.GetString(c.name)))
+		}
+	}
+	if s.ShutdownTimeout < 0 {
+		errs = append(errs, errors.New("shutdown-timeout: must not be negative"))
+	}
+	if s.Handler.ScaleOutWait < 0 {
+		errs = append(errs, errors.New("scale-out-wait: must not be negative (0 disables scale-out)"))
+	}
+	if s.Handler.LoadSlack < 0 {
+		errs = append(errs, errors.New("load-slack: must not be negative"))
+	}
+	if s.Handler.AffinityHeader == "" {
+		errs = append(errs, errors.New("affinity-header: must not be empty"))
+	}
+	return s, errors.Join(errs...)
+}
+
+// newLogger builds fleetd's logger on stderr.
+func newLogger(s settings) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: s.LogLevel}
+	if s.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/poold/poold/internal/fleet"
+)
+
+// status prints a running fleetd's fleet view: a table, or its JSON.
+func status(args []string, out io.Writer) int {
+	fl := pflag.NewFlagSet("status", pflag.ContinueOnError)
+	defAddr := "http://127.0.0.1:8090"
+	if a := os.Getenv("FLEETD_ADDR"); a != "" {
+		defAddr = a
+	}
+	addr := fl.String("addr", defAddr, "fleetd's base URL (env FLEETD_ADDR)")
+	asJSON := fl.Bool("json", false, "print the raw JSON")
+	if err := fl.Parse(args); err != nil {
+		return 2
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(strings.TrimSuffix(*addr, "/") + "/status")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fleetd status: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(os.Stderr, "fleetd status: GET /status: %s %v\n", resp.Status, err)
+		return 1
+	}
+	if *asJSON {
+		_, _ = out.Write(body)
+		return 0
+	}
+	var st fleet.Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		fmt.Fprintf(os.Stderr, "fleetd status: decoding /status: %v\n", err)
+		return 1
+	}
+	printStatus(out, st)
+	return 0
+}
+
+// printStatus writes one row per pool of every host.
+func printStatus(out io.Writer, st fleet.Status) {
+	fmt.Fprintf(out, "fleetd %s, hosts file %s", st.Version, st.HostsFile.Path)
+	if st.HostsFile.LastError != nil {
+		fmt.Fprintf(out, " (last reload refused: %s)", firstLine(*st.HostsFile.LastError))
+	}
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tHEALTH\tPOOL\tSTATE\tPROFILE\tSWITCHING\tIN FLIGHT\tWAITING\tPOLL")
+	for _, h := range st.Hosts {
+		health := "up"
+		switch {
+		case h.Ejected:
+			health = "ejected"
+		case !h.Healthy:
+			health = "unknown"
+		case !h.Reachable:
+			health = "failing"
+		}
+		poll := "-"
+		if h.LastPoll != nil {
+			poll = strconv.FormatFloat(h.PollLatencyMs, 'f', 1, 64) + "ms"
+		}
+		if len(h.Pools) == 0 {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t%s\n", h.Name, health, poll)
+		}
+		for _, p := range h.Pools {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", h.Name, health, p.Name, p.State,
+				orDash(p.Profile), orDash(p.SwitchingTo), p.InFlight, waiting(p.Waiting), poll)
+		}
+	}
+	_ = tw.Flush()
+}
+
+func orDash(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
+}
+
+// waiting renders a pool's waiters by profile: "qwen:2,llama:1", or "0".
+func waiting(m map[string]int) string {
+	if len(m) == 0 {
+		return "0"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+":"+strconv.Itoa(m[k]))
+	}
+	return strings.Join(parts, ",")
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}

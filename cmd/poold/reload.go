@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/poold/poold/internal/metrics"
+	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/proxy"
+)
+
+// reloader applies a new profiles file to the running daemon: it reads and
+// validates the whole file, applies it to the pools and then to the proxy, and
+// records the outcome in /status, the metrics, the log and systemd's state. A
+// file that does not load changes nothing.
+type reloader struct {
+	path   string
+	pools  *pool.Set
+	h      *proxy.Handler
+	m      *metrics.Metrics
+	notify *notifier
+	log    *slog.Logger
+
+	mu       sync.Mutex // guards the fields below
+	sum      [sha256.Size]byte
+	loadedAt time.Time
+	lastErr  error // the last reload's refusal; nil after a good one
+}
+
+// run reloads on every watch report and SIGHUP until ctx ends. A nil channel
+// is never ready. With a watch, it first checks the file once, for a change
+// made between the daemon's first read and the watch's start.
+func (r *reloader) run(ctx context.Context, watch <-chan struct{}, hup <-chan os.Signal) {
+	if watch != nil {
+		r.reload("watch started")
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-watch:
+			if !ok {
+				watch = nil // the watcher ended with ctx
+				continue
+			}
+			r.reload("file changed")
+		case <-hup:
+			r.reload("SIGHUP")
+		}
+	}
+}
+
+// reload loads the file and applies it if it differs from the one in force
+// (or the last reload was refused).
+func (r *reloader) reload(trigger string) {
+	cfg, raw, err := profile.Load(r.path)
+	sum := sha256.Sum256(raw)
+	r.mu.Lock()
+	unchanged := err == nil && sum == r.sum && r.lastErr == nil
+	r.mu.Unlock()
+	if unchanged {
+		level := slog.LevelDebug
+		if trigger == "SIGHUP" {
+			level = slog.LevelInfo // asked for by an operator: say what happened
+		}
+		r.log.Log(context.Background(), level, "profiles unchanged", "trigger", trigger, "path", r.path)
+		return
+	}
+	r.notify.reloading()
+	defer r.notify.ready()
+	now := time.Now()
+	if err != nil {
+		r.log.Error("profiles reload refused; the running profiles stay in force", "trigger", trigger, "path", r.path, "err", err)
+		r.m.ConfigLoaded(false, now)
+		r.mu.Lock()
+		r.lastErr = err
+		r.mu.Unlock()
+		return
+	}
+	changes := r.pools.Apply(cfg)
+	r.h.SetConfig(cfg)
+	for _, c := range changes {
+		r.log.Info("profiles reload", "change", c)
+	}
+	r.m.ConfigLoaded(true, now)
+	r.mu.Lock()
+	r.sum, r.loadedAt, r.lastErr = sum, now, nil
+	r.mu.Unlock()
+	r.log.Info("profiles reloaded", "trigger", trigger, "path", r.path, "sha256", hex.EncodeToString(sum[:]), "changes", len(changes))
+}
+
+// status is the "config" part of /status.
+func (r *reloader) status() proxy.ConfigStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := proxy.ConfigStatus{Path: r.path, SHA256: hex.EncodeToString(r.sum[:]), LoadedAt: r.loadedAt}
+	if r.lastErr != nil {
+		msg := r.lastErr.Error()
+		st.LastError = &msg
+	}
+	return st
+}
+
+// start runs the reloader until ctx ends: on SIGHUP and, when watch is set, on
+// changes to the profiles file. SIGHUP is caught from now on (its default
+// action would end the daemon). The returned function waits until the
+// reloader has ended, so that no reload runs into the shutdown.
+func (r *reloader) start(ctx context.Context, watch bool, debounce time.Duration) (wait func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	var events <-chan struct{}
+	if watch {
+		var err error
+		if events, err = profile.Watch(ctx, r.path, debounce, r.log); err != nil {
+			r.log.Warn("not watching the profiles file; SIGHUP still reloads", "err", err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer signal.Stop(hup)
+		r.run(ctx, events, hup)
+	}()
+	return func() { <-done }
+}

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/poold/poold/internal/proxy"
+)
+
+// statusTimeout bounds the whole GET /status.
+const statusTimeout = 10 * time.Second
+
+// status prints a running poold's GET /status as a table (or, with --json, as
+// it came): exit 0, 1 when the daemon cannot be asked, 2 on a usage error.
+// --addr defaults to POOLD_LISTEN, else 127.0.0.1:8080.
+func status(args []string, stdout, stderr io.Writer) int {
+	fl := pflag.NewFlagSet("status", pflag.ContinueOnError)
+	fl.SetOutput(stderr)
+	def := os.Getenv("POOLD_LISTEN")
+	if def == "" {
+		def = "127.0.0.1:8080"
+	}
+	addr := fl.String("addr", def, "poold's address (host:port or URL)")
+	raw := fl.Bool("json", false, "print /status as poold sent it")
+	if err := fl.Parse(args); err != nil {
+		fmt.Fprintf(stderr, "poold status: %v\n", err)
+		return 2
+	}
+	if fl.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: poold status [--addr URL] [--json]")
+		return 2
+	}
+	url := strings.TrimSuffix(*addr, "/")
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	body, err := fetchStatus(url + "/status")
+	if err != nil {
+		fmt.Fprintf(stderr, "poold status: %v\n", err)
+		return 1
+	}
+	if *raw {
+		_, _ = stdout.Write(body)
+		return 0
+	}
+	var st proxy.Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		fmt.Fprintf(stderr, "poold status: decoding %s/status: %v\n", url, err)
+		return 1
+	}
+	printStatus(stdout, st)
+	return 0
+}
+
+func fetchStatus(url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return body, nil
+}
+
+// printStatus writes the daemon line, the profiles line (and the refused
+// reload's errors, if any), then one row per pool.
+func printStatus(w io.Writer, st proxy.Status) {
+	fmt.Fprintf(w, "poold %s on %s\n", st.Version, st.Host)
+	c := st.Config
+	fmt.Fprintf(w, "profiles %s (sha256 %.12s, loaded %s)\n", c.Path, c.SHA256, c.LoadedAt.UTC().Format(time.RFC3339))
+	if c.LastError != nil {
+		fmt.Fprintln(w, "last reload refused (the profiles above stay in force):")
+		for _, line := range strings.Split(*c.LastError, "\n") {
+			fmt.Fprintln(w, "  "+line)
+		}
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tGPUS\tSTATE\tPROFILE\tIN-FLIGHT\tWAITING\tLAST ERROR")
+	for _, p := range st.Pools {
+		gpus := make([]string, len(p.GPUs))
+		for i, g := range p.GPUs {
+			gpus[i] = strconv.Itoa(g)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", p.Name, strings.Join(gpus, ","), p.State,
+			profileCell(p.Profile, p.SwitchingTo), p.InFlight, waitingCell(p.Waiting), errorCell(p.LastError))
+	}
+	tw.Flush()
+}
+
+// profileCell is the loaded profile, "→ next" while one loads, or "-".
+func profileCell(loaded, switching *string) string {
+	switch {
+	case loaded != nil && switching != nil:
+		return *loaded + " → " + *switching
+	case switching != nil:
+		return "→ " + *switching
+	case loaded != nil:
+		return *loaded
+	}
+	return "-"
+}
+
+// waitingCell is the total waiting, with the count per profile: "3 (a:1 b:2)".
+func waitingCell(waiting map[string]int) string {
+	total := 0
+	var by []string
+	for _, id := range slices.Sorted(maps.Keys(waiting)) {
+		total += waiting[id]
+		by = append(by, fmt.Sprintf("%s:%d", id, waiting[id]))
+	}
+	if total == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d (%s)", total, strings.Join(by, " "))
+}
+
+// errorCell is the first line of the pool's last error, or "-".
+func errorCell(err *string) string {
+	if err == nil {
+		return "-"
+	}
+	line, _, _ := strings.Cut(*err, "\n")
+	return line
+}

@@ -1,0 +1,301 @@
+package fleet
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/poold/poold/internal/proxy"
+)
+
+// Defaults for Options' zero values.
+const (
+	DefaultPollInterval = time.Second
+	DefaultPollTimeout  = 2 * time.Second
+	DefaultEjectAfter   = 3
+	DefaultMaxBackoff   = 30 * time.Second
+)
+
+// Options configures a Fleet. Zero values: Client → one on proxy.NewTransport;
+// Resolver → net.DefaultResolver; PollInterval → DefaultPollInterval;
+// PollTimeout → DefaultPollTimeout; EjectAfter → DefaultEjectAfter;
+// MaxBackoff → DefaultMaxBackoff; Logger → discard; Metrics → none;
+// Now → time.Now.
+type Options struct {
+	Client   *http.Client
+	Resolver Resolver
+	// PollInterval is how often each host's /status and /v1/models are read.
+	PollInterval time.Duration
+	// PollTimeout bounds one poll (both requests).
+	PollTimeout time.Duration
+	// EjectAfter is how many failed polls, or failed forwards, in a row eject
+	// a host from routing until a poll succeeds again.
+	EjectAfter int
+	// MaxBackoff caps the doubling interval of an ejected host's probes.
+	MaxBackoff time.Duration
+	Logger     *slog.Logger
+	Metrics    *Metrics
+	Now        func() time.Time
+}
+
+// Fleet is the set of hosts and what fleetd knows of them. Membership comes
+// from the hosts file (Apply, LoadFile) and from the DNS names it lists; each
+// host has one poller goroutine. Create it with New; it is safe for
+// concurrent use.
+type Fleet struct {
+	opts    Options
+	log     *slog.Logger
+	metrics *Metrics // nil: none
+
+	mu sync.Mutex // guards every field below
+	// ctx is Run's context; nil before Run, which starts what Apply set up.
+	ctx   context.Context
+	file  *File
+	fstat FileStatus
+	// sources maps "file" and "dns:NAME" to the hosts each supplies.
+	sources map[string][]HostSpec
+	// dns maps a DNS entry (as formatted by dnsKey) to its discovery's cancel.
+	dns   map[string]context.CancelFunc
+	hosts map[string]*host
+	wg    sync.WaitGroup // pollers and discoveries
+}
+
+// FileStatus describes the hosts file in force.
+type FileStatus struct {
+	Path      string    `json:"path"`
+	SHA256    string    `json:"sha256"`
+	LoadedAt  time.Time `json:"loadedAt"`
+	LastError *string   `json:"lastError"`
+}
+
+// New returns a Fleet with no hosts.
+func New(opts Options) *Fleet {
+	if opts.Client == nil {
+		opts.Client = &http.Client{Transport: proxy.NewTransport()}
+	}
+	if opts.Resolver == nil {
+		opts.Resolver = net.DefaultResolver
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = DefaultPollInterval
+	}
+	if opts.PollTimeout <= 0 {
+		opts.PollTimeout = DefaultPollTimeout
+	}
+	if opts.EjectAfter <= 0 {
+		opts.EjectAfter = DefaultEjectAfter
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = DefaultMaxBackoff
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Fleet{opts: opts, log: opts.Logger.With("component", "fleet"), metrics: opts.Metrics,
+		sources: make(map[string][]HostSpec), dns: make(map[string]context.CancelFunc), hosts: make(map[string]*host)}
+}
+
+// Run polls the hosts and resolves the DNS names until ctx ends, then waits
+// for every goroutine it started.
+func (f *Fleet) Run(ctx context.Context) {
+	f.mu.Lock()
+	f.ctx = ctx
+	if f.file != nil {
+		f.applyLocked(f.file)
+	}
+	f.mu.Unlock()
+	<-ctx.Done()
+	f.wg.Wait()
+}
+
+// LoadFile reads, validates and applies the hosts file at path. A file that
+// does not load changes nothing; its error is returned and shown in /status.
+// A file whose content did not change is not applied again.
+func (f *Fleet) LoadFile(path string) error {
+	file, raw, err := LoadFile(path)
+	sum := sha256.Sum256(raw)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil {
+		msg := err.Error()
+		f.fstat.LastError = &msg
+		f.metrics.reloaded(false)
+		return err
+	}
+	f.metrics.reloaded(true)
+	hash := hex.EncodeToString(sum[:])
+	if f.fstat.SHA256 == hash && f.fstat.Path == path {
+		f.fstat.LastError = nil
+		return nil
+	}
+	f.fstat = FileStatus{Path: path, SHA256: hash, LoadedAt: f.opts.Now()}
+	f.applyLocked(file)
+	f.log.Info("hosts file loaded", "path", path, "hosts", len(file.Hosts), "dns", len(file.DNS))
+	return nil
+}
+
+// WatchFile reloads the hosts file at path each time changes reports it may
+// have changed, until changes is closed.
+func (f *Fleet) WatchFile(path string, changes <-chan struct{}) {
+	for range changes {
+		if err := f.LoadFile(path); err != nil {
+			f.log.Error("hosts file refused; keeping the hosts in force", "path", path, "err", err)
+		}
+	}
+}
+
+// Apply makes file's hosts and DNS names the fleet's membership.
+func (f *Fleet) Apply(file *File) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.applyLocked(file)
+}
+
+func (f *Fleet) applyLocked(file *File) {
+	f.file = file
+	if f.ctx == nil {
+		return // Run applies it
+	}
+	f.sources["file"] = file.Hosts
+	keep := make(map[string]bool)
+	for _, d := range file.DNS {
+		key := dnsKey(d)
+		keep[key] = true
+		if _, ok := f.dns[key]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(f.ctx)
+		f.dns[key] = cancel
+		source := "dns:" + d.Name
+		f.wg.Go(func() {
+			f.discover(ctx, d, func(hosts []HostSpec) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				if ctx.Err() == nil {
+					f.sources[source] = hosts
+					f.reconcileLocked()
+				}
+			})
+		})
+	}
+	for key, cancel := range f.dns {
+		if !keep[key] {
+			cancel()
+			delete(f.dns, key)
+		}
+	}
+	for source := range f.sources {
+		if source != "file" && !slices.ContainsFunc(file.DNS, func(d DNSSpec) bool { return "dns:"+d.Name == source }) {
+			delete(f.sources, source)
+		}
+	}
+	f.reconcileLocked()
+}
+
+// dnsKey identifies a DNS entry: a changed entry restarts its discovery.
+func dnsKey(d DNSSpec) string { return fmt.Sprintf("%+v", d) }
+
+// reconcileLocked starts a poller for every new host, stops those of hosts
+// gone, and updates the labels and weight of the others. Hosts from the file
+// come first: a DNS host with the same name as another is ignored.
+func (f *Fleet) reconcileLocked() {
+	want := make(map[string]bool)
+	sources := make([]string, 0, len(f.sources))
+	for s := range f.sources {
+		sources = append(sources, s)
+	}
+	slices.SortFunc(sources, func(a, b string) int {
+		if (a == "file") != (b == "file") {
+			if a == "file" {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a, b)
+	})
+	for _, source := range sources {
+		for _, spec := range f.sources[source] {
+			if want[spec.Name] {
+				continue
+			}
+			want[spec.Name] = true
+			if h, ok := f.hosts[spec.Name]; ok {
+				if h.spec.URL == spec.URL {
+					h.mu.Lock()
+					h.spec, h.source = spec, source
+					h.mu.Unlock()
+					continue
+				}
+				f.stopLocked(h)
+			}
+			f.startLocked(spec, source)
+		}
+	}
+	for name, h := range f.hosts {
+		if !want[name] {
+			f.stopLocked(h)
+		}
+	}
+}
+
+func (f *Fleet) startLocked(spec HostSpec, source string) {
+	h, err := newHost(spec, source)
+	if err != nil {
+		f.log.Error("host not added", "host", spec.Name, "err", err)
+		return
+	}
+	ctx, cancel := context.WithCancel(f.ctx)
+	h.stop = cancel
+	f.hosts[spec.Name] = h
+	f.metrics.setUp(spec.Name, false)
+	f.log.Info("host added", "host", spec.Name, "url", spec.URL, "source", source)
+	f.wg.Go(func() { f.run(ctx, h) })
+}
+
+func (f *Fleet) stopLocked(h *host) {
+	h.stop()
+	delete(f.hosts, h.spec.Name)
+	f.metrics.forget(h.spec.Name)
+	f.log.Info("host removed", "host", h.spec.Name)
+}
+
+// snapshot returns the current hosts.
+func (f *Fleet) snapshot() map[string]*host {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string]*host, len(f.hosts))
+	for n, h := range f.hosts {
+		out[n] = h
+	}
+	return out
+}
+
+// views returns the routing input for model over the healthy hosts, and
+// whether any host, healthy or not, knows the name.
+func (f *Fleet) views(hosts map[string]*host, model string) ([]HostView, bool) {
+	now := f.opts.Now()
+	var out []HostView
+	known := false
+	for _, h := range hosts {
+		v, ok := h.view(model, now)
+		if !ok {
+			continue
+		}
+		known = true
+		if h.healthy() {
+			out = append(out, v)
+		}
+	}
+	return out, known
+}

@@ -1,0 +1,374 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/poold/poold/internal/proxy"
+)
+
+// Defaults for HandlerOptions' zero values.
+const (
+	DefaultMaxAttempts    = 3
+	DefaultAffinityHeader = "X-Session-Id"
+	DefaultAffinityBytes  = 512
+	// DefaultScaleOutWait is the scale-out threshold fleetd's command line
+	// uses unless told otherwise (the zero HandlerOptions value disables it).
+	DefaultScaleOutWait = 2 * time.Second
+	// DefaultLoadSlack is the load slack fleetd's command line uses unless
+	// told otherwise (the zero HandlerOptions value means none).
+	DefaultLoadSlack = 1
+)
+
+// HandlerOptions configures a Handler. Zero values: MaxBodyBytes →
+// proxy.DefaultMaxBodyBytes; MaxAttempts → DefaultMaxAttempts;
+// AffinityHeader → DefaultAffinityHeader; AffinityBytes → DefaultAffinityBytes;
+// ScaleOutWait → scale-out off; Logger → discard; AccessLog → none.
+type HandlerOptions struct {
+	MaxBodyBytes int64
+	// MaxAttempts bounds the hosts one request is tried on: a host is skipped
+	// for the next only when it could not be reached or answered 503, and
+	// never once a response byte reached the client.
+	MaxAttempts int
+	// AffinityHeader carries a client's session key; requests without it are
+	// keyed by the first AffinityBytes bytes of their first message (or
+	// prompt, or input), so that a shared system prompt keeps hitting one
+	// host's prefix cache.
+	AffinityHeader string
+	AffinityBytes  int
+	// LoadSlack is RouteOptions.Slack: how many requests more than the least
+	// loaded host of its tier a host may have and still win by affinity.
+	LoadSlack int
+	// ScaleOutWait: when every awake copy of a model has a queue wait (recent
+	// time to first byte of its streams) above this, and an idle or asleep
+	// eligible pool exists on another host, requests go there, which loads
+	// another copy.
+	ScaleOutWait time.Duration
+	Version      string
+	Logger       *slog.Logger
+	AccessLog    *slog.Logger
+}
+
+// Handler is fleetd's HTTP surface: POST /v1/* forwarded to the best host,
+// GET /v1/models (the union), GET /status (the fleet view) and GET /health.
+type Handler struct {
+	fleet *Fleet
+	opts  HandlerOptions
+	log   *slog.Logger
+	rp    *httputil.ReverseProxy
+	mux   *http.ServeMux
+	seq   atomic.Uint64 // request ids
+}
+
+// NewHandler builds the handler for f.
+func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = proxy.DefaultMaxBodyBytes
+	}
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = DefaultMaxAttempts
+	}
+	if opts.AffinityHeader == "" {
+		opts.AffinityHeader = DefaultAffinityHeader
+	}
+	if opts.AffinityBytes <= 0 {
+		opts.AffinityBytes = DefaultAffinityBytes
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router")}
+	h.rp = &httputil.ReverseProxy{
+		Rewrite:        h.rewrite,
+		Transport:      proxy.NewTransport(),
+		FlushInterval:  -1,
+		ModifyResponse: h.modifyResponse,
+		ErrorHandler:   h.upstreamError,
+		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
+	mux.HandleFunc("GET /v1/models", h.serveModels)
+	mux.HandleFunc("GET /status", h.serveStatus)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, map[string]string{"status": "ok"}) })
+	h.mux = mux
+	return h
+}
+
+// Handle adds another route (such as /metrics).
+func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// attempt is one try of a request on one host, carried in the outgoing
+// request's context through the ReverseProxy callbacks.
+type attempt struct {
+	host *host
+	id   string // request id, forwarded
+	body []byte
+	root string // the model's profile id on host
+	// observe: the time to first byte is a sample of the host's queue wait
+	// (a stream to an awake copy; a load would only blur it).
+	observe bool
+	last    bool // no host is tried after this one
+	start   time.Time
+	now     func() time.Time
+
+	first  time.Time // first response byte sent
+	status int       // answered with; 0 when retried or the client left
+	retry  string    // why the next host is tried ("connect", "unavailable"); "" when not
+}
+
+type attemptKey struct{}
+
+// errRetry turns a 503 into a retry on the next host.
+var errRetry = errors.New("host unavailable: retrying on the next host")
+
+func (a *attempt) markFirst() {
+	a.first = a.now()
+	if a.observe {
+		a.host.observeWait(a.root, a.first.Sub(a.start), a.first)
+	}
+}
+
+// serveAPI forwards POST /v1/* to the best host for the body's model, trying
+// the next best on a connect failure or a 503.
+func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
+	start := h.fleet.opts.Now()
+	id := h.requestID(r)
+	log := []any{"requestId", id, "path", r.URL.Path}
+	hostName, model, status := "none", "", 0
+	var cur *attempt // the attempt under way; a broken stream unwinds from it with a panic
+	defer func() {
+		if cur != nil {
+			hostName, status = cur.host.spec.Name, cur.status
+			log = append(log, "aborted", true) // the stream broke off after its first bytes
+		}
+		if status == 0 {
+			status = 499 // the client left before an answer
+		}
+		h.fleet.metrics.request(hostName, model, status)
+		if h.opts.AccessLog != nil {
+			h.opts.AccessLog.Info("request", append(log, "host", hostName, "status", status, "durationMs", h.fleet.opts.Now().Sub(start).Milliseconds())...)
+		}
+	}()
+	fail := func(code int, errCode, param, msg string) {
+		status = code
+		w.Header().Set("X-Request-Id", id)
+		proxy.WriteError(w, code, errCode, param, msg)
+	}
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			fail(http.StatusRequestEntityTooLarge, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", h.opts.MaxBodyBytes))
+			return
+		}
+		fail(http.StatusBadRequest, "invalid_body", "", "reading request body: "+err.Error())
+		return
+	}
+	name, stream, err := proxy.ParseRequest(body)
+	if err != nil {
+		param := ""
+		if strings.Contains(err.Error(), `"model"`) {
+			param = "model"
+		}
+		fail(http.StatusBadRequest, "invalid_body", param, err.Error())
+		return
+	}
+	log = append(log, "model", name, "stream", stream)
+
+	hosts := h.fleet.snapshot()
+	views, known := h.fleet.views(hosts, name)
+	if !known {
+		fail(http.StatusNotFound, "model_not_found", "model", h.unknownModel(hosts, name))
+		return
+	}
+	model = name
+	order := Route(views, h.affinityKey(r, body), RouteOptions{ScaleOutWait: h.opts.ScaleOutWait, Slack: h.opts.LoadSlack})
+	if len(order) == 0 {
+		status = http.StatusServiceUnavailable
+		w.Header().Set("X-Request-Id", id)
+		proxy.WriteUnavailable(w, "no_healthy_host", fmt.Sprintf("no healthy host can serve model %q now", name), 5*time.Second)
+		return
+	}
+	h.fleet.metrics.decision(order[0].Reason)
+	log = append(log, "reason", order[0].Reason, "tier", order[0].Tier.String())
+	n := min(len(order), h.opts.MaxAttempts)
+	var tried []string
+	for i, c := range order[:n] {
+		hs := hosts[c.Host]
+		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), observe: stream && c.Tier == TierAwake,
+			last: i == n-1, start: h.fleet.opts.Now(), now: h.fleet.opts.Now}
+		tried = append(tried, c.Host)
+		cur = a
+		h.forward(w, r, a)
+		cur = nil
+		hostName, status = c.Host, a.status
+		if a.retry == "" {
+			if !a.first.IsZero() {
+				log = append(log, "ttfbMs", a.first.Sub(start).Milliseconds())
+			}
+			break
+		}
+		h.fleet.metrics.retry(c.Host, a.retry)
+		h.log.Info("retrying on the next host", "requestId", id, "host", c.Host, "cause", a.retry)
+	}
+	if len(tried) > 1 {
+		log = append(log, "tried", tried)
+	}
+}
+
+// forward makes one attempt, counted in flight to its host meanwhile.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, a *attempt) {
+	a.host.addLocal(a.root, 1)
+	defer a.host.addLocal(a.root, -1) // also when a broken stream panics out
+	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), attemptKey{}, a)))
+}
+
+func rootOf(views []HostView, host string) string {
+	i := slices.IndexFunc(views, func(v HostView) bool { return v.Name == host })
+	return views[i].Root
+}
+
+// rewrite builds the request to a host: its URL, the body read once, the
+// request id. Everything else, Authorization included, goes as the client
+// sent it.
+func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
+	a := pr.In.Context().Value(attemptKey{}).(*attempt)
+	pr.SetURL(a.host.base)
+	out := pr.Out
+	out.Body = io.NopCloser(bytes.NewReader(a.body))
+	out.ContentLength = int64(len(a.body))
+	out.Header.Set("Content-Length", strconv.Itoa(len(a.body)))
+	out.Header.Set("X-Request-Id", a.id)
+}
+
+// modifyResponse turns a 503 into a retry unless this is the last attempt,
+// names the host in X-Fleet-Host, and wraps the body to see its first byte
+// (and to end a broken event stream with an error event).
+func (h *Handler) modifyResponse(resp *http.Response) error {
+	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
+	h.fleet.forwarded(a.host, nil)
+	if resp.StatusCode == http.StatusServiceUnavailable && !a.last {
+		a.retry = "unavailable"
+		return errRetry
+	}
+	a.status = resp.StatusCode
+	resp.Header.Set("X-Fleet-Host", a.host.spec.Name)
+	resp.Header.Set("X-Request-Id", a.id)
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		resp.Body = proxy.NewSSEPassthrough(resp.Body, a.markFirst)
+	} else {
+		resp.Body = &firstByteReader{ReadCloser: resp.Body, onFirst: a.markFirst}
+	}
+	return nil
+}
+
+// upstreamError handles an attempt that got no response: the host is
+// skipped for the next one, or, on the last attempt, the client gets a 502.
+func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, errRetry) || r.Context().Err() != nil {
+		return // a 503 to retry, or the client left
+	}
+	a := r.Context().Value(attemptKey{}).(*attempt)
+	h.fleet.forwarded(a.host, err)
+	h.log.Warn("host request failed", "host", a.host.spec.Name, "requestId", a.id, "err", err)
+	if !a.last {
+		a.retry = "connect"
+		return
+	}
+	a.status = http.StatusBadGateway
+	w.Header().Set("X-Fleet-Host", a.host.spec.Name)
+	w.Header().Set("X-Request-Id", a.id)
+	proxy.WriteError(w, a.status, "host_unavailable", "", fmt.Sprintf("host %q failed: %v", a.host.spec.Name, err))
+}
+
+// firstByteReader calls onFirst when the first bytes are read.
+type firstByteReader struct {
+	io.ReadCloser
+	onFirst func()
+}
+
+func (f *firstByteReader) Read(p []byte) (int, error) {
+	n, err := f.ReadCloser.Read(p)
+	if n > 0 && f.onFirst != nil {
+		f.onFirst()
+		f.onFirst = nil
+	}
+	return n, err
+}
+
+// affinityKey is the client's session header, or else the first bytes of the
+// first message, the prompt or the input.
+func (h *Handler) affinityKey(r *http.Request, body []byte) string {
+	if v := r.Header.Get(h.opts.AffinityHeader); v != "" {
+		return "session:" + v
+	}
+	var b struct {
+		Messages []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+		Prompt json.RawMessage `json:"prompt"`
+		Input  json.RawMessage `json:"input"`
+	}
+	_ = json.Unmarshal(body, &b) // a field of an unexpected shape leaves the key shorter
+	p := b.Input
+	switch {
+	case len(b.Messages) > 0:
+		p = b.Messages[0].Content
+	case len(b.Prompt) > 0:
+		p = b.Prompt
+	}
+	return "prefix:" + string(p[:min(len(p), h.opts.AffinityBytes)])
+}
+
+// requestID takes the client's X-Request-Id when it is sane, else makes one.
+func (h *Handler) requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 && printable(id) {
+		return id
+	}
+	return "fleetd-" + strconv.FormatUint(h.seq.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+}
+
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// maxListed bounds the names listed in a 404.
+const maxListed = 50
+
+func (h *Handler) unknownModel(hosts map[string]*host, name string) string {
+	names := modelNames(hosts)
+	more := ""
+	if len(names) > maxListed {
+		more = fmt.Sprintf(" and %d more", len(names)-maxListed)
+		names = names[:maxListed]
+	}
+	return fmt.Sprintf("model %s does not exist on any host; available models: %s%s", strconv.Quote(name), strings.Join(names, ", "), more)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

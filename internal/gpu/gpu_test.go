@@ -1,0 +1,116 @@
+package gpu
+
+import (
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeProvider serves scripted readings: each Devices call returns the next
+// one, and the last one forever after.
+type fakeProvider struct {
+	mu    sync.Mutex // guards reads and calls
+	reads [][]Device
+	calls int
+}
+
+func (f *fakeProvider) Available() (bool, string) { return true, "" }
+
+func (f *fakeProvider) Devices() ([]Device, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := min(f.calls, len(f.reads)-1)
+	f.calls++
+	return f.reads[i], nil
+}
+
+const gib = 1 << 30
+
+func dev(index int, used uint64, procs ...Process) Device {
+	return Device{Index: index, UUID: "GPU-" + string(rune('a'+index)), MemoryUsedBytes: used, MemoryTotalBytes: 80 * gib, Processes: procs}
+}
+
+func TestOpenWithoutNVMLIsUnavailable(t *testing.T) {
+	var log strings.Builder
+	p, closeFn := Open(slog.New(slog.NewTextHandler(&log, nil)))
+	defer closeFn()
+	ok, reason := p.Available()
+	if ok {
+		t.Skip("NVML is present on this machine")
+	}
+	if reason == "" {
+		t.Fatal("unavailable provider gives no reason")
+	}
+	if _, err := p.Devices(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Devices: %v, want ErrUnavailable", err)
+	}
+	if n := strings.Count(log.String(), "GPU telemetry unavailable"); n != 1 {
+		t.Fatalf("logged the absence %d times, want once:\n%s", n, log.String())
+	}
+}
+
+func TestSelect(t *testing.T) {
+	devs := []Device{dev(0, 0), dev(1, 0), dev(2, 0)}
+	got := Select(devs, []int{2, 0, 7})
+	if len(got) != 2 || got[0].Index != 2 || got[1].Index != 0 {
+		t.Fatalf("Select: %+v", got)
+	}
+}
+
+func TestReleaseWaitsForPidsAndMemory(t *testing.T) {
+	engine := []Process{{PID: 100, UsedBytes: 30 * gib}, {PID: 101, UsedBytes: 10 * gib}}
+	f := &fakeProvider{reads: [][]Device{
+		{dev(0, 45*gib, append(engine, Process{PID: 7, UsedBytes: 5 * gib})...), dev(1, 1*gib)}, // before the stop
+		{dev(0, 45*gib, engine[1], Process{PID: 7, UsedBytes: 5 * gib}), dev(1, 1*gib)},         // 101 lingers
+		{dev(0, 40*gib, Process{PID: 7, UsedBytes: 5 * gib}), dev(1, 1*gib)},                    // pids gone, memory not yet
+		{dev(0, 5*gib, Process{PID: 7, UsedBytes: 5 * gib}), dev(1, 1*gib)},                     // released
+	}}
+	r := &Releaser{Provider: f, Timeout: time.Minute}
+	wait := r.Watch([]int{0, 1}, []int{100, 101, 102})
+	if err := wait(); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if f.calls != 4 {
+		t.Fatalf("released after %d readings, want 4", f.calls)
+	}
+}
+
+func TestReleaseWithoutVisibleMemoryNeedsOnlyThePidsGone(t *testing.T) {
+	f := &fakeProvider{reads: [][]Device{
+		{dev(0, 2*gib, Process{PID: 100})}, // NVML could not tell the usage
+		{dev(0, 3*gib)},                    // someone else allocated meanwhile
+	}}
+	r := &Releaser{Provider: f, Timeout: time.Minute}
+	if err := r.Watch([]int{0}, []int{100})(); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+}
+
+func TestReleaseTimeoutNamesForeignPids(t *testing.T) {
+	f := &fakeProvider{reads: [][]Device{
+		{dev(0, 20*gib, Process{PID: 100, UsedBytes: 15 * gib}, Process{PID: 7, UsedBytes: 5 * gib}), dev(3, 0)},
+		{dev(0, 20*gib, Process{PID: 7, UsedBytes: 5 * gib}), dev(3, 0)}, // the driver still holds the memory
+	}}
+	r := &Releaser{Provider: f, Timeout: 30 * time.Millisecond}
+	err := r.Watch([]int{0, 3}, []int{100})()
+	var nr *NotReleasedError
+	if !errors.As(err, &nr) {
+		t.Fatalf("err = %v, want *NotReleasedError", err)
+	}
+	if len(nr.Holders) != 1 || len(nr.Holders[0]) != 1 || nr.Holders[0][0] != 7 {
+		t.Fatalf("holders %v, want gpu 0: [7]", nr.Holders)
+	}
+	if want := "gpu 0 lists pids [7] (foreign [7])"; !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not say %q", err, want)
+	}
+}
+
+func TestReleaseReportsUnreadableGPUs(t *testing.T) {
+	r := &Releaser{Provider: Unavailable{Reason: "no driver"}}
+	if err := r.Watch([]int{0}, []int{1})(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("err = %v, want ErrUnavailable", err)
+	}
+}

@@ -1,0 +1,294 @@
+package metrics
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/pool"
+)
+
+// fakeGPUs is a gpu.Provider with fixed devices.
+type fakeGPUs []gpu.Device
+
+func (f fakeGPUs) Available() (bool, string)      { return true, "" }
+func (f fakeGPUs) Devices() ([]gpu.Device, error) { return f, nil }
+
+var twoGPUs = fakeGPUs{
+	{Index: 0, UUID: "GPU-aaa", MemoryUsedBytes: 70 << 30, MemoryTotalBytes: 80 << 30, Utilization: 0.93, TemperatureC: 61, PowerWatts: 412.5, Processes: []gpu.Process{{PID: 4242, UsedBytes: 69 << 30}}},
+	{Index: 1, UUID: "GPU-bbb", MemoryUsedBytes: 1 << 20, MemoryTotalBytes: 80 << 30},
+}
+
+// newLoaded builds a registry with every poold collector, and gives every
+// labelled metric at least one series, as a busy daemon would.
+func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	prof := "qwen"
+	pools := func() []pool.Status {
+		return []pool.Status{{Name: "gpu0", State: pool.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1}}}
+	}
+	m := New(reg, pools, "v1.2.3", "abc123")
+	reg.MustRegister(GPUCollector(gpus))
+	m.ConfigLoaded(true, time.Unix(1700000000, 0))
+	m.Swap("gpu0", "llama", "qwen", "ok", map[string]time.Duration{"drain": time.Second, "stop": 2 * time.Second, "vram_release": 300 * time.Millisecond, "start": time.Millisecond, "ready": 20 * time.Second})
+	m.EngineExit("gpu0", "llama", "stopped")
+	m.VRAMNotReleased("gpu0")
+	m.Observe(&Record{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
+		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second})
+	return reg, m
+}
+
+func TestRegistryLintsClean(t *testing.T) {
+	reg, _ := newLoaded(t, twoGPUs)
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+func TestObserveCountsTokensPerClient(t *testing.T) {
+	reg, m := newLoaded(t, twoGPUs)
+	m.Observe(&Record{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Counted: true, PromptTokens: 1, CompletionTokens: 2})
+	m.Observe(&Record{Model: "nope", Client: "other", Status: 404}) // never reached a pool
+	want := `
+# HELP poold_completion_tokens_total Completion tokens reported by the engines.
+# TYPE poold_completion_tokens_total counter
+poold_completion_tokens_total{client="team-a",model="qwen",pool="gpu0"} 36
+# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming and client class.
+# TYPE poold_requests_total counter
+poold_requests_total{client="other",code_class="4xx",model="none",pool="none",stream="false"} 1
+poold_requests_total{client="team-a",code_class="2xx",model="qwen",pool="gpu0",stream="false"} 1
+poold_requests_total{client="team-a",code_class="2xx",model="qwen",pool="gpu0",stream="true"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_requests_total", "poold_completion_tokens_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSwapPhases(t *testing.T) {
+	reg, _ := newLoaded(t, twoGPUs)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	phases := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "poold_swap_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			phases[label(m, "phase")] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	for _, p := range []string{"drain", "stop", "vram_release", "start", "ready"} {
+		if phases[p] != 1 {
+			t.Errorf("phase %s observed %d times, want 1 (all: %v)", p, phases[p], phases)
+		}
+	}
+	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_vram_not_released_total"))); n != 1 {
+		t.Errorf("poold_vram_not_released_total = %v, want 1", n)
+	}
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// regCounter returns a collector that re-exports one gathered counter family,
+// so testutil.ToFloat64 can read it.
+func regCounter(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: "copy"})
+			c.Add(mf.GetMetric()[0].GetCounter().GetValue())
+			return c
+		}
+	}
+	t.Fatalf("no single-series counter %s", name)
+	return nil
+}
+
+func TestGPUCollector(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(GPUCollector(twoGPUs))
+	want := `
+# HELP poold_gpu_memory_used_bytes GPU memory in use, per GPU (NVML index).
+# TYPE poold_gpu_memory_used_bytes gauge
+poold_gpu_memory_used_bytes{gpu="0",uuid="GPU-aaa"} 7.516192768e+10
+poold_gpu_memory_used_bytes{gpu="1",uuid="GPU-bbb"} 1.048576e+06
+# HELP poold_gpu_processes Compute processes on the GPU.
+# TYPE poold_gpu_processes gauge
+poold_gpu_processes{gpu="0",uuid="GPU-aaa"} 1
+poold_gpu_processes{gpu="1",uuid="GPU-bbb"} 0
+# HELP poold_gpu_telemetry_available 1 if the last scrape read GPU telemetry through NVML, 0 if NVML is absent or failed.
+# TYPE poold_gpu_telemetry_available gauge
+poold_gpu_telemetry_available 1
+# HELP poold_gpu_utilization_ratio Fraction of NVML's last sample period during which a kernel ran, per GPU.
+# TYPE poold_gpu_utilization_ratio gauge
+poold_gpu_utilization_ratio{gpu="0",uuid="GPU-aaa"} 0.93
+poold_gpu_utilization_ratio{gpu="1",uuid="GPU-bbb"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_gpu_memory_used_bytes", "poold_gpu_processes", "poold_gpu_telemetry_available", "poold_gpu_utilization_ratio"); err != nil {
+		t.Fatal(err)
+	}
+
+	none := prometheus.NewRegistry()
+	none.MustRegister(GPUCollector(gpu.Unavailable{Reason: "libnvidia-ml.so.1 not found"}))
+	if n, err := testutil.GatherAndCount(none); err != nil || n != 1 {
+		t.Fatalf("without NVML: %d series (%v), want only poold_gpu_telemetry_available", n, err)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	c, err := NewClients(ClientConfig{
+		Header: "x-client",
+		Classes: map[string]ClientClass{
+			"team-a": {Keys: []string{"sk-alpha", "sha256:" + sha("sk-hashed")}},
+			"batch":  {Keys: []string{"sk-batch"}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		header map[string]string
+		want   string
+	}{
+		{"bearer", map[string]string{"Authorization": "Bearer sk-alpha"}, "team-a"},
+		{"bearer any case", map[string]string{"Authorization": "bEaReR sk-batch"}, "batch"},
+		{"x-api-key", map[string]string{"X-Api-Key": "sk-batch"}, "batch"},
+		{"hashed key", map[string]string{"Authorization": "Bearer sk-hashed"}, "team-a"},
+		{"unknown key", map[string]string{"Authorization": "Bearer sk-nope"}, "other"},
+		{"no key", nil, "other"},
+		{"header names a class", map[string]string{"X-Client": "batch"}, "batch"},
+		{"header names no class", map[string]string{"X-Client": "evil"}, "other"},
+		{"key beats header", map[string]string{"X-Client": "batch", "Authorization": "Bearer sk-alpha"}, "team-a"},
+		{"basic auth is no key", map[string]string{"Authorization": "Basic c2stYWxwaGE="}, "other"},
+	} {
+		h := make(map[string][]string)
+		for k, v := range tc.header {
+			h[k] = []string{v}
+		}
+		if got := c.Classify(h); got != tc.want {
+			t.Errorf("%s: class %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	var none *Clients
+	if got := none.Classify(nil); got != OtherClient {
+		t.Errorf("nil classifier: %q", got)
+	}
+}
+
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func TestNewClientsRejectsBadConfigWithoutEchoingKeys(t *testing.T) {
+	_, err := NewClients(ClientConfig{Classes: map[string]ClientClass{
+		"other":  {Keys: []string{"sk-1"}},
+		"Bad!":   {},
+		"a":      {Keys: []string{"sk-secret-dup", "", "sha256:zz"}},
+		"b":      {Keys: []string{"sk-secret-dup"}},
+		"good-1": {},
+	}})
+	if err == nil {
+		t.Fatal("bad client classes accepted")
+	}
+	msg := err.Error()
+	for _, want := range []string{`clients.classes.other`, `clients.classes.Bad!`, `clients.classes.a.keys[1]: empty key`, `clients.classes.a.keys[2]: sha256:`, `clients.classes.b.keys[0]: the same key is already in class "a"`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error does not say %q:\n%s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "sk-secret") {
+		t.Errorf("error echoes a key:\n%s", msg)
+	}
+	classes := make(map[string]ClientClass)
+	for i := range MaxClientClasses + 1 {
+		classes["c"+strings.Repeat("x", i%10)+hex.EncodeToString([]byte{byte(i)})] = ClientClass{}
+	}
+	if _, err := NewClients(ClientConfig{Classes: classes}); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Fatalf("%d classes accepted: %v", len(classes), err)
+	}
+}
+
+// Request input never creates label values: thousands of random keys and
+// header values yield only the configured classes and "other", and no key
+// reaches the metrics or the access log.
+func TestClientCardinalityIsBoundedByConfig(t *testing.T) {
+	known := []string{"sk-a-" + rand.Text(), "sk-b-" + rand.Text()}
+	c, err := NewClients(ClientConfig{Header: "X-Client", Classes: map[string]ClientClass{"a": {Keys: known[:1]}, "b": {Keys: known[1:]}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, m := newLoaded(t, twoGPUs)
+	var logBuf bytes.Buffer
+	accessLog := slog.New(slog.NewJSONHandler(&logBuf, nil))
+	var keys []string
+	for i := range 2000 {
+		key := "sk-" + rand.Text()
+		if i%7 == 0 {
+			key = known[i%2]
+		}
+		keys = append(keys, key)
+		h := map[string][]string{"Authorization": {"Bearer " + key}, "X-Client": {rand.Text()}}
+		if i%3 == 0 {
+			h = map[string][]string{"X-Api-Key": {key}}
+		}
+		rec := &Record{RequestID: "r", Pool: "gpu0", Profile: "qwen", Client: c.Classify(h), Status: 200, Counted: true, PromptTokens: 1, CompletionTokens: 1}
+		m.Observe(rec)
+		rec.Log(accessLog)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			if v := label(s, "client"); v != "" {
+				seen[v] = true
+			}
+		}
+	}
+	for v := range seen {
+		if v != "a" && v != "b" && v != "other" && v != "team-a" { // team-a comes from newLoaded
+			t.Errorf("client label %q is not a configured class", v)
+		}
+	}
+	if !seen["a"] || !seen["b"] || !seen["other"] {
+		t.Errorf("client labels %v, want a, b and other", seen)
+	}
+	var exposition bytes.Buffer
+	for _, mf := range mfs {
+		exposition.WriteString(mf.String())
+	}
+	for _, k := range append(keys, known...) {
+		if strings.Contains(exposition.String(), k) || strings.Contains(logBuf.String(), k) {
+			t.Fatalf("key %q appears in the metrics or the access log", k)
+		}
+	}
+}

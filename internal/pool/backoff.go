@@ -1,0 +1,77 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/poold/poold/internal/profile"
+)
+
+// Restart backoff defaults (Options.RestartBackoff and MaxRestartBackoff).
+const (
+	DefaultRestartBackoff    = time.Second
+	DefaultMaxRestartBackoff = 5 * time.Minute
+)
+
+// ErrBackoff marks a request refused because the pool is backing off restarts
+// of a profile that keeps failing.
+var ErrBackoff = errors.New("engine restarts are backing off")
+
+// restartBackoff spaces out the starts of a profile whose engine keeps failing
+// (a failed load, or a crash soon after it became ready). The first failure is
+// retried at once; the n-th consecutive one waits base·2^(n-2), capped at max.
+// An engine that stays ready for max or longer ends the streak.
+//
+// Failures are counted per profile value: a reload that replaces the profile
+// gives it a fresh start. The zero value needs base and max set. It is not safe
+// for concurrent use (the pool's mutex guards it).
+type restartBackoff struct {
+	base, max time.Duration
+	prof      *profile.Profile // the profile failing; nil when none
+	failures  int              // consecutive failures of prof
+	until     time.Time        // no start of prof before this
+	err       error            // prof's last failure
+	healthy   time.Time        // when the current engine became ready; zero when none
+}
+
+// ready records that an engine became ready at now.
+func (b *restartBackoff) ready(now time.Time) { b.healthy = now }
+
+// failed records a failure of prof at now and returns the wait before its next start.
+func (b *restartBackoff) failed(prof *profile.Profile, err error, now time.Time) time.Duration {
+	lasted := !b.healthy.IsZero() && now.Sub(b.healthy) >= b.max
+	if b.prof != prof || lasted {
+		b.failures = 0
+	}
+	b.prof, b.err, b.healthy = prof, err, time.Time{}
+	b.failures++
+	d := b.delay()
+	b.until = now.Add(d)
+	return d
+}
+
+// delay is the wait after the current streak of failures.
+func (b *restartBackoff) delay() time.Duration {
+	if b.failures <= 1 {
+		return 0
+	}
+	d := b.base
+	for i := 2; i < b.failures && d < b.max; i++ {
+		d *= 2
+	}
+	return min(d, b.max)
+}
+
+// refusal returns the error for a request for prof at now while its restarts are
+// backing off, or nil.
+func (b *restartBackoff) refusal(prof *profile.Profile, now time.Time) error {
+	if prof != b.prof || !now.Before(b.until) {
+		return nil
+	}
+	left := b.until.Sub(now)
+	return &QueueError{
+		Err:        fmt.Errorf("%w after %d consecutive failures (next start in %s); last error: %w", ErrBackoff, b.failures, left.Round(time.Millisecond), b.err),
+		RetryAfter: left,
+	}
+}

@@ -1,0 +1,60 @@
+package pool
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/poold/poold/internal/profile"
+)
+
+func TestRestartBackoffGrowsToCap(t *testing.T) {
+	b := restartBackoff{base: 100 * time.Millisecond, max: 500 * time.Millisecond}
+	a := &profile.Profile{ID: "a"}
+	boom := errors.New("boom")
+	now := t0
+	want := []time.Duration{0, 100, 200, 400, 500, 500}
+	for i, w := range want {
+		b.ready(now) // each engine dies 10ms after it became ready
+		now = now.Add(10 * time.Millisecond)
+		if got := b.failed(a, boom, now); got != w*time.Millisecond {
+			t.Fatalf("failure %d: delay %s, want %s", i+1, got, w*time.Millisecond)
+		}
+	}
+	err := b.refusal(a, now.Add(499*time.Millisecond))
+	var qe *QueueError
+	if !errors.As(err, &qe) || !errors.Is(err, ErrBackoff) || !errors.Is(err, boom) || qe.RetryAfter != time.Millisecond {
+		t.Fatalf("refusal during backoff: %v", err)
+	}
+	if !strings.Contains(err.Error(), "after 6 consecutive failures") || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("refusal message: %v", err)
+	}
+	if err := b.refusal(a, now.Add(500*time.Millisecond)); err != nil {
+		t.Fatalf("refusal after the backoff: %v", err)
+	}
+	if err := b.refusal(&profile.Profile{ID: "a"}, now); err != nil {
+		t.Fatalf("a replaced profile (a reload) is refused: %v", err)
+	}
+}
+
+func TestRestartBackoffResetByLastingEngine(t *testing.T) {
+	b := restartBackoff{base: time.Second, max: time.Minute}
+	a := &profile.Profile{ID: "a"}
+	now := t0
+	for range 3 {
+		b.failed(a, errors.New("load failed"), now)
+	}
+	b.ready(now)
+	now = now.Add(time.Minute) // served a full cap's worth
+	if d := b.failed(a, errors.New("crash"), now); d != 0 {
+		t.Fatalf("a crash after a lasting run waits %s, want 0", d)
+	}
+	if d := b.failed(a, errors.New("crash"), now); d != time.Second {
+		t.Fatalf("the next consecutive failure waits %s, want 1s", d)
+	}
+	// Another profile's failure starts its own streak.
+	if d := b.failed(&profile.Profile{ID: "b"}, errors.New("x"), now); d != 0 {
+		t.Fatalf("first failure of another profile waits %s", d)
+	}
+}

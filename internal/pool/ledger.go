@@ -1,0 +1,276 @@
+package pool
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// tokenEnv names the environment variable that marks an engine's processes.
+const tokenEnv = "POOLD_ENGINE_TOKEN"
+
+// Ledger records the engines a poold runs in engines.json under its state
+// directory, so that the next poold can stop what a crash left behind (vLLM's
+// EngineCore grandchildren survive a SIGKILLed parent and keep the GPUs). It
+// holds an exclusive lock on the directory while open, so that two daemons
+// never share it. A nil *Ledger records nothing.
+type Ledger struct {
+	path string
+	lock *os.File // holds the flock; closed by Close
+	boot string   // this boot's id
+	log  *slog.Logger
+
+	mu      sync.Mutex           // guards engines and writes of the file
+	engines map[int]LedgerEngine // by process group id
+}
+
+// LedgerEngine is one recorded engine.
+type LedgerEngine struct {
+	Pool    string `json:"pool"`
+	Profile string `json:"profile"`
+	PID     int    `json:"pid"`
+	PGID    int    `json:"pgid"`
+	Port    int    `json:"port"`
+	// StartTicks is the leader's start time in clock ticks after boot; every
+	// process of the engine started at or after it.
+	StartTicks uint64 `json:"startTicks"`
+	// Token is the engine's POOLD_ENGINE_TOKEN, inherited by its descendants.
+	Token string `json:"token"`
+}
+
+// ledgerFile is the JSON shape of engines.json.
+type ledgerFile struct {
+	BootID  string         `json:"bootId"`
+	Engines []LedgerEngine `json:"engines"`
+}
+
+// OpenLedger creates dir if needed and locks it for this process.
+func OpenLedger(dir string, log *slog.Logger) (*Ledger, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("creating state directory: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("opening state directory lock: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("state directory %q is in use by another poold: %w", dir, err)
+	}
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return &Ledger{
+		path:    filepath.Join(dir, "engines.json"),
+		lock:    lock,
+		boot:    strings.TrimSpace(string(boot)),
+		log:     log.With("component", "ledger"),
+		engines: make(map[int]LedgerEngine),
+	}, nil
+}
+
+// Close releases the directory's lock. The file is left as it is: after a
+// clean shutdown it lists no engine.
+func (l *Ledger) Close() error {
+	if l == nil {
+		return nil
+	}
+	return l.lock.Close()
+}
+
+// Reap stops every process that an engine of a previous run, recorded in the
+// file, left behind: SIGTERM, up to grace for them to go, then SIGKILL. A
+// process counts only if it is still that engine's: same boot, in the
+// recorded process group, started no earlier than the engine, and carrying
+// its token. Reap returns the processes it stopped, or an error naming those
+// that survived SIGKILL. It then clears the file.
+func (l *Ledger) Reap(grace time.Duration) ([]int, error) {
+	if l == nil {
+		return nil, nil
+	}
+	data, err := os.ReadFile(l.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", l.path, err)
+	}
+	var f ledgerFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		l.log.Warn("ignoring an unreadable engines file", "path", l.path, "err", err)
+		return nil, l.write()
+	}
+	var pids []int
+	if f.BootID == l.boot {
+		for _, e := range f.Engines {
+			left := leftovers(e)
+			if len(left) > 0 {
+				l.log.Warn("stopping an engine left by a previous poold", "pool", e.Pool, "profile", e.Profile, "pgid", e.PGID, "port", e.Port, "pids", left)
+			}
+			pids = append(pids, left...)
+		}
+	}
+	if len(pids) > 0 {
+		signalAll(pids, syscall.SIGTERM)
+		if !waitGone(pids, grace) {
+			signalAll(pids, syscall.SIGKILL)
+			if !waitGone(pids, killWait) {
+				return pids, fmt.Errorf("leftover engine processes %v survived SIGKILL", liveOf(pids))
+			}
+		}
+	}
+	return pids, l.write()
+}
+
+// add records e, which runs on pool.
+func (l *Ledger) add(pool string, e *engine) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.engines[e.pid] = LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token}
+	if err := l.writeLocked(); err != nil {
+		l.log.Warn("recording engine", "pid", e.pid, "err", err)
+	}
+}
+
+// remove forgets e, whose process group is gone.
+func (l *Ledger) remove(e *engine) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.engines, e.pid)
+	if err := l.writeLocked(); err != nil {
+		l.log.Warn("recording engine stop", "pid", e.pid, "err", err)
+	}
+}
+
+func (l *Ledger) write() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.writeLocked()
+}
+
+// writeLocked replaces the file atomically (temporary file, fsync, rename).
+func (l *Ledger) writeLocked() error {
+	f := ledgerFile{BootID: l.boot, Engines: []LedgerEngine{}}
+	for _, pgid := range slices.Sorted(maps.Keys(l.engines)) {
+		f.Engines = append(f.Engines, l.engines[pgid])
+	}
+	data, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(l.path), ".engines-*.json")
+	if err != nil {
+		return fmt.Errorf("writing engines file: %w", err)
+	}
+	_, err = tmp.Write(append(data, '\n'))
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), l.path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("writing engines file: %w", err)
+	}
+	return nil
+}
+
+// leftovers lists the live processes that still belong to recorded engine e.
+func leftovers(e LedgerEngine) []int {
+	var out []int
+	marker := []byte(tokenEnv + "=" + e.Token + "\x00")
+	for _, pid := range groupMembers(e.PGID) {
+		st, err := procStat(pid)
+		if err != nil || st.pgid != e.PGID || st.start < e.StartTicks {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+		if err != nil || e.Token == "" || !(bytes.HasPrefix(env, marker) || bytes.Contains(env, append([]byte{0}, marker...))) {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+// stat is the part of /proc/PID/stat poold reads.
+type stat struct {
+	state byte
+	pgid  int
+	start uint64 // clock ticks after boot
+}
+
+// procStat reads /proc/PID/stat.
+func procStat(pid int) (stat, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return stat{}, err
+	}
+	// The command, in parentheses, may hold anything: fields start after it
+	// at field 3 (state); pgrp is field 5 and starttime field 22.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return stat{}, fmt.Errorf("/proc/%d/stat: no command field", pid)
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 20 {
+		return stat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	pgid, err1 := strconv.Atoi(f[2])
+	start, err2 := strconv.ParseUint(f[19], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return stat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return stat{state: f[0][0], pgid: pgid, start: start}, nil
+}
+
+func signalAll(pids []int, sig syscall.Signal) {
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, sig)
+	}
+}
+
+// liveOf returns the pids that are still live (not zombies).
+func liveOf(pids []int) []int {
+	var live []int
+	for _, pid := range pids {
+		if st, err := procStat(pid); err == nil && st.state != 'Z' && st.state != 'X' {
+			live = append(live, pid)
+		}
+	}
+	return live
+}
+
+// waitGone polls until none of pids is live, or d passes.
+func waitGone(pids []int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	interval := time.Millisecond
+	for len(liveOf(pids)) > 0 {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(interval)
+		interval = min(interval*2, 50*time.Millisecond)
+	}
+	return true
+}

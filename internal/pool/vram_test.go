@@ -1,0 +1,129 @@
+package pool
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/poold/poold/internal/profile"
+)
+
+// fakeVRAM records what the pool asked it to watch and answers with err.
+type fakeVRAM struct {
+	err error
+
+	mu     sync.Mutex // guards gpus, pids and waited
+	gpus   []int
+	pids   []int
+	waited bool
+}
+
+func (f *fakeVRAM) Watch(gpus, pids []int) func() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gpus, f.pids = gpus, pids
+	return func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.waited = true
+		return f.err
+	}
+}
+
+// exitObserver counts the observer calls the stop makes.
+type exitObserver struct {
+	mu          sync.Mutex // guards the fields below
+	exits       []string
+	notReleased int
+}
+
+func (o *exitObserver) Swap(string, string, string, string, map[string]time.Duration) {}
+
+func (o *exitObserver) EngineExit(_, profile, reason string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.exits = append(o.exits, profile+":"+reason)
+}
+
+func (o *exitObserver) VRAMNotReleased(string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.notReleased++
+}
+
+// startSleeper starts a real engine process (a shell that sleeps, with a child
+// in its group) on a pool with GPUs 2 and 3, without waiting for readiness.
+func startSleeper(t *testing.T, opts Options) (*Pool, *engine) {
+	t.Helper()
+	cfg, err := profile.Parse([]byte(`{
+	  "pools": [{"name": "g", "gpus": [2, 3]}],
+	  "profiles": [{"id": "s", "model": "m", "command": ["sh", "-c", "sleep 60 & wait # {port}"], "stopTimeout": "5s"}]
+	}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPool(cfg.Pool("g"), cfg, opts)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.stop(0, p.log) })
+	return p, e
+}
+
+func TestStopWaitsForVRAMRelease(t *testing.T) {
+	vram := &fakeVRAM{}
+	obs := &exitObserver{}
+	p, e := startSleeper(t, Options{VRAM: vram, Observer: obs})
+	// Wait (bounded) for the shell's sleeping child so that the group has two members.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(groupMembers(e.pid)) < 2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	members := groupMembers(e.pid)
+	if len(members) < 2 {
+		t.Fatalf("engine group has members %v, want the shell and its child", members)
+	}
+	release, err := p.stopEngine(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if release <= 0 {
+		t.Fatalf("release duration %v, want > 0", release)
+	}
+	if !vram.waited || !slices.Equal(vram.gpus, []int{2, 3}) || !slices.Contains(vram.pids, e.pid) || len(vram.pids) != len(members) {
+		t.Fatalf("watched gpus %v pids %v (waited %t), want gpus [2 3] and pids %v", vram.gpus, vram.pids, vram.waited, members)
+	}
+	if left := groupMembers(e.pid); len(left) != 0 {
+		t.Fatalf("group members left: %v", left)
+	}
+	if obs.notReleased != 0 || !slices.Equal(obs.exits, []string{"s:stopped"}) {
+		t.Fatalf("observer: exits %v, not released %d", obs.exits, obs.notReleased)
+	}
+}
+
+func TestVRAMNotReleasedIsReportedNotFatal(t *testing.T) {
+	vram := &fakeVRAM{err: errors.New("gpu 2 lists pids [77] (foreign [77])")}
+	obs := &exitObserver{}
+	p, e := startSleeper(t, Options{VRAM: vram, Observer: obs})
+	release, err := p.stopEngine(e)
+	if err != nil {
+		t.Fatalf("stop failed although the group is gone: %v", err)
+	}
+	if release != 0 {
+		t.Fatalf("release duration %v reported for a check that gave up", release)
+	}
+	if obs.notReleased != 1 {
+		t.Fatalf("VRAMNotReleased called %d times, want 1", obs.notReleased)
+	}
+}
+
+func TestStopWithoutVRAMCheck(t *testing.T) {
+	p, e := startSleeper(t, Options{})
+	release, err := p.stopEngine(e)
+	if err != nil || release != 0 {
+		t.Fatalf("stop: release %v, err %v; want 0, nil", release, err)
+	}
+}

@@ -1,0 +1,94 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/profile"
+)
+
+// The pools are built but never run, so no engine starts: an unload of an
+// empty pool is done at once, and everything else is refused before it
+// reaches a pool.
+const adminConfig = `{
+  "pools": [{"name": "a", "gpus": [0]}, {"name": "b", "gpus": [1]}],
+  "profiles": [
+    {"id": "m", "model": "org/m", "command": ["true", "{port}"]},
+    {"id": "only-b", "model": "org/b", "pools": ["b"], "command": ["true", "{port}"]}
+  ]
+}`
+
+func adminHandler(t *testing.T, token string) *Handler {
+	t.Helper()
+	cfg, err := profile.Parse([]byte(adminConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(cfg, pool.NewSet(cfg, pool.Options{}), Options{AdminToken: token})
+}
+
+func adminDo(h http.Handler, path, auth, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	if auth != "" {
+		r.Header.Set("Authorization", auth)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	return rec
+}
+
+func TestAdminUnboundWithoutToken(t *testing.T) {
+	h := adminHandler(t, "")
+	for _, path := range []string{"/admin/pools/a/unload", "/admin/pools/a/load"} {
+		if rec := adminDo(h, path, "Bearer x", `{"profile":"m"}`); rec.Code != http.StatusNotFound {
+			t.Errorf("%s without an admin token: %d, want 404", path, rec.Code)
+		}
+	}
+}
+
+func TestAdminToken(t *testing.T) {
+	h := adminHandler(t, "s3cret")
+	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret"} {
+		rec := adminDo(h, "/admin/pools/a/unload", auth, "")
+		var e struct{ Error apiError }
+		if rec.Code != http.StatusUnauthorized || json.Unmarshal(rec.Body.Bytes(), &e) != nil ||
+			e.Error.Type != "authentication_error" || rec.Header().Get("WWW-Authenticate") == "" {
+			t.Errorf("Authorization %q: %d %s", auth, rec.Code, rec.Body)
+		}
+	}
+	for _, auth := range []string{"Bearer s3cret", "bearer s3cret"} {
+		rec := adminDo(h, "/admin/pools/a/unload", auth, "")
+		var st pool.Status
+		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &st) != nil || st.Name != "a" || st.State != pool.StateEmpty {
+			t.Errorf("Authorization %q: %d %s", auth, rec.Code, rec.Body)
+		}
+	}
+}
+
+func TestAdminBadRequests(t *testing.T) {
+	h := adminHandler(t, "s3cret")
+	cases := []struct {
+		path, body string
+		code       int
+		errCode    string
+	}{
+		{"/admin/pools/nope/load", `{"profile":"m"}`, 404, "pool_not_found"},
+		{"/admin/pools/nope/unload", ``, 404, "pool_not_found"},
+		{"/admin/pools/a/load", `{"profile":"nope"}`, 404, "model_not_found"},
+		{"/admin/pools/a/load", `{"profile":"only-b"}`, 400, "pool_not_eligible"},
+		{"/admin/pools/a/load", `{}`, 400, "invalid_body"},
+		{"/admin/pools/a/load", `{"profile":"m","x":1}`, 400, "invalid_body"},
+		{"/admin/pools/a/load", `{"profile":`, 400, "invalid_body"},
+	}
+	for _, c := range cases {
+		rec := adminDo(h, c.path, "Bearer s3cret", c.body)
+		var e struct{ Error apiError }
+		if rec.Code != c.code || json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error.Code != c.errCode {
+			t.Errorf("%s %s: %d %s; want %d %s", c.path, c.body, rec.Code, rec.Body, c.code, c.errCode)
+		}
+	}
+}

@@ -1,0 +1,87 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// APIKeys is optional API-key enforcement for the OpenAI surface. Only the
+// SHA-256 of each key is kept, and a presented key is compared against every
+// one in constant time. It is immutable and safe for concurrent use; a nil
+// *APIKeys enforces nothing.
+type APIKeys struct {
+	sums [][sha256.Size]byte
+}
+
+// NewAPIKeys builds the set from keys, each either the key itself or "sha256:"
+// followed by the key's hex SHA-256 (so that files need not hold keys). Blank
+// entries are skipped; with no key left it returns nil (no enforcement). Its
+// errors name an entry's index, never a key.
+func NewAPIKeys(keys []string) (*APIKeys, error) {
+	k := &APIKeys{}
+	var errs []error
+	for i, key := range keys {
+		key = strings.TrimSpace(key)
+		if key == "" {
+			continue
+		}
+		if h, ok := strings.CutPrefix(key, "sha256:"); ok {
+			b, err := hex.DecodeString(h)
+			if err != nil || len(b) != sha256.Size {
+				errs = append(errs, fmt.Errorf("api key %d: sha256: must be followed by 64 hex digits", i))
+				continue
+			}
+			k.sums = append(k.sums, [sha256.Size]byte(b))
+			continue
+		}
+		k.sums = append(k.sums, sha256.Sum256([]byte(key)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if len(k.sums) == 0 {
+		return nil, nil
+	}
+	return k, nil
+}
+
+// valid reports whether h carries an accepted key, as "Authorization: Bearer
+// KEY" or "x-api-key: KEY". Every stored hash is compared, match or not.
+func (k *APIKeys) valid(h http.Header) bool {
+	key := h.Get("X-Api-Key")
+	if auth := h.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+		key = strings.TrimSpace(auth[7:])
+	}
+	if key == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(key))
+	ok := 0
+	for i := range k.sums {
+		ok |= subtle.ConstantTimeCompare(sum[:], k.sums[i][:])
+	}
+	return ok == 1
+}
+
+// Require wraps next so that the OpenAI API (/v1/… and /pools/…/v1/…) answers
+// 401 in the OpenAI shape without an accepted key. The operations endpoints
+// (/health, /status, /metrics) and the admin API (its own token) pass through.
+func (k *APIKeys) Require(next http.Handler) http.Handler {
+	if k == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		api := strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/pools/") && strings.Contains(r.URL.Path, "/v1/")
+		if api && !k.valid(r.Header) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="poold"`)
+			writeError(w, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,141 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/profile"
+)
+
+// maxErrorBody bounds the error body kept to turn into a final SSE event.
+const maxErrorBody = 16 << 10
+
+// keepAlive is the ResponseWriter of a streaming request that may wait for its
+// lease. Until the wait outlasts one interval it is transparent. Then it
+// commits the response (200, text/event-stream) and writes an SSE comment
+// (": loading <model>, 12s") every interval, which clients ignore and which
+// keep the idle timeouts of proxies in between from firing.
+//
+// Once committed, a status code can no longer carry an error, so a later
+// non-2xx answer (queue timeout, failed load, an engine's own error) is kept,
+// up to maxErrorBody, and sent by finish as the stream's last event,
+// `data: {"error": {…}}`, which OpenAI's SDKs raise as a streaming error.
+// Its Retry-After, which no header can carry any more, goes into the message.
+//
+// It is used by the request's goroutine only.
+type keepAlive struct {
+	http.ResponseWriter
+	committed bool
+	status    int          // the status written after the commit; 0 when none
+	header    http.Header  // headers set after the commit, which the client never sees
+	body      bytes.Buffer // the body of a non-2xx answer after the commit
+}
+
+// acquireKeepAlive acquires a lease for prof like Set.Acquire, writing a
+// keep-alive comment to k every interval while the request waits. started is
+// when the request arrived.
+func (h *Handler) acquireKeepAlive(k *keepAlive, r *http.Request, prof *profile.Profile, started time.Time) (*pool.Lease, error) {
+	type result struct {
+		lease *pool.Lease
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := h.pools.Acquire(r.Context(), prof, r.PathValue("pool"))
+		done <- result{l, err}
+	}()
+	tick := time.NewTicker(h.opts.KeepAliveInterval)
+	defer tick.Stop()
+	// Acquire is bounded by maxQueueWait and the client's context, so this ends.
+	for {
+		select {
+		case res := <-done:
+			return res.lease, res.err
+		case now := <-tick.C:
+			k.comment(fmt.Sprintf("loading %s, %ds", prof.ID, int(now.Sub(started).Seconds())))
+		}
+	}
+}
+
+// comment commits the response if needed and writes one SSE comment line.
+// A write error (the client left) is ignored: the request's context ends too.
+func (k *keepAlive) comment(text string) {
+	if !k.committed {
+		h := k.ResponseWriter.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+		k.ResponseWriter.WriteHeader(http.StatusOK)
+		k.committed = true
+		k.header = make(http.Header)
+	}
+	_, _ = fmt.Fprintf(k.ResponseWriter, ": %s\n\n", text)
+	_ = http.NewResponseController(k.ResponseWriter).Flush()
+}
+
+func (k *keepAlive) Header() http.Header {
+	if k.committed {
+		return k.header
+	}
+	return k.ResponseWriter.Header()
+}
+
+func (k *keepAlive) WriteHeader(code int) {
+	if !k.committed {
+		k.ResponseWriter.WriteHeader(code)
+		return
+	}
+	if k.status == 0 {
+		k.status = code
+	}
+}
+
+func (k *keepAlive) Write(b []byte) (int, error) {
+	if !k.failed() {
+		return k.ResponseWriter.Write(b)
+	}
+	k.body.Write(b[:min(len(b), max(0, maxErrorBody-k.body.Len()))])
+	return len(b), nil
+}
+
+// Unwrap lets http.ResponseController reach the connection (for Flush).
+func (k *keepAlive) Unwrap() http.ResponseWriter { return k.ResponseWriter }
+
+// failed reports whether an error answer came after the commit.
+func (k *keepAlive) failed() bool { return k.committed && k.status >= 300 }
+
+// finish sends a kept error answer as the stream's last event. The handler
+// calls it once, when the request is over.
+func (k *keepAlive) finish() {
+	if !k.failed() {
+		return
+	}
+	_, _ = k.ResponseWriter.Write(errorEvent(k.status, k.header.Get("Retry-After"), k.body.Bytes()))
+	_ = http.NewResponseController(k.ResponseWriter).Flush()
+}
+
+// errorEvent turns an error answer (status, Retry-After, body) into the SSE
+// event `data: {"error": {…}}`. An OpenAI-shaped body is kept as it is (with
+// the retry hint added to its message); any other body becomes the message.
+func errorEvent(status int, retryAfter string, body []byte) []byte {
+	var e struct {
+		Error apiError `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.Message == "" {
+		e.Error = apiError{
+			Message: fmt.Sprintf("engine answered %d: %s", status, strings.TrimSpace(string(body))),
+			Type:    errorType(status),
+			Code:    "engine_error",
+		}
+	}
+	if retryAfter != "" {
+		e.Error.Message += fmt.Sprintf(" (retry after %ss)", retryAfter)
+	}
+	b, _ := json.Marshal(e)
+	return append(append([]byte("data: "), b...), "\n\n"...)
+}

@@ -1,0 +1,181 @@
+package e2e
+
+// Security checks (docs/security.md): where engines listen, what reaches
+// them, API-key enforcement, the admin API's default.
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// listeners returns the local addresses ("0100007F:1F90" in /proc's hex form)
+// of the sockets in LISTEN state in /proc/net/tcp or tcp6 whose port is port.
+func listeners(t *testing.T, port int) []string {
+	t.Helper()
+	want := fmt.Sprintf(":%04X", port)
+	var out []string
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		fh, err := os.Open(f)
+		if err != nil {
+			continue // no IPv6 here
+		}
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			// sl local_address rem_address st ...; st 0A is LISTEN.
+			if len(fields) > 3 && fields[3] == "0A" && strings.HasSuffix(fields[1], want) {
+				out = append(out, filepath.Base(f)+" "+fields[1])
+			}
+		}
+		fh.Close()
+	}
+	return out
+}
+
+// Each engine listens on 127.0.0.1 only: the kernel's socket table shows its
+// port bound to loopback, and to no wildcard or IPv6 address.
+func TestEnginesListenOnLoopbackOnly(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "a"}, {Name: "p1", GPUs: []int{1}, Default: "b"}},
+		[]sim{{ID: "a", Pools: []string{"p0"}}, {ID: "b", Pools: []string{"p1"}}}, nil))
+	for _, name := range []string{"p0", "p1"} {
+		p := d.waitPool(name, 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+		got := listeners(t, p.Engine.Port)
+		want := fmt.Sprintf("tcp 0100007F:%04X", p.Engine.Port)
+		if len(got) != 1 || got[0] != want {
+			t.Fatalf("pool %s engine on port %d listens on %v, want only %s", name, p.Engine.Port, got, want)
+		}
+	}
+}
+
+// The client's credentials never reach the engine: Authorization and
+// x-api-key are stripped, other headers pass (the engine logs the names of
+// the headers it got).
+func TestCredentialsNotForwarded(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{{ID: "m", Flags: []string{"--sim-log-headers"}}}, nil))
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	for _, stream := range []bool{false, true} {
+		req, _ := http.NewRequest(http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(chatBody("m", stream, 2)))
+		req.Header.Set("Authorization", "Bearer sk-client-secret")
+		req.Header.Set("X-Api-Key", "sk-other-secret")
+		req.Header.Set("X-Trace-Marker", "1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	var seen []string
+	deadline := time.Now().Add(5 * time.Second)
+	for len(seen) < 2 && time.Now().Before(deadline) {
+		seen = seen[:0]
+		for line := range strings.Lines(d.stderr.String()) {
+			if strings.Contains(line, "request headers") && strings.Contains(line, "path=/v1/chat/completions") {
+				seen = append(seen, line)
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if len(seen) != 2 {
+		t.Fatalf("the engine logged %d chat requests' headers, want 2", len(seen))
+	}
+	for _, line := range seen {
+		if !strings.Contains(line, "X-Trace-Marker") || strings.Contains(line, "Authorization") || strings.Contains(line, "X-Api-Key") {
+			t.Fatalf("engine saw headers: %s", line)
+		}
+	}
+	if out := d.stdout.String() + d.stderr.String(); strings.Contains(out, "secret") {
+		t.Fatalf("a credential reached poold's logs")
+	}
+}
+
+// With API keys set, the OpenAI API wants one of them (401 in the OpenAI
+// shape otherwise); the keys appear in no log and no label; the operations
+// endpoints stay open; the admin API stays unbound without its token.
+func TestAPIKeys(t *testing.T) {
+	dir := t.TempDir()
+	hashed := sha256.Sum256([]byte("sk-hashed-key"))
+	keysFile := filepath.Join(dir, "keys")
+	writeFile(t, keysFile, []byte("# poold keys\nsk-plain-key\n\nsha256:"+hex.EncodeToString(hashed[:])+"\n"))
+
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}}}, []sim{{ID: "m"}}, nil),
+		"--api-keys-file", keysFile)
+	send := func(path, header, value string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, d.url+path, strings.NewReader(chatBody("m", false, 2)))
+		if header != "" {
+			req.Header.Set(header, value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b := make([]byte, 4096)
+		n, _ := resp.Body.Read(b)
+		return resp.StatusCode, b[:n]
+	}
+	for _, c := range []struct{ path, header, value string }{
+		{"/v1/chat/completions", "", ""},
+		{"/v1/chat/completions", "Authorization", "Bearer sk-wrong-key"},
+		{"/v1/chat/completions", "X-Api-Key", "sk-plain-key-but-longer"},
+		{"/pools/p0/v1/chat/completions", "", ""},
+	} {
+		code, body := send(c.path, c.header, c.value)
+		if e := apiError(t, body); code != http.StatusUnauthorized || e.Error.Code != "invalid_api_key" || e.Error.Type != "authentication_error" {
+			t.Fatalf("%s with %s %q: %d %s", c.path, c.header, c.value, code, body)
+		}
+	}
+	for _, c := range []struct{ header, value string }{
+		{"Authorization", "Bearer sk-plain-key"},
+		{"X-Api-Key", "sk-hashed-key"},
+	} {
+		if code, body := send("/v1/chat/completions", c.header, c.value); code != http.StatusOK {
+			t.Fatalf("%s %q: %d %s", c.header, c.value, code, body)
+		}
+	}
+	for _, path := range []string{"/health", "/status", "/metrics"} {
+		resp, err := http.Get(d.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d", path, resp.StatusCode)
+		}
+	}
+	if code, _ := send("/admin/pools/p0/unload", "Authorization", "Bearer sk-plain-key"); code != http.StatusNotFound {
+		t.Fatalf("admin API without an admin token: %d, want 404 (unbound)", code)
+	}
+	all := d.stdout.String() + d.stderr.String() + scrapeText(t, d)
+	for _, secret := range []string{"sk-plain-key", "sk-hashed-key", "sk-wrong-key"} {
+		if strings.Contains(all, secret) {
+			t.Fatalf("key %q appears in the logs or metrics", secret)
+		}
+	}
+	resp, err := http.Get(d.url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("GET /v1/models without a key: %d", resp.StatusCode)
+	}
+}
