@@ -78,11 +78,15 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
+	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
+	if s.Metrics {
+		reqMetrics = m
+	}
 	h = proxy.New(cfg, pools, proxy.Options{
 		MaxBodyBytes: s.MaxBodyBytes,
 		Logger:       log,
 		AccessLog:    slog.New(slog.NewJSONHandler(&lossWriter{w: accessOut, log: log}, nil)).With("component", "access"),
-		Metrics:      m,
+		Metrics:      reqMetrics,
 		Clients:      s.Clients,
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,

@@ -67,6 +67,10 @@ type settings struct {
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
 	APIKeys *proxy.APIKeys
+	// Metrics records every request in the request metrics (requests,
+	// latencies, tokens); false records none, and /metrics serves only the
+	// pool, swap, engine, GPU, build and Go collectors.
+	Metrics bool
 }
 
 // loadSettings parses serve's flags and merges them with the environment and
@@ -96,6 +100,7 @@ func loadSettings(args []string) (settings, error) {
 	fl.Duration("restart-backoff-max", pool.DefaultMaxRestartBackoff, "cap of the restart backoff; an engine ready this long ends a failure streak")
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
+	fl.Bool("metrics", true, "record per-request metrics (requests, latencies, tokens); false leaves /metrics with the pool, swap, GPU and Go collectors")
 	if err := fl.Parse(args); err != nil {
 		return settings{}, err
 	}
@@ -125,6 +130,7 @@ func loadSettings(args []string) (settings, error) {
 	s.StateDir = v.GetString("state-dir")
 	s.Watch = v.GetBool("watch")
 	s.ReloadDebounce = v.GetDuration("reload-debounce")
+	s.Metrics = v.GetBool("metrics")
 	var errs []error
 	if s.KeepAliveInterval < 0 {
 		errs = append(errs, errors.New("keepalive-interval: must not be negative"))

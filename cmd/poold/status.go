@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/proxy"
 )
 
@@ -87,7 +88,8 @@ func fetchStatus(url string) ([]byte, error) {
 }
 
 // printStatus writes the daemon line, the profiles line (and the refused
-// reload's errors, if any), then one row per pool.
+// reload's errors, if any), then one row per pool (ASLEEP: its sleeping
+// engines, docs/sleep-mode.md).
 func printStatus(w io.Writer, st proxy.Status) {
 	fmt.Fprintf(w, "poold %s on %s\n", st.Version, st.Host)
 	c := st.Config
@@ -100,14 +102,14 @@ func printStatus(w io.Writer, st proxy.Status) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tGPUS\tSTATE\tPROFILE\tIN-FLIGHT\tWAITING\tLAST ERROR")
+	fmt.Fprintln(tw, "POOL\tGPUS\tSTATE\tPROFILE\tIN-FLIGHT\tWAITING\tASLEEP\tLAST ERROR")
 	for _, p := range st.Pools {
 		gpus := make([]string, len(p.GPUs))
 		for i, g := range p.GPUs {
 			gpus[i] = strconv.Itoa(g)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", p.Name, strings.Join(gpus, ","), p.State,
-			profileCell(p.Profile, p.SwitchingTo), p.InFlight, waitingCell(p.Waiting), errorCell(p.LastError))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Name, strings.Join(gpus, ","), p.State,
+			profileCell(p.Profile, p.SwitchingTo), p.InFlight, waitingCell(p.Waiting), sleepingCell(p.Sleeping), errorCell(p.LastError))
 	}
 	tw.Flush()
 }
@@ -137,6 +139,19 @@ func waitingCell(waiting map[string]int) string {
 		return "0"
 	}
 	return fmt.Sprintf("%d (%s)", total, strings.Join(by, " "))
+}
+
+// sleepingCell lists the pool's sleeping engines, least recently used
+// first, each with its sleep level: "chat-small:L1 coder:L2", or "-".
+func sleepingCell(sleeping []pool.SleepStatus) string {
+	if len(sleeping) == 0 {
+		return "-"
+	}
+	cells := make([]string, len(sleeping))
+	for i, sl := range sleeping {
+		cells[i] = fmt.Sprintf("%s:L%d", sl.Profile, sl.Level)
+	}
+	return strings.Join(cells, " ")
 }
 
 // errorCell is the first line of the pool's last error, or "-".

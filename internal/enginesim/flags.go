@@ -40,7 +40,12 @@ type Config struct {
 	EnablePrefixCaching  bool
 	Dtype                string
 	ShutdownTimeout      int
-	EnableSleepMode      bool
+	// EnableSleepMode, with DevMode, serves vLLM's sleep endpoints (sleep.go).
+	EnableSleepMode bool
+	// DevMode is VLLM_SERVER_DEV_MODE=1 in the environment (read by Main):
+	// without it the development endpoints, sleep mode's among them, are not
+	// served (404), as in vLLM.
+	DevMode bool
 
 	// MaxNumSeqs, as vLLM's --max-num-seqs, bounds the requests generating at
 	// once; the others wait their turn (vllm:num_requests_waiting), so that an
@@ -56,6 +61,11 @@ type Config struct {
 	ITL time.Duration
 	// Tokens is the completion length when a request sets no max_tokens; default 16.
 	Tokens int
+	// WakeDelay is how long POST /wake_up takes, and half of LoadDelay how long
+	// reload_weights takes after a level-2 sleep; zero means at once.
+	WakeDelay time.Duration
+	// RefuseWake makes POST /wake_up fail with 500 (a wake that fails).
+	RefuseWake bool
 
 	// FailLoad makes Run fail with ErrLoadFailed after LoadDelay.
 	FailLoad bool
@@ -178,13 +188,15 @@ var flagSpecs = map[string]flagSpec{
 	"enable-prefix-caching": {kindBool, boolFlag(func(c *Config) *bool { return &c.EnablePrefixCaching }), "ignored"},
 	"dtype":                 {kindString, func(c *Config, v string) error { c.Dtype = v; return nil }, "ignored"},
 	"shutdown-timeout":      {kindInt, intFlag(func(c *Config) *int { return &c.ShutdownTimeout }, 0), "ignored"},
-	"enable-sleep-mode":     {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableSleepMode }), "ignored"},
+	"enable-sleep-mode":     {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableSleepMode }), "serve /sleep, /wake_up, /is_sleeping… (needs env VLLM_SERVER_DEV_MODE=1)"},
 	"max-num-seqs":          {kindInt, intFlag(func(c *Config) *int { return &c.MaxNumSeqs }, 1), "requests generating at once; the others wait (default: no bound)"},
 
 	"sim-load-delay":         {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.LoadDelay }), "load time before listening (default 0)"},
 	"sim-ttft":               {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.TTFT }), "time to first token (default 0)"},
 	"sim-itl":                {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.ITL }), "inter-token delay (default 0)"},
 	"sim-tokens":             {kindInt, intFlag(func(c *Config) *int { return &c.Tokens }, 1), "completion tokens without max_tokens (default 16)"},
+	"sim-wake-delay":         {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.WakeDelay }), "time a /wake_up takes (default 0)"},
+	"sim-refuse-wake":        {kindBool, boolFlag(func(c *Config) *bool { return &c.RefuseWake }), "fail every /wake_up with 500"},
 	"sim-fail-load":          {kindBool, boolFlag(func(c *Config) *bool { return &c.FailLoad }), "fail loading: log an error and exit 1"},
 	"sim-never-ready":        {kindBool, boolFlag(func(c *Config) *bool { return &c.NeverReady }), "never listen"},
 	"sim-hang":               {kindBool, boolFlag(func(c *Config) *bool { return &c.Hang }), "listen but never answer"},

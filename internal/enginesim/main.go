@@ -46,6 +46,7 @@ func Main(args []string) int {
 		return runChild(cfg, logger)
 	}
 	cfg.reexecArgs = reexecPrefix(args)
+	cfg.DevMode = devMode(os.Getenv("VLLM_SERVER_DEV_MODE"))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -127,8 +128,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s:%d: %w", cfg.Host, cfg.Port, err)
 	}
+	h := NewHandler(cfg, logger)
+	defer func() { logger.Info("engine exiting", "sleep_aborted_requests", h.SleepAborted()) }()
 	srv := &http.Server{
-		Handler:           NewHandler(cfg, logger),
+		Handler:           h,
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       5 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
@@ -155,6 +158,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	case err := <-errc:
 		return fmt.Errorf("serving: %w", err)
 	}
+}
+
+// devMode reads VLLM_SERVER_DEV_MODE as vLLM does: an integer, non-zero is on.
+func devMode(v string) bool {
+	n, err := strconv.Atoi(v)
+	return err == nil && n != 0
 }
 
 // sleepCtx waits d and reports whether ctx was still alive by then.

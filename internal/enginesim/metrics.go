@@ -22,6 +22,7 @@ type simMetrics struct {
 	ttft         prometheus.Observer
 	itl          prometheus.Observer
 	e2e          prometheus.Observer
+	sleepAborted prometheus.Counter // not vLLM's: requests a /sleep aborted
 	handler      http.Handler
 }
 
@@ -54,6 +55,10 @@ func newSimMetrics(modelName string) *simMetrics {
 		itl:          hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", latency),
 		e2e:          hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latency),
 	}
+	m.sleepAborted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sim_sleep_aborted_requests_total", Help: "In-flight requests aborted by /sleep (simulator only).",
+	})
+	reg.MustRegister(m.sleepAborted)
 	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	return m
 }

@@ -47,8 +47,11 @@ type Server struct {
 	// process. Tests may replace it before serving.
 	crash func()
 
-	mu      sync.Mutex // guards running and the order of updates to the running and KV gauges
+	mu      sync.Mutex // guards running, sleep and the order of updates to the running and KV gauges
 	running int        // requests being generated now
+	sleep   sleepState
+	// aborted counts the in-flight requests /sleep aborted.
+	aborted atomic.Int64
 
 	// slots holds a token per generating request when MaxNumSeqs bounds them;
 	// nil means no bound.
@@ -118,6 +121,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info := reqInfo{status: http.StatusOK}
+	if s.serveSleep(w, r, &info) {
+		s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", info.status))
+		return
+	}
 	switch r.URL.Path {
 	case "/health", "/ping":
 		if s.allow(w, r, &info, http.MethodGet, http.MethodPost) {
@@ -486,6 +494,11 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 		p.id = randomID("cmpl-")
 	}
 
+	r, leaveSleep, ok := s.enter(w, r, info)
+	if !ok {
+		return
+	}
+	defer leaveSleep()
 	if !s.admit(r.Context()) {
 		info.status = 499 // the client left while waiting for a slot
 		return
@@ -657,13 +670,19 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, info *reqInfo,
 	var sl sleeper
 	defer sl.stop()
 	done := r.Context().Done()
-	if !sl.sleep(done, s.cfg.TTFT) {
+	ended := func() {
 		info.status = 499
+		if abortedBySleep(r) {
+			writeError(w, info, http.StatusInternalServerError, "InternalServerError", "", errSleepAbort.Error())
+		}
+	}
+	if !sl.sleep(done, s.cfg.TTFT) {
+		ended()
 		return
 	}
 	s.metrics.ttft.Observe(time.Since(p.start).Seconds())
 	if p.completion > 1 && !sl.sleep(done, time.Duration(p.completion-1)*s.cfg.ITL) {
-		info.status = 499
+		ended()
 		return
 	}
 	text := make([]byte, 0, p.completion*7)
@@ -743,6 +762,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, p *plan) {
 
 	var sl sleeper
 	defer sl.stop()
+	defer func() {
+		if abortedBySleep(r) {
+			send([]byte(`data: {"error":{"message":"` + errSleepAbort.Error() + `","type":"InternalServerError","param":null,"code":500}}` + "\n\n"))
+		}
+	}()
 	done := r.Context().Done()
 	if !sl.sleep(done, s.cfg.TTFT) {
 		return
@@ -866,12 +890,20 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request, info *
 		badRequest(w, info, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the input for embedding generation. Please reduce the length of the input.", s.cfg.MaxModelLen, tokens))
 		return
 	}
+	r, leaveSleep, ok := s.enter(w, r, info)
+	if !ok {
+		return
+	}
+	defer leaveSleep()
 	s.begin(tokens)
 	defer s.end(start)
 	var sl sleeper
 	defer sl.stop()
 	if !sl.sleep(r.Context().Done(), s.cfg.TTFT) {
 		info.status = 499
+		if abortedBySleep(r) {
+			writeError(w, info, http.StatusInternalServerError, "InternalServerError", "", errSleepAbort.Error())
+		}
 		return
 	}
 	resp := embeddingResponse{

@@ -93,6 +93,7 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewrite,
 		Transport:      proxy.NewTransport(),
+		BufferPool:     proxy.NewBufferPool(),
 		FlushInterval:  -1,
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.upstreamError,

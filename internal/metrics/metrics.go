@@ -65,8 +65,8 @@ func New(reg prometheus.Registerer, pools func() []pool.Status, version, revisio
 			Name: "poold_swaps_total", Help: "Swap attempts, by pool, from and to profile, and result.",
 		}, []string{"pool", "from", "to", "result"}),
 		swapDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "poold_swap_duration_seconds", Help: "Duration of each swap phase (drain, stop, vram_release, start, ready).", Buckets: swapBuckets,
-		}, []string{"pool", "phase"}),
+			Name: "poold_swap_duration_seconds", Help: "Duration of each swap phase (drain, stop, sleep, vram_release, start, ready, wake), by kind (cold: an engine started; wake: a sleeping one woken).", Buckets: swapBuckets,
+		}, []string{"pool", "phase", "kind"}),
 		engineStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_engine_starts_total", Help: "Engine starts, by result (ok, failed).",
 		}, []string{"pool", "profile", "result"}),
@@ -105,10 +105,13 @@ func (m *Metrics) ConfigLoaded(ok bool, at time.Time) {
 }
 
 // Swap implements pool.Observer.
-func (m *Metrics) Swap(poolName, from, to, result string, phases map[string]time.Duration) {
+func (m *Metrics) Swap(poolName, from, to, kind, result string, phases map[string]time.Duration) {
 	m.swaps.WithLabelValues(poolName, from, to, result).Inc()
 	for phase, d := range phases {
-		m.swapDuration.WithLabelValues(poolName, phase).Observe(d.Seconds())
+		m.swapDuration.WithLabelValues(poolName, phase, kind).Observe(d.Seconds())
+	}
+	if kind == pool.KindWake {
+		return // no engine was started
 	}
 	startResult := "ok"
 	if _, started := phases["start"]; !started || result != "ok" {
@@ -218,15 +221,17 @@ var (
 	waitingDesc  = prometheus.NewDesc("poold_waiting_requests", "Requests queued, by pool and the model they wait for.", []string{"pool", "model"}, nil)
 	loadedDesc   = prometheus.NewDesc("poold_pool_loaded_profile", "1 for the profile loaded in each pool.", []string{"pool", "profile"}, nil)
 	stateDesc    = prometheus.NewDesc("poold_pool_state", "1 for each pool's current state.", []string{"pool", "state"}, nil)
+	sleepingDesc = prometheus.NewDesc("poold_sleeping_engines", "Engines asleep in each pool (sleep mode).", []string{"pool"}, nil)
 )
 
-var poolStates = []pool.State{pool.StateEmpty, pool.StateStarting, pool.StateReady, pool.StateDraining, pool.StateStopping, "sleeping", pool.StateFailed}
+var poolStates = []pool.State{pool.StateEmpty, pool.StateStarting, pool.StateReady, pool.StateDraining, pool.StateStopping, pool.StateSleeping, pool.StateFailed}
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- inFlightDesc
 	ch <- waitingDesc
 	ch <- loadedDesc
 	ch <- stateDesc
+	ch <- sleepingDesc
 }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -237,6 +242,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(loadedDesc, prometheus.GaugeValue, 1, st.Name, loaded)
 		}
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), st.Name, loaded)
+		ch <- prometheus.MustNewConstMetric(sleepingDesc, prometheus.GaugeValue, float64(len(st.Sleeping)), st.Name)
 		for model, n := range st.Waiting {
 			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), st.Name, model)
 		}

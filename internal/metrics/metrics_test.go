@@ -36,12 +36,14 @@ func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics)
 	reg := prometheus.NewRegistry()
 	prof := "qwen"
 	pools := func() []pool.Status {
-		return []pool.Status{{Name: "gpu0", State: pool.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1}}}
+		return []pool.Status{{Name: "gpu0", State: pool.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1},
+			Sleeping: []pool.SleepStatus{{Profile: "llama", Level: 1}}}}
 	}
 	m := New(reg, pools, "v1.2.3", "abc123")
 	reg.MustRegister(GPUCollector(gpus))
 	m.ConfigLoaded(true, time.Unix(1700000000, 0))
-	m.Swap("gpu0", "llama", "qwen", "ok", map[string]time.Duration{"drain": time.Second, "stop": 2 * time.Second, "vram_release": 300 * time.Millisecond, "start": time.Millisecond, "ready": 20 * time.Second})
+	m.Swap("gpu0", "llama", "qwen", pool.KindCold, "ok", map[string]time.Duration{"drain": time.Second, "stop": 2 * time.Second, "vram_release": 300 * time.Millisecond, "start": time.Millisecond, "ready": 20 * time.Second})
+	m.Swap("gpu0", "qwen", "llama", pool.KindWake, "ok", map[string]time.Duration{"drain": time.Second, "sleep": time.Second, "wake": 200 * time.Millisecond})
 	m.EngineExit("gpu0", "llama", "stopped")
 	m.VRAMNotReleased("gpu0")
 	m.Observe(&Record{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
@@ -85,19 +87,34 @@ func TestSwapPhases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	phases := map[string]uint64{}
+	phases := map[string]uint64{} // kind/phase → samples
 	for _, mf := range mfs {
 		if mf.GetName() != "poold_swap_duration_seconds" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			phases[label(m, "phase")] = m.GetHistogram().GetSampleCount()
+			phases[label(m, "kind")+"/"+label(m, "phase")] = m.GetHistogram().GetSampleCount()
 		}
 	}
-	for _, p := range []string{"drain", "stop", "vram_release", "start", "ready"} {
+	for _, p := range []string{"cold/drain", "cold/stop", "cold/vram_release", "cold/start", "cold/ready", "wake/drain", "wake/sleep", "wake/wake"} {
 		if phases[p] != 1 {
 			t.Errorf("phase %s observed %d times, want 1 (all: %v)", p, phases[p], phases)
 		}
+	}
+	if len(phases) != 8 {
+		t.Errorf("phases %v, want the 8 above", phases)
+	}
+	// A wake starts no engine: only the cold swap counts in engine starts.
+	want := `
+# HELP poold_engine_starts_total Engine starts, by result (ok, failed).
+# TYPE poold_engine_starts_total counter
+poold_engine_starts_total{pool="gpu0",profile="qwen",result="ok"} 1
+# HELP poold_sleeping_engines Engines asleep in each pool (sleep mode).
+# TYPE poold_sleeping_engines gauge
+poold_sleeping_engines{pool="gpu0"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_engine_starts_total", "poold_sleeping_engines"); err != nil {
+		t.Error(err)
 	}
 	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_vram_not_released_total"))); n != 1 {
 		t.Errorf("poold_vram_not_released_total = %v, want 1", n)

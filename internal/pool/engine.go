@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,7 +51,7 @@ type engine struct {
 
 // startEngine starts prof's engine for the pool on a free loopback port.
 // self is poold's own executable, substituted for {poold} in commands.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, log *slog.Logger) (*engine, error) {
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, log *slog.Logger) (*engine, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
@@ -70,7 +71,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, log
 		return nil, fmt.Errorf("creating log pipe: %w", err)
 	}
 	cmd.Stdout, cmd.Stderr = w, w
-	if err := cmd.Start(); err != nil {
+	if err := spawn.start(cmd); err != nil {
 		r.Close()
 		w.Close()
 		return nil, fmt.Errorf("running %q: %w", argv[0], err)
@@ -196,6 +197,41 @@ func (e *engine) serves(ctx context.Context) bool {
 		}
 	}
 	return false
+}
+
+// spawner starts engine processes from one OS thread that never ends. The
+// kernel sends Pdeathsig when the *thread* that forked a child ends, not the
+// process (go.dev/issue/27505), and the Go runtime ends a thread whose locked
+// goroutine exits (code that calls LockOSThread, as cgo loaders such as NVML's
+// do, may leave one); an engine forked on such a thread would be SIGKILLed in
+// the middle of its life. A nil spawner starts on the calling thread.
+type spawner chan spawnRequest
+
+type spawnRequest struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// newSpawner starts the spawning goroutine, locked to its thread. It lives as
+// long as the process, because it must outlive every engine it started.
+func newSpawner() spawner {
+	s := make(spawner)
+	go func() {
+		runtime.LockOSThread()
+		for r := range s {
+			r.done <- r.cmd.Start()
+		}
+	}()
+	return s
+}
+
+func (s spawner) start(cmd *exec.Cmd) error {
+	if s == nil {
+		return cmd.Start()
+	}
+	done := make(chan error, 1)
+	s <- spawnRequest{cmd, done}
+	return <-done
 }
 
 // killWait bounds the wait for a SIGKILLed group to vanish.

@@ -46,9 +46,11 @@ func (e *LoadError) Unwrap() error { return e.Err }
 // block. A nil Observer in Options means none.
 type Observer interface {
 	// Swap reports one finished swap attempt: from ("" when the pool was empty),
-	// to, result ("ok" or "failed") and the duration of each phase (drain, stop,
-	// vram_release, start, ready).
-	Swap(pool, from, to, result string, phases map[string]time.Duration)
+	// to, kind (KindCold: an engine was started; KindWake: a sleeping one was
+	// woken), result ("ok", "failed", or "wake_failed" for a wake that failed,
+	// after which a cold start follows and is reported too) and the duration
+	// of each phase (drain, stop or sleep, vram_release, start, ready, wake).
+	Swap(pool, from, to, kind, result string, phases map[string]time.Duration)
 	// EngineExit reports an engine process that ended, and why: "stopped",
 	// "crashed" or "load_failed".
 	EngineExit(pool, profile, reason string)
@@ -77,6 +79,12 @@ type Options struct {
 	// Ledger records the engines started, for crash clean-up; nil records none.
 	Ledger *Ledger
 	Now    func() time.Time
+	// host counts the host RAM held by the sleepers of all pools of a Set;
+	// set by NewSet (nil, outside a Set, is a fresh count per pool).
+	host *hostSleep
+	// spawn starts the engines of all pools of a Set from one long-lived
+	// thread (see spawner); set by NewSet (nil, outside a Set, starts directly).
+	spawn spawner
 	// RestartBackoff is the wait before the second start in a row of a profile
 	// whose engine failed twice in a row, doubling with each further failure up
 	// to MaxRestartBackoff (restartBackoff in backoff.go). Zero values mean
@@ -103,7 +111,8 @@ type Pool struct {
 	cfg       *profile.Config
 	sched     Scheduler
 	state     State
-	eng       *engine // the engine starting or serving; nil when none
+	eng       *engine    // the engine starting or serving; nil when none
+	sleepers  []*sleeper // engines asleep (sleep.go), least recently used first
 	since     time.Time
 	lastErr   error
 	lastSwap  time.Duration // duration of the last successful swap, for Retry-After
@@ -127,6 +136,9 @@ func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.host == nil {
+		opts.host = new(hostSleep)
 	}
 	p := &Pool{
 		name:  spec.Name,
@@ -366,6 +378,11 @@ func (p *Pool) run(ctx context.Context) {
 	defer timer.Stop()
 	for ctx.Err() == nil {
 		p.mu.Lock()
+		if sl, why := p.staleSleeperLocked(); sl != nil {
+			p.mu.Unlock()
+			p.stopSleeper(sl, why)
+			continue
+		}
 		if step := p.reloadStepLocked(); step != nil {
 			p.mu.Unlock()
 			if !step(ctx) {
@@ -451,7 +468,10 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile) {
 		phases["drain"] = begin.Sub(p.drainedAt)
 	}
 	p.drainedAt = time.Time{}
+	retired := p.retiring
 	p.retiring, p.want = false, "" // the old engine goes now, whatever replaces it
+	// Taken out first, so that making room for old's sleep cannot evict it.
+	sl := p.takeSleeperLocked(prof.ID)
 	from := ""
 	if old != nil {
 		from = old.profile.ID
@@ -460,10 +480,15 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile) {
 	spec := p.spec
 	p.mu.Unlock()
 
-	if old != nil {
+	if old != nil && p.sleepOut(ctx, old, retired) {
+		phases["sleep"] = p.opts.Now().Sub(begin)
+	} else if old != nil {
 		t := p.opts.Now()
 		release, err := p.stopEngine(old)
 		if err != nil {
+			if sl != nil {
+				p.stopSleeper(sl, "swap failed")
+			}
 			p.failSwap(prof, from, phases, err)
 			return
 		}
@@ -475,13 +500,20 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile) {
 
 	p.mu.Lock()
 	p.setStateLocked(StateStarting)
+	if sl != nil {
+		p.eng = sl.eng
+	}
 	p.mu.Unlock()
+	kind := KindCold
+	if sl != nil && p.wakeSleeper(ctx, sl, from, phases) {
+		kind = KindWake
+	}
 	// An engine that could not bind its port (taken between freePort and the
 	// engine's bind) is started again on another, a bounded number of times.
-	for attempt := 1; ; attempt++ {
+	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
-		e, err := startEngine(prof, spec, p.opts.Self, p.log)
+		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.log)
 		if err != nil {
 			p.failSwap(prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
@@ -525,8 +557,8 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile) {
 	p.setStateLocked(StateReady)
 	p.answerLocked(p.sched.Ready(prof.ID, now), nil)
 	p.mu.Unlock()
-	p.log.Info("engine ready", "profile", prof.ID, "from", from, "took", now.Sub(begin))
-	p.observeSwap(from, prof.ID, "ok", phases)
+	p.log.Info("engine ready", "profile", prof.ID, "from", from, "kind", kind, "took", now.Sub(begin))
+	p.observeSwap(from, prof.ID, kind, "ok", phases)
 }
 
 // unload stops the pool's engine for an explicit unload and leaves the pool
@@ -563,7 +595,7 @@ func (p *Pool) failSwap(prof *profile.Profile, from string, phases map[string]ti
 	p.backoff.failed(prof, err, p.opts.Now())
 	p.answerLocked(p.sched.Failed(prof.ID), &LoadError{Profile: prof.ID, Err: err})
 	p.mu.Unlock()
-	p.observeSwap(from, prof.ID, "failed", phases)
+	p.observeSwap(from, prof.ID, KindCold, "failed", phases)
 }
 
 // stopEngine stops e under the stop contract and forgets it. release is how
@@ -630,6 +662,7 @@ func (p *Pool) refuseLocked(err error) {
 // context has ended. In-flight leases are the caller's to drain before that.
 func (p *Pool) shutdown() {
 	p.refuse(ErrShutdown)
+	defer p.stopSleepers()
 	p.mu.Lock()
 	e := p.eng
 	if e != nil {
@@ -660,9 +693,9 @@ func (p *Pool) setStateLocked(s State) {
 	p.since = p.opts.Now()
 }
 
-func (p *Pool) observeSwap(from, to, result string, phases map[string]time.Duration) {
+func (p *Pool) observeSwap(from, to, kind, result string, phases map[string]time.Duration) {
 	if p.opts.Observer != nil {
-		p.opts.Observer.Swap(p.name, from, to, result, phases)
+		p.opts.Observer.Swap(p.name, from, to, kind, result, phases)
 	}
 }
 

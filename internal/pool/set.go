@@ -32,6 +32,8 @@ type poolList struct {
 
 // NewSet builds one Pool per pool of cfg. Call Run to start them.
 func NewSet(cfg *profile.Config, opts Options) *Set {
+	opts.host = new(hostSleep)
+	opts.spawn = newSpawner()
 	s := &Set{opts: opts}
 	s.list.Store(&poolList{})
 	s.Apply(cfg)
@@ -94,6 +96,7 @@ func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string) (*
 const (
 	rankReady   = iota // serving the profile with the gate open
 	rankLoading        // loading it, or serving it behind a closed gate, or already queued for it
+	rankAsleep         // it sleeps there: a wake is cheaper than a cold start
 	rankEmpty          // no engine, nothing loading, nobody waiting
 	rankIdle           // its loaded profile has no demand; least recently used first
 	rankBusy           // everything else; shortest queue first
@@ -117,7 +120,7 @@ func (c candidate) better(d candidate) bool {
 }
 
 // place chooses the pool for prof among those it is eligible on: ready with it,
-// then loading it, then empty, then the one whose profile is idle longest, then
+// then loading it, then where it sleeps, then empty, then the one whose profile is idle longest, then
 // the shortest queue. It never starts a second copy while one exists or loads.
 func (s *Set) place(prof *profile.Profile) *Pool {
 	var best *Pool
@@ -144,6 +147,8 @@ func (p *Pool) candidate(id string) candidate {
 		c.rank = rankReady
 	case s.Loaded() == id || s.Target() == id || s.Queued(id):
 		c.rank = rankLoading
+	case p.hasSleeperLocked(id):
+		c.rank = rankAsleep
 	case s.Swapping():
 		c.rank = rankBusy // loading another profile, or unloading
 	case s.Loaded() == "" && s.QueueLen() == 0:

@@ -32,11 +32,16 @@ type EngineStatus struct {
 	ReadyAt   *time.Time `json:"readyAt"`
 }
 
-// SleepStatus describes a sleeping engine (sleep mode is not implemented yet, so
-// the list is always empty).
+// SleepStatus describes a sleeping engine (docs/sleep-mode.md).
 type SleepStatus struct {
 	Profile string    `json:"profile"`
-	Since   time.Time `json:"since"`
+	Level   int       `json:"level"`
+	Since   time.Time `json:"since"` // when it fell asleep
+	// HostBytes is the host RAM it holds (its weights at level 1; 0 at level 2
+	// or when the weight size is unknown).
+	HostBytes int64 `json:"hostBytes"`
+	PID       int   `json:"pid"`
+	Port      int   `json:"port"`
 }
 
 // GPUMemoryStat is one GPU's memory, when known.
@@ -62,7 +67,7 @@ func (p *Pool) Status() Status {
 		Waiting:   waiting,
 		Gate:      "open",
 		Since:     p.since,
-		Sleeping:  []SleepStatus{},
+		Sleeping:  p.sleepStatusLocked(),
 		GPUMemory: []GPUMemoryStat{},
 	}
 	if t := s.Target(); t != "" {

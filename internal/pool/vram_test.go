@@ -39,7 +39,7 @@ type exitObserver struct {
 	notReleased int
 }
 
-func (o *exitObserver) Swap(string, string, string, string, map[string]time.Duration) {}
+func (o *exitObserver) Swap(string, string, string, string, string, map[string]time.Duration) {}
 
 func (o *exitObserver) EngineExit(_, profile, reason string) {
 	o.mu.Lock()
@@ -65,7 +65,7 @@ func startSleeper(t *testing.T, opts Options) (*Pool, *engine) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, opts)
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -155,6 +155,7 @@ const (
 	kPools
 	kDefaults
 	kProfiles
+	kSleep
 )
 
 var kindNames = [...]string{
@@ -168,12 +169,13 @@ var kindNames = [...]string{
 	kPools:    "array",
 	kDefaults: "object",
 	kProfiles: "array",
+	kSleep:    "object",
 }
 
 // jsonKinds is the node kind each kind decodes from.
 var jsonKinds = [...]byte{
 	kString: 's', kInt: 'n', kDuration: 's', kStrings: '[', kInts: '[', kEnv: '{',
-	kConfig: '{', kPools: '[', kDefaults: '{', kProfiles: '[',
+	kConfig: '{', kPools: '[', kDefaults: '{', kProfiles: '[', kSleep: '{',
 }
 
 type field struct {
@@ -187,17 +189,21 @@ var (
 	poolFields   = []field{
 		{"name", kString}, {"gpus", kInts}, {"default", kString},
 		{"minResidency", kDuration}, {"maxQueue", kInt}, {"maxQueueWait", kDuration},
+		{"maxSleeping", kInt},
 	}
 	defaultsFields = []field{
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"env", kEnv},
 		{"minResidency", kDuration}, {"maxQueue", kInt}, {"maxQueueWait", kDuration},
+		{"sleepMemoryBudget", kInt},
 	}
 	profileFields = []field{
 		{"id", kString}, {"aliases", kStrings}, {"model", kString}, {"pools", kStrings},
 		{"maxModelLen", kInt}, {"args", kStrings}, {"env", kEnv}, {"command", kStrings},
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"priority", kInt},
 		{"minResidency", kDuration}, {"maxQueueWait", kDuration},
+		{"sleep", kSleep}, {"weightBytes", kInt},
 	}
+	sleepFields = []field{{"level", kInt}}
 )
 
 // checkValue appends to errs, in document order, every reason n would not decode
@@ -240,6 +246,8 @@ func checkValue(n *node, k kind, path string, errs *[]error) {
 		checkObject(n, configFields, path, errs)
 	case kDefaults:
 		checkObject(n, defaultsFields, path, errs)
+	case kSleep:
+		checkObject(n, sleepFields, path, errs)
 	case kPools, kProfiles:
 		section, fields, nameKey := "pools", poolFields, "name"
 		if k == kProfiles {

@@ -7,18 +7,25 @@ import (
 	"strings"
 )
 
+// DevModeEnv is the environment variable that makes vLLM serve its
+// development endpoints, sleep mode's among them.
+const DevModeEnv = "VLLM_SERVER_DEV_MODE"
+
 // Argv returns the command line that serves p on 127.0.0.1:port on pool; self is
 // this daemon's own executable.
 //
 // Without a Command it is
 //
 //	vllm serve <model> --host 127.0.0.1 --port <port> --served-model-name <id>
-//		[--max-model-len N] [--tensor-parallel-size len(pool.GPUs)] <args…>
+//		[--max-model-len N] [--tensor-parallel-size len(pool.GPUs)]
+//		[--enable-sleep-mode] <args…>
 //
-// where --max-model-len is given when MaxModelLen is positive and
-// --tensor-parallel-size when pool is not nil and Args do not set it (or -tp).
+// where --max-model-len is given when MaxModelLen is positive,
+// --tensor-parallel-size when pool is not nil and Args do not set it (or -tp),
+// and --enable-sleep-mode when Sleep is set and Args do not set it.
 // With a Command, Args and MaxModelLen are unused and {port}, {model}, {id} and
-// {poold} are replaced anywhere inside each argument of Command.
+// {poold} are replaced anywhere inside each argument of Command; a command
+// with Sleep set must pass --enable-sleep-mode itself.
 func (p *Profile) Argv(port int, pool *PoolSpec, self string) []string {
 	portStr := strconv.Itoa(port)
 	if p.Command != nil {
@@ -35,6 +42,9 @@ func (p *Profile) Argv(port int, pool *PoolSpec, self string) []string {
 	}
 	if pool != nil && len(pool.GPUs) > 0 && !hasFlag(p.Args, "--tensor-parallel-size", "-tp") {
 		argv = append(argv, "--tensor-parallel-size", strconv.Itoa(len(pool.GPUs)))
+	}
+	if p.Sleep != nil && !hasFlag(p.Args, "--enable-sleep-mode") {
+		argv = append(argv, "--enable-sleep-mode")
 	}
 	return append(argv, p.Args...)
 }
@@ -53,14 +63,24 @@ func hasFlag(args []string, flags ...string) bool {
 
 // Environ returns p's environment as "KEY=value" pairs sorted by key, followed by
 // CUDA_VISIBLE_DEVICES listing pool's GPUs (which replaces any in Env) when pool is
-// not nil. It is meant to be appended to os.Environ(), so that its values win.
+// not nil. With Sleep set, VLLM_SERVER_DEV_MODE=1 (which vLLM needs to serve its
+// sleep endpoints) replaces any in Env. It is meant to be appended to os.Environ(),
+// so that its values win.
 func (p *Profile) Environ(pool *PoolSpec) []string {
-	env := make([]string, 0, len(p.Env)+1)
-	for _, k := range slices.Sorted(maps.Keys(p.Env)) {
+	vars := p.Env
+	if p.Sleep != nil {
+		vars = maps.Clone(p.Env)
+		if vars == nil {
+			vars = make(map[string]string, 1)
+		}
+		vars[DevModeEnv] = "1"
+	}
+	env := make([]string, 0, len(vars)+1)
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
 		if k == "CUDA_VISIBLE_DEVICES" && pool != nil {
 			continue
 		}
-		env = append(env, k+"="+p.Env[k])
+		env = append(env, k+"="+vars[k])
 	}
 	if pool != nil {
 		gpus := make([]string, len(pool.GPUs))

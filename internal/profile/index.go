@@ -18,6 +18,9 @@ func (c *Config) applyDefaults() {
 		if p.MaxQueue == 0 {
 			p.MaxQueue = DefaultMaxQueue
 		}
+		if p.MaxSleeping == 0 {
+			p.MaxSleeping = DefaultMaxSleeping
+		}
 	}
 	for _, p := range c.Profiles {
 		p.StartupTimeout = p.StartupTimeout.or(d.StartupTimeout, DefaultStartupTimeout)
@@ -101,7 +104,9 @@ func (p *Profile) Equal(q *Profile) bool {
 		p.StopTimeout.Duration == q.StopTimeout.Duration &&
 		p.Priority == q.Priority &&
 		sameOverride(p.MinResidency, q.MinResidency) &&
-		sameOverride(p.MaxQueueWait, q.MaxQueueWait)
+		sameOverride(p.MaxQueueWait, q.MaxQueueWait) &&
+		p.SleepLevel() == q.SleepLevel() &&
+		p.WeightBytes == q.WeightBytes
 }
 
 // sameOverride compares two optional settings: both unset, or both set to the
@@ -111,10 +116,16 @@ func sameOverride(a, b Duration) bool {
 }
 
 // Residency is how long p keeps pool once loaded: p's own minResidency when
-// set, else the pool's. The second result reports whether p sets its own.
+// set, else for a sleep-enabled profile the pool's capped at
+// DefaultSleepMinResidency (a wake is cheap), else the pool's. The second
+// result reports whether it differs from the pool's own rule: p sets its own
+// or sleeps.
 func (p *Profile) Residency(pool *PoolSpec) (time.Duration, bool) {
-	if !p.MinResidency.IsZero() {
+	switch {
+	case !p.MinResidency.IsZero():
 		return p.MinResidency.Duration, true
+	case p.Sleep != nil:
+		return min(pool.MinResidency.Duration, DefaultSleepMinResidency), true
 	}
 	return pool.MinResidency.Duration, false
 }

@@ -14,6 +14,13 @@ const (
 	DefaultMinResidency   = 30 * time.Second
 	DefaultMaxQueue       = 256
 	DefaultMaxQueueWait   = 10 * time.Minute
+	// DefaultMaxSleeping is how many sleeping engines a pool keeps when its
+	// maxSleeping is unset (docs/sleep-mode.md).
+	DefaultMaxSleeping = 1
+	// DefaultSleepMinResidency caps the minResidency of a sleep-enabled profile
+	// that sets none of its own: about one level-1 wake of a large model
+	// (3–6 s on an A100), as the 30 s default is about one cold start.
+	DefaultSleepMinResidency = 5 * time.Second
 )
 
 // Config is one decoded, defaulted and validated profiles file. It is immutable once
@@ -44,6 +51,9 @@ type PoolSpec struct {
 	MaxQueue int `json:"maxQueue,omitempty"`
 	// MaxQueueWait bounds how long one request waits; zero means DefaultMaxQueueWait.
 	MaxQueueWait Duration `json:"maxQueueWait,omitzero"`
+	// MaxSleeping bounds the sleeping engines the pool keeps besides its awake
+	// one; zero means DefaultMaxSleeping.
+	MaxSleeping int `json:"maxSleeping,omitempty"`
 }
 
 // Defaults are applied to every profile that leaves the field unset.
@@ -54,6 +64,11 @@ type Defaults struct {
 	MinResidency   Duration          `json:"minResidency,omitzero"`
 	MaxQueue       int               `json:"maxQueue,omitempty"`
 	MaxQueueWait   Duration          `json:"maxQueueWait,omitzero"`
+	// SleepMemoryBudget bounds, in bytes, the host RAM that the sleeping
+	// engines of all pools hold (level 1 keeps a model's weights in host RAM);
+	// zero means no bound besides each pool's maxSleeping. It is a host
+	// setting, not a profile default.
+	SleepMemoryBudget int64 `json:"sleepMemoryBudget,omitempty"`
 }
 
 // Profile says how to serve one model.
@@ -84,6 +99,29 @@ type Profile struct {
 	// this profile (a big model's cold load can outlast the pool's bound); unset
 	// means the pool's.
 	MaxQueueWait Duration `json:"maxQueueWait,omitzero"`
+	// Sleep, when set, puts the engine to sleep instead of stopping it when the
+	// pool swaps to another profile, and wakes it when the profile is wanted
+	// again (docs/sleep-mode.md); nil means a full stop.
+	Sleep *Sleep `json:"sleep,omitempty"`
+	// WeightBytes is the size of the model's weights, which a level-1 sleeper
+	// holds in host RAM; zero means estimated from the size of the model
+	// directory where it is readable (unknown otherwise).
+	WeightBytes int64 `json:"weightBytes,omitempty"`
+}
+
+// Sleep is a profile's sleep-mode setting.
+type Sleep struct {
+	// Level is vLLM's sleep level: 1 offloads the weights to host RAM and drops
+	// the KV cache, 2 drops both (the wake reloads the weights from disk).
+	Level int `json:"level"`
+}
+
+// SleepLevel is p's sleep level, 0 when sleep mode is off.
+func (p *Profile) SleepLevel() int {
+	if p.Sleep == nil {
+		return 0
+	}
+	return p.Sleep.Level
 }
 
 // Duration is a time.Duration written in JSON as a Go duration string ("90s", "30m").

@@ -93,8 +93,9 @@ func (c *Config) validatePools(byName map[string]int) []error {
 			}
 		}
 		v.duration("minResidency", p.MinResidency)
-		v.nonNegative("maxQueue", p.MaxQueue)
+		v.nonNegative("maxQueue", int64(p.MaxQueue))
 		v.duration("maxQueueWait", p.MaxQueueWait)
+		v.nonNegative("maxSleeping", int64(p.MaxSleeping))
 	}
 	return v.errs
 }
@@ -105,8 +106,9 @@ func (d *Defaults) validate() []error {
 	v.duration("stopTimeout", d.StopTimeout)
 	v.env(d.Env)
 	v.duration("minResidency", d.MinResidency)
-	v.nonNegative("maxQueue", d.MaxQueue)
+	v.nonNegative("maxQueue", int64(d.MaxQueue))
 	v.duration("maxQueueWait", d.MaxQueueWait)
+	v.nonNegative("sleepMemoryBudget", d.SleepMemoryBudget)
 	return v.errs
 }
 
@@ -147,7 +149,7 @@ func (c *Config) validateProfiles(poolNames map[string]bool, byName map[string]i
 				v.add(fmt.Sprintf("pools[%d] %q", j, pool), "no such pool")
 			}
 		}
-		v.nonNegative("maxModelLen", p.MaxModelLen)
+		v.nonNegative("maxModelLen", int64(p.MaxModelLen))
 		v.env(p.Env)
 		if p.Command != nil {
 			switch {
@@ -163,6 +165,10 @@ func (c *Config) validateProfiles(poolNames map[string]bool, byName map[string]i
 		v.duration("stopTimeout", p.StopTimeout)
 		v.duration("minResidency", p.MinResidency)
 		v.duration("maxQueueWait", p.MaxQueueWait)
+		if p.Sleep != nil && p.Sleep.Level != 1 && p.Sleep.Level != 2 {
+			v.add("sleep: level", "must be 1 or 2, not %d", p.Sleep.Level)
+		}
+		v.nonNegative("weightBytes", p.WeightBytes)
 	}
 	return v.errs
 }
@@ -184,7 +190,7 @@ func (v *checker) duration(field string, d Duration) {
 	}
 }
 
-func (v *checker) nonNegative(field string, n int) {
+func (v *checker) nonNegative(field string, n int64) {
 	if n < 0 {
 		v.add(field, "%d is negative", n)
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"net/http"
+	"net/http/httputil"
 	"time"
 )
 
@@ -35,3 +36,7 @@ func WriteUnavailable(w http.ResponseWriter, code, msg string, retry time.Durati
 func NewSSEPassthrough(src io.ReadCloser, onFirst func()) io.ReadCloser {
 	return newSSEReader(src, false, onFirst)
 }
+
+// NewBufferPool returns the small, pooled copy buffers poold's ReverseProxy
+// uses, for another ReverseProxy (httputil.BufferPool).
+func NewBufferPool() httputil.BufferPool { return new(bufferPool) }

@@ -59,9 +59,11 @@ func newSSEReader(src io.ReadCloser, withhold bool, onFirst func()) *sseReader {
 
 func (s *sseReader) Read(p []byte) (int, error) {
 	for s.off == s.ready {
-		// Everything complete was returned: keep only the incomplete rest.
-		s.buf = s.buf[:copy(s.buf, s.buf[s.off:])]
-		s.off, s.ready = 0, 0
+		if s.off > 0 {
+			// Everything complete was returned: keep only the incomplete rest.
+			s.buf = s.buf[:copy(s.buf, s.buf[s.off:])]
+			s.off, s.ready = 0, 0
+		}
 		if s.err != nil {
 			if len(s.buf) > 0 && s.err == io.EOF {
 				// A last event without its blank line: pass it on as it is,

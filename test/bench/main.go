@@ -27,6 +27,8 @@ type options struct {
 	dur4b     time.Duration // length of one side of one round of workload 4b
 	streams4b int           // concurrent streams of workload 4b
 	swaps     int           // swaps timed in workload 5
+	swaps5w   int           // swaps of each kind (cold, wake) timed in workload 5w
+	load5w    time.Duration // workload 5w's simulated cold load; a wake takes a fifteenth
 	requests6 int           // requests before the RSS figure of workload 6
 	idle6     int           // concurrent slow streams of workload 6
 	scale     bool          // run workload 7's Go benchmarks
@@ -35,13 +37,13 @@ type options struct {
 
 func defaults() options {
 	return options{rounds: 5, dur: 2 * time.Second, dur4b: 3 * time.Second, streams4b: 1000,
-		swaps: 10, requests6: 100_000, idle6: 5000, scale: true}
+		swaps: 10, swaps5w: 5, load5w: 3 * time.Second, requests6: 100_000, idle6: 5000, scale: true}
 }
 
 // smoke is a run of a few seconds that checks correctness, not speed.
 func smoke() options {
 	return options{rounds: 1, dur: 150 * time.Millisecond, dur4b: 300 * time.Millisecond, streams4b: 20,
-		swaps: 1, requests6: 200, idle6: 20, scale: false}
+		swaps: 1, swaps5w: 1, load5w: 150 * time.Millisecond, requests6: 200, idle6: 20, scale: false}
 }
 
 func main() {
@@ -55,7 +57,7 @@ func main() {
 	flag.IntVar(&o.requests6, "requests", o.requests6, "requests before workload 6's RSS figure")
 	flag.IntVar(&o.idle6, "idle-streams", o.idle6, "concurrent slow streams of workload 6")
 	flag.BoolVar(&o.scale, "scale", o.scale, "run workload 7 (go test -bench in internal/pool and internal/profile)")
-	flag.StringVar(&o.only, "only", "", "run only these workloads, comma-separated (1,2,3,4,4b,5,6,7)")
+	flag.StringVar(&o.only, "only", "", "run only these workloads, comma-separated (1,1f,2,2m,3,4,4b,5,5w,6,7)")
 	flag.Parse()
 	if *isSmoke {
 		only := o.only

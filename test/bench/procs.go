@@ -67,8 +67,9 @@ func startEngine(dir, bin, model string, flags ...string) (*proc, error) {
 	return p, nil
 }
 
-// startPoold runs poold on profiles on a free port, with its own state directory.
-func startPoold(dir, name, bin string, profiles []byte) (*proc, error) {
+// startPoold runs poold on profiles on a free port, with its own state
+// directory and any further flags.
+func startPoold(dir, name, bin string, profiles []byte, flags ...string) (*proc, error) {
 	path := filepath.Join(dir, name+"-profiles.json")
 	if err := os.WriteFile(path, profiles, 0o644); err != nil {
 		return nil, fmt.Errorf("writing profiles: %w", err)
@@ -78,8 +79,32 @@ func startPoold(dir, name, bin string, profiles []byte) (*proc, error) {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	p, err := start(dir, name, bin, "serve", "--listen", addr, "--profiles", path, "--log-level", "warn",
-		"--state-dir", filepath.Join(dir, name+"-state"))
+	args := append([]string{"serve", "--listen", addr, "--profiles", path, "--log-level", "warn",
+		"--state-dir", filepath.Join(dir, name+"-state")}, flags...)
+	p, err := start(dir, name, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	p.base = "http://" + addr
+	return p, nil
+}
+
+// startFleetd runs fleetd on a free port in front of one poold host.
+func startFleetd(dir, bin, pooldBase string) (*proc, error) {
+	hosts, err := json.Marshal(map[string]any{"hosts": []map[string]string{{"name": "poold", "url": pooldBase}}})
+	if err != nil {
+		return nil, fmt.Errorf("rendering the hosts file: %w", err)
+	}
+	path := filepath.Join(dir, "fleetd-hosts.json")
+	if err := os.WriteFile(path, hosts, 0o644); err != nil {
+		return nil, fmt.Errorf("writing the hosts file: %w", err)
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	p, err := start(dir, "fleetd", bin, "--listen", addr, "--hosts", path, "--log-level", "warn")
 	if err != nil {
 		return nil, err
 	}

@@ -76,19 +76,21 @@ func (r *report) print(w io.Writer) {
 
 // bench is one run's processes and clients.
 type bench struct {
-	o      options
-	dir    string
-	bin    string
-	logw   io.Writer
-	rep    *report
-	direct map[string]*proc // engines started directly, by model
-	poold  *proc
-	dc, pc *http.Client // direct and poold clients
+	o        options
+	dir      string
+	bin      string // poold
+	fleetBin string // fleetd
+	logw     io.Writer
+	rep      *report
+	direct   map[string]*proc // engines started directly, by model
+	poold    *proc
+	dc, pc   *http.Client // direct and poold clients
 }
 
-// side is one of the two ways a workload runs.
+// side is one of the ways a workload runs: directly, through poold, through
+// fleetd → poold, or through poold with its request metrics off.
 type side struct {
-	name   string // "direct" or "poold"
+	name   string // "direct", "poold", "fleetd", "metrics on" or "metrics off"
 	base   string
 	client *http.Client
 }
@@ -108,12 +110,14 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 		}
 		os.RemoveAll(dir)
 	}()
-	b := &bench{o: o, dir: dir, bin: filepath.Join(dir, "poold"), logw: logw, rep: &report{}, direct: map[string]*proc{}}
-	logf(logw, "building poold")
-	build := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "github.com/poold/poold/cmd/poold")
+	b := &bench{o: o, dir: dir, bin: filepath.Join(dir, "poold"), fleetBin: filepath.Join(dir, "fleetd"),
+		logw: logw, rep: &report{}, direct: map[string]*proc{}}
+	logf(logw, "building poold and fleetd")
+	build := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator),
+		"github.com/poold/poold/cmd/poold", "github.com/poold/poold/cmd/fleetd")
 	build.Stdout, build.Stderr = logw, logw
 	if err := build.Run(); err != nil {
-		return nil, fmt.Errorf("building poold: %w", err)
+		return nil, fmt.Errorf("building poold and fleetd: %w", err)
 	}
 	defer b.stopAll()
 	if err := b.startAll(ctx); err != nil {
@@ -125,11 +129,14 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 		f        func(context.Context) error
 	}{
 		{"1", "non-streaming, concurrency 1", b.w1},
+		{"1f", "concurrency 1 through fleetd → poold", b.w1f},
 		{"2", "non-streaming, concurrency 16", b.w2},
+		{"2m", "non-streaming, concurrency 16, poold's request metrics on and off", b.w2m},
 		{"3", "streaming 64 tokens, concurrency 16", b.w3},
 		{"4", "streaming 256 tokens, concurrency 256", b.w4},
 		{"4b", "concurrent slow streams", b.w4b},
 		{"5", "swap overhead", b.w5},
+		{"5w", "swap time cold vs wake (sleep mode)", b.w5w},
 		{"6", "memory", b.w6},
 		{"7", "scale", b.w7},
 	}
@@ -227,20 +234,28 @@ func (b *bench) stopAll() {
 // alternate runs f once per side per round, swapping which side goes first
 // each round, and returns each side's results in round order.
 func (b *bench) alternate(ctx context.Context, model string, f func(s side) (result, error)) (direct, poold []result, err error) {
-	d := side{"direct", b.direct[model].base, b.dc}
-	p := side{"poold", b.poold.base, b.pc}
+	rs, err := b.rotate(ctx, []side{{"direct", b.direct[model].base, b.dc}, {"poold", b.poold.base, b.pc}}, f)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rs[0], rs[1], nil
+}
+
+// rotate runs f once per side per round, the first side of round r being
+// sides[r % len(sides)], and returns each side's results in round order,
+// indexed like sides.
+func (b *bench) rotate(ctx context.Context, sides []side, f func(s side) (result, error)) ([][]result, error) {
+	out := make([][]result, len(sides))
 	for r := range b.o.rounds {
-		order := []side{d, p}
-		if r%2 == 1 {
-			order = []side{p, d}
-		}
-		for _, s := range order {
+		for k := range sides {
+			i := (r + k) % len(sides)
+			s := sides[i]
 			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
+				return nil, ctx.Err()
 			}
 			res, err := f(s)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s round %d: %w", s.name, r+1, err)
+				return nil, fmt.Errorf("%s round %d: %w", s.name, r+1, err)
 			}
 			if res.errs > 0 {
 				b.rep.problem("%s round %d: %d of %d requests failed; first: %v", s.name, r+1, res.errs, res.n, res.firstErr)
@@ -248,16 +263,12 @@ func (b *bench) alternate(ctx context.Context, model string, f func(s side) (res
 			logf(b.logw, "  round %d %-6s: %d requests, %d errors, latency p50 %v, TTFB p50 %v p99 %v, %.0f chunks/s",
 				r+1, s.name, res.n, res.errs, quantile(res.lat, .5), quantile(res.ttfb, .5), quantile(res.ttfb, .99), chunkRate(&res))
 			if res.n == res.errs {
-				return nil, nil, fmt.Errorf("%s round %d: no request succeeded", s.name, r+1)
+				return nil, fmt.Errorf("%s round %d: no request succeeded", s.name, r+1)
 			}
-			if s.name == "direct" {
-				direct = append(direct, res)
-			} else {
-				poold = append(poold, res)
-			}
+			out[i] = append(out[i], res)
 		}
 	}
-	return direct, poold, nil
+	return out, nil
 }
 
 // med is the median of f over rs.

@@ -311,7 +311,7 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 	for _, s := range series(mfs, "poold_swap_duration_seconds") {
 		phases[s] = true
 	}
-	for _, want := range []string{`{phase="stop",pool="p0"} 1`, `{phase="start",pool="p0"} 2`, `{phase="ready",pool="p0"} 2`, `{phase="start",pool="p1"} 1`} {
+	for _, want := range []string{`{kind="cold",phase="stop",pool="p0"} 1`, `{kind="cold",phase="start",pool="p0"} 2`, `{kind="cold",phase="ready",pool="p0"} 2`, `{kind="cold",phase="start",pool="p1"} 1`} {
 		if !phases[want] {
 			t.Errorf("poold_swap_duration_seconds lacks %s: %v", want, phases)
 		}
