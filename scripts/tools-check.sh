@@ -30,3 +30,7 @@ if command -v systemd-analyze >/dev/null; then
 else
   missing systemd-analyze "apt-get install systemd"
 fi
+
+# Known vulnerabilities: govulncheck against a database built from the
+# golang.org/x/vulndb module (needs only Go and the module proxy).
+./scripts/vulncheck.sh

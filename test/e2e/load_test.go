@@ -297,10 +297,13 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	first, last := samples[1], samples[len(samples)-1]
+	// Goroutines and fds follow the keep-alive connections left idle (from the
+	// clients, and to each engine alive, up to one per client), which come and
+	// go with the swaps; a leak instead grows with the ~6×10^4 requests of each
+	// round. Heap is bounded relative to round 2.
+	slack := map[string]float64{"go_goroutines": 4 * clients, "process_open_fds": 2 * clients}
 	for _, name := range names {
-		// Goroutines and fds follow the connections in use; heap is noisy. A
-		// leak grows with the ~10^5 requests of each round.
-		limit := first[name]*1.25 + 50
+		limit := first[name]*1.25 + 50 + slack[name]
 		if last[name] > limit {
 			t.Errorf("%s grew from %v (round 2) to %v (round %d)", name, first[name], last[name], rounds)
 		}
