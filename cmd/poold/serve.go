@@ -66,6 +66,8 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	gpus, closeGPUs := gpu.Open(log.With("component", "gpu"))
 	defer closeGPUs()
 	reg.MustRegister(metrics.GPUCollector(gpus))
+	// With NVML, the pools check that stopped and sleeping engines release
+	// their GPU memory, and evict sleepers when a start would not fit.
 	var vram pool.VRAM
 	if ok, _ := gpus.Available(); ok {
 		vram = &gpu.Releaser{Provider: gpus, Timeout: s.VRAMReleaseTimeout}

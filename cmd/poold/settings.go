@@ -45,7 +45,7 @@ type settings struct {
 	// Clients classifies requests for the client label; built from the settings
 	// file's `clients` section (nil when it has none).
 	Clients *metrics.Clients
-	// VRAMReleaseTimeout bounds the wait for a stopped engine's GPU memory.
+	// VRAMReleaseTimeout bounds the wait for a stopped or sleeping engine's GPU memory.
 	VRAMReleaseTimeout time.Duration
 	// StateDir holds the engines file and the lock (crash clean-up).
 	StateDir string
@@ -88,7 +88,7 @@ func loadSettings(args []string) (settings, error) {
 	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
 	fl.String("admin-token-file", "", "file holding the admin token")
 	fl.String("access-log", "stdout", "where the JSON access log goes: stdout, stderr or a file path")
-	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped engine's GPU memory to be released (with NVML)")
+	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")

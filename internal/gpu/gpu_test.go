@@ -114,3 +114,47 @@ func TestReleaseReportsUnreadableGPUs(t *testing.T) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
 }
+
+func TestWatchSleepNeedsOnlyTheMemoryToDrop(t *testing.T) {
+	engine := Process{PID: 100, UsedBytes: 40 * gib}
+	f := &fakeProvider{reads: [][]Device{
+		{dev(0, 41*gib, engine)},                                         // before the sleep
+		{dev(0, 30*gib, Process{PID: 100, UsedBytes: 29 * gib})},         // offloading
+		{dev(0, 1*gib+512<<20, Process{PID: 100, UsedBytes: 512 << 20})}, // asleep: CUDA context left
+	}}
+	r := &Releaser{Provider: f, Timeout: time.Minute}
+	if err := r.WatchSleep([]int{0}, []int{100})(); err != nil {
+		t.Fatalf("sleep check: %v", err)
+	}
+	if f.calls != 3 {
+		t.Fatalf("passed after %d readings, want 3", f.calls)
+	}
+}
+
+func TestWatchSleepTimeoutWhenMemoryStays(t *testing.T) {
+	f := &fakeProvider{reads: [][]Device{
+		{dev(0, 41*gib, Process{PID: 100, UsedBytes: 40 * gib})},
+		{dev(0, 35*gib, Process{PID: 100, UsedBytes: 34 * gib})}, // expandable_segments: little released
+	}}
+	r := &Releaser{Provider: f, Timeout: 30 * time.Millisecond}
+	var nr *NotReleasedError
+	if err := r.WatchSleep([]int{0}, []int{100})(); !errors.As(err, &nr) || len(nr.Holders[0]) != 1 {
+		t.Fatalf("err = %v, want *NotReleasedError naming gpu 0", err)
+	}
+}
+
+func TestFreeSumsThePoolsGPUs(t *testing.T) {
+	f := &fakeProvider{reads: [][]Device{{dev(0, 70*gib), dev(1, 10*gib), dev(2, 80*gib)}}}
+	r := &Releaser{Provider: f}
+	free, total, err := r.Free([]int{0, 1})
+	if err != nil || free != 80*gib || total != 160*gib {
+		t.Fatalf("Free = %d, %d, %v; want %d, %d, nil", free, total, err, 80*gib, 160*gib)
+	}
+	if _, _, err := r.Free([]int{5}); err == nil {
+		t.Fatal("Free of a GPU no device has: no error")
+	}
+	r = &Releaser{Provider: Unavailable{Reason: "no driver"}}
+	if _, _, err := r.Free([]int{0}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Free without NVML: %v, want ErrUnavailable", err)
+	}
+}

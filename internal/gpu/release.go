@@ -10,8 +10,10 @@ import (
 const DefaultReleaseTimeout = 30 * time.Second
 
 // Releaser checks, after an engine's process group is gone, that the pool's
-// GPUs released its memory (DESIGN.md §4.2). It implements pool.VRAM.
-// A zero Timeout means DefaultReleaseTimeout.
+// GPUs released its memory (DESIGN.md §4.2), checks the same after an engine
+// is put to sleep, and reads free memory. It implements pool.VRAM; with the
+// Unavailable provider every read fails with ErrUnavailable. A zero Timeout
+// means DefaultReleaseTimeout.
 type Releaser struct {
 	Provider Provider
 	Timeout  time.Duration
@@ -25,9 +27,23 @@ type Releaser struct {
 // *NotReleasedError naming every pid still listed there. An engine that held
 // nothing NVML could see is released as soon as its pids are gone.
 func (r *Releaser) Watch(gpus []int, pids []int) func() error {
+	return r.watch(gpus, pids, true)
+}
+
+// WatchSleep is Watch for an engine put to sleep, whose processes stay listed:
+// the returned function, called once the engine sleeps, polls until each GPU's
+// used memory has dropped by at least half of what pids held, or the timeout
+// passes. An engine that held nothing NVML could see passes at once.
+func (r *Releaser) WatchSleep(gpus []int, pids []int) func() error {
+	return r.watch(gpus, pids, false)
+}
+
+// watch implements Watch and, with gone false (the pids need not leave the
+// GPUs), WatchSleep.
+func (r *Releaser) watch(gpus []int, pids []int, gone bool) func() error {
 	devs, err := r.Provider.Devices()
 	if err != nil {
-		return func() error { return fmt.Errorf("reading gpus before the stop: %w", err) }
+		return func() error { return fmt.Errorf("reading gpus before the stop or sleep: %w", err) }
 	}
 	type before struct{ used, held uint64 }
 	was := make(map[int]before)
@@ -52,12 +68,12 @@ func (r *Releaser) Watch(gpus []int, pids []int) func() error {
 		for {
 			devs, err := r.Provider.Devices()
 			if err != nil {
-				return fmt.Errorf("reading gpus after the stop: %w", err)
+				return fmt.Errorf("reading gpus after the stop or sleep: %w", err)
 			}
 			holders := make(map[int][]int)
 			for _, d := range Select(devs, gpus) {
 				b := was[d.Index]
-				listed := slices.ContainsFunc(d.Processes, func(p Process) bool { return slices.Contains(engine, p.PID) })
+				listed := gone && slices.ContainsFunc(d.Processes, func(p Process) bool { return slices.Contains(engine, p.PID) })
 				if listed || (b.held > 0 && d.MemoryUsedBytes+b.held/2 > b.used) {
 					holders[d.Index] = pidsOf(d.Processes)
 				}
@@ -72,6 +88,24 @@ func (r *Releaser) Watch(gpus []int, pids []int) func() error {
 			interval = min(interval*2, 250*time.Millisecond)
 		}
 	}
+}
+
+// Free reads the free and total memory of the GPUs with the given indexes,
+// summed; it fails when none of them can be read.
+func (r *Releaser) Free(gpus []int) (free, total uint64, err error) {
+	devs, err := r.Provider.Devices()
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading gpus: %w", err)
+	}
+	sel := Select(devs, gpus)
+	if len(sel) == 0 {
+		return 0, 0, fmt.Errorf("reading gpus: none of %v found", gpus)
+	}
+	for _, d := range sel {
+		total += d.MemoryTotalBytes
+		free += d.MemoryTotalBytes - min(d.MemoryUsedBytes, d.MemoryTotalBytes)
+	}
+	return free, total, nil
 }
 
 func pidsOf(ps []Process) []int {

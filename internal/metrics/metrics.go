@@ -34,6 +34,7 @@ type Metrics struct {
 	engineStarts     *prometheus.CounterVec
 	engineExits      *prometheus.CounterVec
 	vramHeld         *prometheus.CounterVec
+	sleepVRAMHeld    *prometheus.CounterVec
 	reloadOK         prometheus.Gauge
 	reloadTime       prometheus.Gauge
 }
@@ -76,6 +77,9 @@ func New(reg prometheus.Registerer, pools func() []pool.Status, version, revisio
 		vramHeld: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_vram_not_released_total", Help: "Engine stops after which the pool's GPUs still held memory when the bounded VRAM check gave up.",
 		}, []string{"pool"}),
+		sleepVRAMHeld: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_sleep_vram_not_released_total", Help: "Engines put to sleep whose GPU memory did not drop within the bounded check; each was stopped instead of kept asleep.",
+		}, []string{"pool"}),
 		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "poold_config_last_reload_successful", Help: "1 if the last profiles load succeeded.",
 		}),
@@ -88,7 +92,7 @@ func New(reg prometheus.Registerer, pools func() []pool.Status, version, revisio
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
 	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.promptTokens, m.completionTokens,
-		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.reloadOK, m.reloadTime, build,
+		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.reloadOK, m.reloadTime, build,
 		&poolCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -128,6 +132,11 @@ func (m *Metrics) EngineExit(poolName, profile, reason string) {
 // VRAMNotReleased implements pool.Observer.
 func (m *Metrics) VRAMNotReleased(poolName string) {
 	m.vramHeld.WithLabelValues(poolName).Inc()
+}
+
+// SleepVRAMNotReleased implements pool.Observer.
+func (m *Metrics) SleepVRAMNotReleased(poolName string) {
+	m.sleepVRAMHeld.WithLabelValues(poolName).Inc()
 }
 
 // Record is everything known about one finished request. It feeds the request

@@ -46,6 +46,7 @@ func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics)
 	m.Swap("gpu0", "qwen", "llama", pool.KindWake, "ok", map[string]time.Duration{"drain": time.Second, "sleep": time.Second, "wake": 200 * time.Millisecond})
 	m.EngineExit("gpu0", "llama", "stopped")
 	m.VRAMNotReleased("gpu0")
+	m.SleepVRAMNotReleased("gpu0")
 	m.Observe(&Record{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
 		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second})
 	return reg, m
@@ -118,6 +119,9 @@ poold_sleeping_engines{pool="gpu0"} 1
 	}
 	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_vram_not_released_total"))); n != 1 {
 		t.Errorf("poold_vram_not_released_total = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_sleep_vram_not_released_total"))); n != 1 {
+		t.Errorf("poold_sleep_vram_not_released_total = %v, want 1", n)
 	}
 }
 

@@ -57,20 +57,36 @@ type Observer interface {
 	// VRAMNotReleased reports a stopped engine whose GPU memory was still held
 	// when the VRAM check gave up.
 	VRAMNotReleased(pool string)
+	// SleepVRAMNotReleased reports an engine put to sleep whose GPU memory did
+	// not drop; the pool stopped it instead of keeping it asleep.
+	SleepVRAMNotReleased(pool string)
 }
 
-// VRAM is the stop contract's last step: checking that a stopped engine's GPU
-// memory was released. Watch is called just before the stop, with the pool's
+// VRAM reads the pool's GPU memory (through NVML in poold).
+//
+// Watch is the stop contract's last step: checking that a stopped engine's GPU
+// memory was released. It is called just before the stop, with the pool's
 // GPUs and the live pids of the engine's process group; the function it
 // returns is called once the group is gone and blocks, for at most the
 // implementation's own bound, until the memory is released, or returns an
 // error naming the processes still holding it.
+//
+// WatchSleep is the same check for an engine put to sleep, whose processes
+// live on: called just before POST /sleep, its function is called once the
+// engine confirms it sleeps and blocks, for at most the same bound, until each
+// GPU's used memory fell by at least half of what those pids held, or returns
+// an error (also when the GPUs cannot be read).
+//
+// Free reads the free and total memory of the given GPUs, summed.
 type VRAM interface {
 	Watch(gpus []int, pids []int) (released func() error)
+	WatchSleep(gpus []int, pids []int) (released func() error)
+	Free(gpus []int) (free, total uint64, err error)
 }
 
 // Options configures a Pool. Self is poold's executable (for {poold} in engine
-// commands); Now defaults to time.Now; a nil VRAM skips the VRAM check (no NVML).
+// commands); Now defaults to time.Now; a nil VRAM skips the VRAM checks, of
+// stops and of sleeps, and the eviction of sleepers for GPU memory (no NVML).
 type Options struct {
 	Self     string
 	Logger   *slog.Logger
@@ -498,6 +514,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile) {
 		}
 	}
 
+	p.makeGPURoom(prof, spec.GPUs)
 	p.mu.Lock()
 	p.setStateLocked(StateStarting)
 	if sl != nil {

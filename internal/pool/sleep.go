@@ -194,12 +194,13 @@ func dirSize(dir string, max int) int64 {
 // of stopping it, and reports whether it did. It does when its profile (as
 // the pool serves it now, unchanged) enables sleep, room is made among the
 // pool's sleepers (maxSleeping, and the host's sleepMemoryBudget, evicting
-// the least recently used with a full stop), and the engine confirms it
-// sleeps. No lease is open: the pool drained it.
+// the least recently used with a full stop), the engine confirms it sleeps
+// and, with a VRAM check configured, the pool's GPU memory dropped. No lease
+// is open: the pool drained it.
 func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	p.mu.Lock()
 	prof := p.cfg.Lookup(old.profile.ID)
-	level, maxSleeping, budget := 0, p.spec.MaxSleeping, p.cfg.Defaults.SleepMemoryBudget
+	level, maxSleeping, budget, gpus := 0, p.spec.MaxSleeping, p.cfg.Defaults.SleepMemoryBudget, p.spec.GPUs
 	if !retired && p.servesLocked(old.profile.ID) && old.runs(prof, p.spec, p.opts.Self) {
 		level = prof.SleepLevel()
 	}
@@ -227,6 +228,10 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	p.mu.Lock()
 	p.setStateLocked(StateSleeping)
 	p.mu.Unlock()
+	var released func() error
+	if p.opts.VRAM != nil {
+		released = p.opts.VRAM.WatchSleep(gpus, groupMembers(old.pid))
+	}
 	sctx, cancel := context.WithTimeout(ctx, old.profile.StopTimeout.Duration)
 	err := old.sleep(sctx, level)
 	cancel()
@@ -234,6 +239,16 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 		p.opts.host.release(need)
 		p.log.Warn("putting engine to sleep failed; stopping it", "profile", old.profile.ID, "err", err)
 		return false
+	}
+	if released != nil {
+		if err := released(); err != nil { // a sleeper that frees nothing is worth nothing
+			p.opts.host.release(need)
+			p.log.Warn("sleeping engine's GPU memory not released; stopping it", "profile", old.profile.ID, "gpus", gpus, "err", err)
+			if p.opts.Observer != nil {
+				p.opts.Observer.SleepVRAMNotReleased(p.name)
+			}
+			return false
+		}
 	}
 	sl := &sleeper{eng: old, level: level, since: p.opts.Now(), hostBytes: need, gone: make(chan struct{})}
 	p.mu.Lock()
@@ -350,6 +365,37 @@ func (p *Pool) stopSleeper(sl *sleeper, why string) {
 		return
 	}
 	p.observeExit(e.profile.ID, reason)
+}
+
+// makeGPURoom runs before the pool wakes or starts an engine for prof. With a
+// VRAM check configured, it evicts the pool's sleepers, least recently used
+// first, while the pool's GPUs have less free memory than prof needs: its
+// weight size (weightBytes, declared or estimated), else, unknown, a tenth
+// of the GPUs' total memory. With none left to evict, or the GPUs unreadable,
+// the engine starts anyway: vLLM itself fails a start that does not fit.
+func (p *Pool) makeGPURoom(prof *profile.Profile, gpus []int) {
+	if p.opts.VRAM == nil {
+		return
+	}
+	weights := uint64(weightBytes(prof))
+	for {
+		free, total, err := p.opts.VRAM.Free(gpus)
+		if err != nil {
+			p.log.Warn("reading free GPU memory; evicting no sleeper", "profile", prof.ID, "gpus", gpus, "err", err)
+			return
+		}
+		need := weights
+		if need == 0 {
+			need = total / 10
+		}
+		if free >= need {
+			return
+		}
+		if !p.evictOldest(fmt.Sprintf("gpu memory: %d bytes free, %d needed", free, need)) {
+			p.log.Warn("too little free GPU memory and no sleeper to evict; starting anyway", "profile", prof.ID, "gpus", gpus, "free_bytes", free, "need_bytes", need)
+			return
+		}
+	}
 }
 
 // stopSleepers stops every sleeper, for shutdown.

@@ -24,15 +24,17 @@ func sleepProfile(id string, flags ...string) string {
 	return string(b)
 }
 
-// runSleepSet runs a Set for cfg with obs as its observer; the returned stop
-// ends it and waits for its pools to shut down (also run when the test ends).
-func runSleepSet(t *testing.T, cfg *profile.Config, obs Observer) (*Set, func()) {
+// runSleepSet runs a Set for cfg with opts, its Self set to the test binary
+// (the simulator); the returned stop ends it and waits for its pools to shut
+// down (also run when the test ends).
+func runSleepSet(t *testing.T, cfg *profile.Config, opts Options) (*Set, func()) {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewSet(cfg, Options{Self: self, Observer: obs})
+	opts.Self = self
+	s := NewSet(cfg, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.Run(ctx)
 	stop := func() {
@@ -100,7 +102,7 @@ const sleepPool = `{"name": "a", "gpus": [0], "default": "x"}`
 func TestSleeperThatExitsIsRemovedAndReaped(t *testing.T) {
 	cfg := reloadConfig(t, sleepPool, sleepProfile("x"), sleepProfile("y"))
 	obs := &exitObserver{}
-	s, _ := runSleepSet(t, cfg, obs)
+	s, _ := runSleepSet(t, cfg, Options{Observer: obs})
 	waitFor(t, s, "a", "x ready", readyWith("x"))
 	use(t, s, cfg, "y")
 	st := waitFor(t, s, "a", "x asleep", asleep("x"))
@@ -147,7 +149,7 @@ func TestApplyStopsStaleSleeper(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := reloadConfig(t, sleepPool, sleepProfile("x"), sleepProfile("y"))
-			s, _ := runSleepSet(t, cfg, nil)
+			s, _ := runSleepSet(t, cfg, Options{})
 			waitFor(t, s, "a", "x ready", readyWith("x"))
 			use(t, s, cfg, "y")
 			st := waitFor(t, s, "a", "x asleep", asleep("x"))
@@ -170,7 +172,7 @@ func TestApplyStopsStaleSleeper(t *testing.T) {
 
 func TestApplyKeepsUnchangedSleeper(t *testing.T) {
 	cfg := reloadConfig(t, sleepPool, sleepProfile("x"), sleepProfile("y"))
-	s, _ := runSleepSet(t, cfg, nil)
+	s, _ := runSleepSet(t, cfg, Options{})
 	waitFor(t, s, "a", "x ready", readyWith("x"))
 	use(t, s, cfg, "y")
 	pid := sleeperPID(t, waitFor(t, s, "a", "x asleep", asleep("x")), "x")
@@ -188,7 +190,7 @@ func TestApplyKeepsUnchangedSleeper(t *testing.T) {
 func TestShutdownStopsEverySleeper(t *testing.T) {
 	cfg := reloadConfig(t, `{"name": "a", "gpus": [0], "default": "x", "maxSleeping": 2}`,
 		sleepProfile("x"), sleepProfile("y"), sleepProfile("z"))
-	s, stop := runSleepSet(t, cfg, nil)
+	s, stop := runSleepSet(t, cfg, Options{})
 	waitFor(t, s, "a", "x ready", readyWith("x"))
 	use(t, s, cfg, "y")
 	use(t, s, cfg, "z")

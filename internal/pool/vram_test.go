@@ -10,14 +10,22 @@ import (
 	"github.com/poold/poold/internal/profile"
 )
 
-// fakeVRAM records what the pool asked it to watch and answers with err.
+// fakeVRAM records what the pool asked it to watch and answers with err; its
+// sleep check answers with sleepErr. Free serves scripted readings (setFree)
+// out of total, all free while none is scripted.
 type fakeVRAM struct {
-	err error
+	err, sleepErr error
+	total         uint64
 
-	mu     sync.Mutex // guards gpus, pids and waited
-	gpus   []int
-	pids   []int
-	waited bool
+	mu          sync.Mutex // guards every field below
+	gpus        []int
+	pids        []int
+	waited      bool
+	sleepGPUs   []int
+	sleepPIDs   []int
+	sleepWaited int
+	free        []uint64 // the next readings; the last one is served forever after
+	freeCalls   int      // Free calls since the last setFree
 }
 
 func (f *fakeVRAM) Watch(gpus, pids []int) func() error {
@@ -32,11 +40,45 @@ func (f *fakeVRAM) Watch(gpus, pids []int) func() error {
 	}
 }
 
+func (f *fakeVRAM) WatchSleep(gpus, pids []int) func() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sleepGPUs, f.sleepPIDs = gpus, pids
+	return func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.sleepWaited++
+		return f.sleepErr
+	}
+}
+
+func (f *fakeVRAM) Free([]int) (free, total uint64, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.freeCalls++
+	if len(f.free) == 0 {
+		return f.total, f.total, nil
+	}
+	free = f.free[0]
+	if len(f.free) > 1 {
+		f.free = f.free[1:]
+	}
+	return free, f.total, nil
+}
+
+// setFree scripts the next Free readings and resets the call count.
+func (f *fakeVRAM) setFree(readings ...uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.free, f.freeCalls = readings, 0
+}
+
 // exitObserver counts the observer calls the stop makes.
 type exitObserver struct {
 	mu          sync.Mutex // guards the fields below
 	exits       []string
 	notReleased int
+	sleepHeld   int // SleepVRAMNotReleased calls
 }
 
 func (o *exitObserver) Swap(string, string, string, string, string, map[string]time.Duration) {}
@@ -51,6 +93,12 @@ func (o *exitObserver) VRAMNotReleased(string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.notReleased++
+}
+
+func (o *exitObserver) SleepVRAMNotReleased(string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.sleepHeld++
 }
 
 // startSleeper starts a real engine process (a shell that sleeps, with a child
