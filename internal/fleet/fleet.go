@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/poold/poold/internal/proxy"
@@ -54,6 +56,10 @@ type Fleet struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *Metrics // nil: none
+	// routing is a copy of hosts, replaced (never modified) each time hosts
+	// changes, so that requests read the membership without mu or a copy of
+	// their own; nil (no hosts) before the first change.
+	routing atomic.Pointer[map[string]*host]
 
 	mu sync.Mutex // guards every field below
 	// ctx is Run's context; nil before Run, which starts what Apply set up.
@@ -247,6 +253,8 @@ func (f *Fleet) reconcileLocked() {
 			f.stopLocked(h)
 		}
 	}
+	hosts := maps.Clone(f.hosts)
+	f.routing.Store(&hosts)
 }
 
 func (f *Fleet) startLocked(spec HostSpec, source string) {
@@ -270,15 +278,13 @@ func (f *Fleet) stopLocked(h *host) {
 	f.log.Info("host removed", "host", h.spec.Name)
 }
 
-// snapshot returns the current hosts.
+// snapshot returns the current hosts, in a map shared with every caller:
+// read it, never modify it.
 func (f *Fleet) snapshot() map[string]*host {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := make(map[string]*host, len(f.hosts))
-	for n, h := range f.hosts {
-		out[n] = h
+	if hosts := f.routing.Load(); hosts != nil {
+		return *hosts
 	}
-	return out
+	return nil
 }
 
 // views returns the routing input for model over the healthy hosts, and

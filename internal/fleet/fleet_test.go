@@ -38,7 +38,7 @@ type fakeHost struct {
 	auth      []string // Authorization of each POST
 }
 
-func newFakeHost(t *testing.T, name string, pools []pool.Status, models ...hostModel) *fakeHost {
+func newFakeHost(t testing.TB, name string, pools []pool.Status, models ...hostModel) *fakeHost {
 	t.Helper()
 	fh := &fakeHost{name: name, pools: pools, models: models}
 	fh.srv = httptest.NewServer(http.HandlerFunc(fh.serve))
@@ -105,14 +105,14 @@ func model(id, root string) hostModel { return hostModel{ID: id, Root: root, Sta
 
 // testFleet runs a fleet over hosts until the test ends, and serves its handler.
 type testFleet struct {
-	t       *testing.T
+	t       testing.TB
 	fleet   *Fleet
 	handler *Handler
 	srv     *httptest.Server
 	reg     *prometheus.Registry
 }
 
-func startFleet(t *testing.T, fo Options, ho HandlerOptions, hosts ...*fakeHost) *testFleet {
+func startFleet(t testing.TB, fo Options, ho HandlerOptions, hosts ...*fakeHost) *testFleet {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	fo.Metrics = NewMetrics(reg)

@@ -149,20 +149,22 @@ func (a *attempt) markFirst() {
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := h.fleet.opts.Now()
 	id := h.requestID(r)
-	log := []any{"requestId", id, "path", r.URL.Path}
+	log := make([]slog.Attr, 0, 12) // the access log line's attributes
+	log = append(log, slog.String("requestId", id), slog.String("path", r.URL.Path))
 	hostName, model, status := "none", "", 0
 	var cur *attempt // the attempt under way; a broken stream unwinds from it with a panic
 	defer func() {
 		if cur != nil {
 			hostName, status = cur.host.spec.Name, cur.status
-			log = append(log, "aborted", true) // the stream broke off after its first bytes
+			log = append(log, slog.Bool("aborted", true)) // the stream broke off after its first bytes
 		}
 		if status == 0 {
 			status = 499 // the client left before an answer
 		}
 		h.fleet.metrics.request(hostName, model, status)
 		if h.opts.AccessLog != nil {
-			h.opts.AccessLog.Info("request", append(log, "host", hostName, "status", status, "durationMs", h.fleet.opts.Now().Sub(start).Milliseconds())...)
+			log = append(log, slog.String("host", hostName), slog.Int("status", status), slog.Int64("durationMs", h.fleet.opts.Now().Sub(start).Milliseconds()))
+			h.opts.AccessLog.LogAttrs(r.Context(), slog.LevelInfo, "request", log...)
 		}
 	}()
 	fail := func(code int, errCode, param, msg string) {
@@ -190,7 +192,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusBadRequest, "invalid_body", param, err.Error())
 		return
 	}
-	log = append(log, "model", name, "stream", stream)
+	log = append(log, slog.String("model", name), slog.Bool("stream", stream))
 
 	hosts := h.fleet.snapshot()
 	views, known := h.fleet.views(hosts, name)
@@ -207,7 +209,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.fleet.metrics.decision(order[0].Reason)
-	log = append(log, "reason", order[0].Reason, "tier", order[0].Tier.String())
+	log = append(log, slog.String("reason", order[0].Reason), slog.String("tier", order[0].Tier.String()))
 	n := min(len(order), h.opts.MaxAttempts)
 	var tried []string
 	for i, c := range order[:n] {
@@ -221,7 +223,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		hostName, status = c.Host, a.status
 		if a.retry == "" {
 			if !a.first.IsZero() {
-				log = append(log, "ttfbMs", a.first.Sub(start).Milliseconds())
+				log = append(log, slog.Int64("ttfbMs", a.first.Sub(start).Milliseconds()))
 			}
 			break
 		}
@@ -229,7 +231,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		h.log.Info("retrying on the next host", "requestId", id, "host", c.Host, "cause", a.retry)
 	}
 	if len(tried) > 1 {
-		log = append(log, "tried", tried)
+		log = append(log, slog.Any("tried", tried))
 	}
 }
 
@@ -319,20 +321,13 @@ func (h *Handler) affinityKey(r *http.Request, body []byte) string {
 	if v := r.Header.Get(h.opts.AffinityHeader); v != "" {
 		return "session:" + v
 	}
-	var b struct {
-		Messages []struct {
-			Content json.RawMessage `json:"content"`
-		} `json:"messages"`
-		Prompt json.RawMessage `json:"prompt"`
-		Input  json.RawMessage `json:"input"`
-	}
-	_ = json.Unmarshal(body, &b) // a field of an unexpected shape leaves the key shorter
-	p := b.Input
-	switch {
-	case len(b.Messages) > 0:
-		p = b.Messages[0].Content
-	case len(b.Prompt) > 0:
-		p = b.Prompt
+	// The body is valid JSON (ParseRequest checked it): walk it rather than
+	// decode it, which would cost as much as the rest of the forward.
+	var p []byte
+	if first := proxy.FirstElement(proxy.Member(body, "messages")); first != nil {
+		p = proxy.Member(first, "content")
+	} else if p = proxy.Member(body, "prompt"); p == nil {
+		p = proxy.Member(body, "input")
 	}
 	return "prefix:" + string(p[:min(len(p), h.opts.AffinityBytes)])
 }
