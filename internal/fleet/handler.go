@@ -148,7 +148,7 @@ func (a *attempt) markFirst() {
 // the next best on a connect failure or a 503.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := h.fleet.opts.Now()
-	id := h.requestID(r)
+	id := proxy.RequestID(r, "fleetd", &h.seq)
 	log := make([]slog.Attr, 0, 12) // the access log line's attributes
 	log = append(log, slog.String("requestId", id), slog.String("path", r.URL.Path))
 	hostName, model, status := "none", "", 0
@@ -173,23 +173,10 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		proxy.WriteError(w, code, errCode, param, msg)
 	}
 
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			fail(http.StatusRequestEntityTooLarge, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", h.opts.MaxBodyBytes))
-			return
-		}
-		fail(http.StatusBadRequest, "invalid_body", "", "reading request body: "+err.Error())
-		return
-	}
-	name, stream, err := proxy.ParseRequest(body)
-	if err != nil {
-		param := ""
-		if strings.Contains(err.Error(), `"model"`) {
-			param = "model"
-		}
-		fail(http.StatusBadRequest, "invalid_body", param, err.Error())
+	w.Header().Set("X-Request-Id", id)
+	body, name, stream, code := proxy.ReadRequest(w, r, h.opts.MaxBodyBytes)
+	if code != 0 {
+		status = code
 		return
 	}
 	log = append(log, slog.String("model", name), slog.Bool("stream", stream))
@@ -321,7 +308,7 @@ func (h *Handler) affinityKey(r *http.Request, body []byte) string {
 	if v := r.Header.Get(h.opts.AffinityHeader); v != "" {
 		return "session:" + v
 	}
-	// The body is valid JSON (ParseRequest checked it): walk it rather than
+	// The body is valid JSON (ReadRequest checked it): walk it rather than
 	// decode it, which would cost as much as the rest of the forward.
 	var p []byte
 	if first := proxy.FirstElement(proxy.Member(body, "messages")); first != nil {
@@ -330,23 +317,6 @@ func (h *Handler) affinityKey(r *http.Request, body []byte) string {
 		p = proxy.Member(body, "input")
 	}
 	return "prefix:" + string(p[:min(len(p), h.opts.AffinityBytes)])
-}
-
-// requestID takes the client's X-Request-Id when it is sane, else makes one.
-func (h *Handler) requestID(r *http.Request) string {
-	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 && printable(id) {
-		return id
-	}
-	return "fleetd-" + strconv.FormatUint(h.seq.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
-}
-
-func printable(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // maxListed bounds the names listed in a 404.

@@ -27,6 +27,21 @@ func (s span) empty() bool { return s.to == 0 }
 // errBadBody is wrapped by every body parsing error (answered with 400).
 var errBadBody = errors.New("invalid request body")
 
+// fieldError is a body parsing error about one field, named in the OpenAI
+// error's param.
+type fieldError struct{ param, msg string }
+
+func (e *fieldError) Error() string { return errBadBody.Error() + ": " + e.msg }
+func (e *fieldError) Unwrap() error { return errBadBody }
+
+// errParam is the field a body parsing error is about, or "".
+func errParam(err error) string {
+	if fe, ok := errors.AsType[*fieldError](err); ok {
+		return fe.param
+	}
+	return ""
+}
+
 // parseRequest reads the top level of a JSON object body once, validating the
 // whole of it, and records the fields the proxy rewrites. The body is checked
 // with json.Valid and then walked by hand (only the top level's keys and value
@@ -58,7 +73,7 @@ func parseRequest(body []byte) (request, error) {
 		}
 	}
 	if r.modelSpan.empty() || r.model == "" {
-		return r, fmt.Errorf("%w: \"model\" is required", errBadBody)
+		return r, &fieldError{"model", `"model" is required`}
 	}
 	return r, nil
 }
@@ -74,12 +89,12 @@ func (r *request) member(key, raw []byte, sp span) error {
 	switch string(key) {
 	case `"model"`:
 		if raw[0] != '"' {
-			return fmt.Errorf("%w: \"model\" must be a string", errBadBody)
+			return &fieldError{"model", `"model" must be a string`}
 		}
 		if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
 			r.model = string(raw[1 : len(raw)-1])
 		} else if err := json.Unmarshal(raw, &r.model); err != nil {
-			return fmt.Errorf("%w: \"model\": %v", errBadBody, err)
+			return &fieldError{"model", fmt.Sprintf(`"model": %v`, err)}
 		}
 		r.modelSpan = sp
 	case `"stream"`:

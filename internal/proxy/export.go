@@ -13,17 +13,19 @@ import (
 // requests to poold hosts, so that body parsing, OpenAI error bodies and SSE
 // pass-through exist once.
 
-// ParseRequest reads the model and stream fields of an OpenAI request body,
-// validating the body's top level as poold does; its errors are meant for a 400.
-func ParseRequest(body []byte) (model string, stream bool, err error) {
-	r, err := parseRequest(body)
-	return r.model, r.stream, err
+// ReadRequest reads an OpenAI request body once, bounded by limit, and
+// validates it as poold does, returning its model and stream fields. On
+// failure it has answered with the OpenAI error (400, 408 or 413) and returns
+// the status sent; otherwise the status is 0.
+func ReadRequest(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, model string, stream bool, status int) {
+	body, req, status := readRequest(w, r, limit)
+	return body, req.model, req.stream, status
 }
 
 // Member returns the raw value of the member key of the JSON object obj (the
 // last one when the key repeats, as encoding/json decodes it; keys match
 // exactly, not case-insensitively), or nil when obj is not an object or has
-// no such member. obj is meant to be valid JSON, such as a body ParseRequest
+// no such member. obj is meant to be valid JSON, such as a body ReadRequest
 // accepted or a value taken from one; on other input the result is
 // unspecified but Member never panics. Only obj's top level is walked, and
 // nothing is decoded or allocated (but an escaped key).

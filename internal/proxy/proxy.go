@@ -165,7 +165,7 @@ func (x *exchange) usage() (Usage, bool) {
 // serveAPI handles POST /v1/* and its pinned form /pools/{pool}/v1/*.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rec := &metrics.Record{RequestID: h.requestID(r), Client: h.opts.Clients.Classify(r.Header)}
+	rec := &metrics.Record{RequestID: RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
 	w.Header().Set("X-Request-Id", rec.RequestID)
 	x := &exchange{start: start}
 	defer func() {
@@ -186,31 +186,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		h.finish(rec)
 	}()
 
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			rec.Status = http.StatusRequestEntityTooLarge
-			writeError(w, rec.Status, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", h.opts.MaxBodyBytes))
-			return
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			rec.Status = http.StatusRequestTimeout // the server's read timeout: a body trickled in too slowly
-			writeError(w, rec.Status, "request_timeout", "", "reading request body: the body did not arrive within the read timeout")
-			return
-		}
-		rec.Status = http.StatusBadRequest
-		writeError(w, rec.Status, "invalid_body", "", "reading request body: "+err.Error())
-		return
-	}
-	req, err := parseRequest(body)
-	if err != nil {
-		rec.Status = http.StatusBadRequest
-		param := ""
-		if strings.Contains(err.Error(), `"model"`) {
-			param = "model"
-		}
-		writeError(w, rec.Status, "invalid_body", param, err.Error())
+	body, req, status := readRequest(w, r, h.opts.MaxBodyBytes)
+	if status != 0 {
+		rec.Status = status
 		return
 	}
 	rec.Model, rec.Stream = req.model, req.stream
@@ -223,6 +201,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	rec.Profile = prof.ID
 
 	var lease *pool.Lease
+	var err error
 	if req.stream && h.opts.KeepAliveInterval > 0 {
 		k := &keepAlive{ResponseWriter: w}
 		defer k.finish()
@@ -356,12 +335,38 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	writeError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine for %q failed: %v", x.lease.Profile.ID, err))
 }
 
-// requestID takes the client's X-Request-Id when it is sane, else makes one.
-func (h *Handler) requestID(r *http.Request) string {
+// readRequest reads a request body once, bounded by limit, and parses it. On
+// failure it answers with the OpenAI error and returns the status sent;
+// otherwise the status is 0.
+func readRequest(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, request, int) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	switch {
+	case errors.As(err, new(*http.MaxBytesError)):
+		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", limit))
+		return nil, request{}, http.StatusRequestEntityTooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The server's read timeout: a body trickled in too slowly.
+		writeError(w, http.StatusRequestTimeout, "request_timeout", "", "reading request body: the body did not arrive within the read timeout")
+		return nil, request{}, http.StatusRequestTimeout
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "invalid_body", "", "reading request body: "+err.Error())
+		return nil, request{}, http.StatusBadRequest
+	}
+	req, err := parseRequest(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_body", errParam(err), err.Error())
+		return nil, request{}, http.StatusBadRequest
+	}
+	return body, req, 0
+}
+
+// RequestID takes the client's X-Request-Id when it is sane, else makes one
+// from prefix and the next value of seq.
+func RequestID(r *http.Request, prefix string, seq *atomic.Uint64) string {
 	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 && printable(id) {
 		return id
 	}
-	return "poold-" + strconv.FormatUint(h.seq.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	return prefix + "-" + strconv.FormatUint(seq.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
 }
 
 func printable(s string) bool {
