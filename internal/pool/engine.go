@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"runtime"
@@ -34,7 +35,8 @@ const logLines = 30
 type engine struct {
 	profile   *profile.Profile
 	port      int
-	pid       int // also the process group id
+	target    *url.URL // http://127.0.0.1:port, shared read-only by every lease
+	pid       int      // also the process group id
 	startedAt time.Time
 	argv, env []string // the command line, and the environment poold added
 	// token is POOLD_ENGINE_TOKEN in the environment of the engine and its
@@ -80,6 +82,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 	e := &engine{
 		profile:   prof,
 		port:      port,
+		target:    loopbackURL(port),
 		pid:       cmd.Process.Pid,
 		startedAt: time.Now(),
 		argv:      argv,
@@ -110,6 +113,11 @@ func (e *engine) runs(prof *profile.Profile, spec *profile.PoolSpec, self string
 
 // base is the engine's loopback URL.
 func (e *engine) base() string { return "http://127.0.0.1:" + strconv.Itoa(e.port) }
+
+// loopbackURL is the base URL of an engine listening on port.
+func loopbackURL(port int) *url.URL {
+	return &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(port)}
+}
 
 // pump copies the engine's output lines into the log and the ring until every
 // writer (the engine and its descendants) has closed the pipe.

@@ -200,7 +200,8 @@ func (p *Pool) Name() string { return p.name }
 type Lease struct {
 	Pool    string
 	Profile *profile.Profile
-	// Target is the engine's base URL (http://127.0.0.1:PORT).
+	// Target is the engine's base URL (http://127.0.0.1:PORT), shared by every
+	// lease on that engine: read it, never modify it.
 	Target *url.URL
 	// Waited is how long the request queued before admission.
 	Waited time.Duration
@@ -340,8 +341,7 @@ func (p *Pool) leave(w *Waiter, err error) error {
 // leaseLocked makes a lease on the current engine; p.mu must be held and the
 // scheduler must have counted it in flight.
 func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
-	u, _ := url.Parse(p.eng.base())
-	return &Lease{Pool: p.name, Profile: prof, Target: u, Waited: waited, p: p}
+	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, Waited: waited, p: p}
 }
 
 // retryAfterLocked estimates how long until a queued request could be served:

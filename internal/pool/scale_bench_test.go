@@ -39,7 +39,7 @@ func BenchmarkAdmitAtScale(b *testing.B) {
 				s.Ready(prof.ID, time.Now().Add(-time.Hour))
 			})
 			p.mu.Lock()
-			p.eng = &engine{profile: prof, port: 8000}
+			p.eng = &engine{profile: prof, port: 8000, target: loopbackURL(8000)}
 			p.state = StateReady
 			p.mu.Unlock()
 			ctx := context.Background()
