@@ -216,9 +216,23 @@ func (l *Lease) Release() {
 		p := l.p
 		p.mu.Lock()
 		p.sched.Release(p.opts.Now())
+		kick := p.loopWaitsLocked()
 		p.mu.Unlock()
-		p.wake()
+		if kick {
+			p.wake()
+		}
 	})
+}
+
+// loopWaitsLocked reports whether the run loop may act on a released lease:
+// requests wait, the gate is closed for a drain, a reload step waits for the
+// pool to empty, or a sleeper may need to go. In the steady state (an engine
+// serving, nobody waiting) it does not, and a release wakes nothing: one
+// goroutine hand-off fewer per request. p.mu must be held.
+func (p *Pool) loopWaitsLocked() bool {
+	s := &p.sched
+	return s.QueueLen() > 0 || s.Closing() || s.Swapping() || s.Loaded() == "" ||
+		p.dirty || p.retiring || p.removing || p.want != "" || len(p.sleepers) > 0
 }
 
 // grant is what a waiter receives: a lease or the reason it has none.

@@ -281,3 +281,26 @@ func TestAcquireUsesPlacement(t *testing.T) {
 		}
 	})
 }
+
+// A released lease wakes the pool's loop only when the loop may act on it:
+// not in the steady state, where it would be one goroutine hand-off per
+// request for nothing, but when someone waits.
+func TestReleaseWakesLoopOnlyWhenNeeded(t *testing.T) {
+	set, _, clock := newTestSet(t)
+	a, b := set.Pool("a"), set.Pool("b")
+	with(a, func(s *Scheduler) { ready("q", 1, 0)(t, s, clock.now) })
+	with(b, func(s *Scheduler) { ready("r", 1, 0, "p")(t, s, clock.now) })
+	(&Lease{p: a}).Release()
+	(&Lease{p: b}).Release()
+	if len(a.kick) != 0 {
+		t.Errorf("steady pool a kicked %d times by a release, want 0", len(a.kick))
+	}
+	if len(b.kick) != 1 {
+		t.Errorf("pool b, with p waiting, kicked %d times by a release, want 1", len(b.kick))
+	}
+	with(a, func(s *Scheduler) {
+		if n := s.InFlight(); n != 0 {
+			t.Errorf("pool a in flight %d after the release, want 0", n)
+		}
+	})
+}
