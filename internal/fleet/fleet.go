@@ -26,7 +26,7 @@ const (
 	DefaultMaxBackoff   = 30 * time.Second
 )
 
-// Options configures a Fleet. Zero values: Client → one on proxy.NewTransport;
+// Options configures a Fleet. Zero values: Client → one on a proxy.Transport;
 // Resolver → net.DefaultResolver; PollInterval → DefaultPollInterval;
 // PollTimeout → DefaultPollTimeout; EjectAfter → DefaultEjectAfter;
 // MaxBackoff → DefaultMaxBackoff; Logger → discard; Metrics → none;
@@ -43,9 +43,12 @@ type Options struct {
 	EjectAfter int
 	// MaxBackoff caps the doubling interval of an ejected host's probes.
 	MaxBackoff time.Duration
-	Logger     *slog.Logger
-	Metrics    *Metrics
-	Now        func() time.Time
+	// PollKey, when set, goes with every poll as "Authorization: Bearer": a
+	// poold that requires API keys guards its /v1/models with them.
+	PollKey string
+	Logger  *slog.Logger
+	Metrics *Metrics
+	Now     func() time.Time
 }
 
 // Fleet is the set of hosts and what fleetd knows of them. Membership comes
@@ -85,7 +88,7 @@ type FileStatus struct {
 // New returns a Fleet with no hosts.
 func New(opts Options) *Fleet {
 	if opts.Client == nil {
-		opts.Client = &http.Client{Transport: proxy.NewTransport()}
+		opts.Client = &http.Client{Transport: &proxy.Transport{}}
 	}
 	if opts.Resolver == nil {
 		opts.Resolver = net.DefaultResolver

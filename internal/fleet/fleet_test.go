@@ -74,6 +74,7 @@ func (fh *fakeHost) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	io.Copy(io.Discard, r.Body)
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Request-Id", r.Header.Get("X-Request-Id")) // as poold answers
 	fmt.Fprintf(w, `{"ok":%q}`, fh.name)
 }
 
@@ -187,8 +188,8 @@ func TestForwardToAwakeHost(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Fleet-Host") != "awake" || body != `{"ok":"awake"}` {
 		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
 	}
-	if resp.Header.Get("X-Request-Id") == "" {
-		t.Fatal("no X-Request-Id")
+	if ids := resp.Header.Values("X-Request-Id"); len(ids) != 1 || ids[0] == "" {
+		t.Fatalf("X-Request-Id %q, want one", ids)
 	}
 	awake.set(func(fh *fakeHost) {
 		if len(fh.auth) != 1 || fh.auth[0] != "Bearer sk-1" {

@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,10 +90,13 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	}
 	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router")}
 	h.rp = &httputil.ReverseProxy{
-		Rewrite:        h.rewrite,
-		Transport:      proxy.NewTransport(),
-		BufferPool:     proxy.NewBufferPool(),
-		FlushInterval:  -1,
+		Rewrite:    h.rewrite,
+		Transport:  &proxy.Transport{},
+		BufferPool: proxy.NewBufferPool(),
+		// FlushInterval stays zero: ReverseProxy flushes an event stream (or
+		// a body of unknown length) after every write anyway, and a plain
+		// answer then leaves in one write with its headers. A negative one
+		// would start a goroutine per response that sends the headers ahead.
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.upstreamError,
 		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
@@ -241,9 +243,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	a := pr.In.Context().Value(attemptKey{}).(*attempt)
 	pr.SetURL(a.host.base)
 	out := pr.Out
-	out.Body = io.NopCloser(bytes.NewReader(a.body))
-	out.ContentLength = int64(len(a.body))
-	out.Header.Set("Content-Length", strconv.Itoa(len(a.body)))
+	proxy.SetBody(out, a.body)
 	out.Header.Set("X-Request-Id", a.id)
 }
 
@@ -259,7 +259,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	}
 	a.status = resp.StatusCode
 	resp.Header.Set("X-Fleet-Host", a.host.spec.Name)
-	resp.Header.Set("X-Request-Id", a.id)
+	resp.Header.Del("X-Request-Id") // the answer has it already; poold's would be a second copy
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		resp.Body = proxy.NewSSEPassthrough(resp.Body, a.markFirst)
 	} else {

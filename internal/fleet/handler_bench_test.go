@@ -59,7 +59,7 @@ func BenchmarkReverseProxy(b *testing.B) {
 		b.Fatal(err)
 	}
 	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
-		Transport: proxy.NewTransport(), BufferPool: proxy.NewBufferPool(), FlushInterval: -1}
+		Transport: &proxy.Transport{}, BufferPool: proxy.NewBufferPool()}
 	srv := httptest.NewServer(rp)
 	defer srv.Close()
 	benchPost(b, srv.URL)

@@ -5,7 +5,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -76,12 +75,15 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	h.cfg.Store(cfg)
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewriteOut,
-		Transport:      upstreamTransport(opts.UpstreamHeaderTimeout),
-		FlushInterval:  -1,
+		Transport:      &Transport{HeaderTimeout: opts.UpstreamHeaderTimeout},
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.upstreamError,
 		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 		BufferPool:     &bufferPool{},
+		// FlushInterval stays zero: ReverseProxy flushes an event stream (or
+		// a body of unknown length) after every write anyway, and a plain
+		// answer then leaves in one write with its headers. A negative one
+		// would start a goroutine per response that sends the headers ahead.
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
@@ -106,34 +108,6 @@ func (h *Handler) SetConfig(cfg *profile.Config) { h.cfg.Store(cfg) }
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
-
-// upstreamTransport is NewTransport with the engine's response headers due
-// within headerTimeout (zero: no bound).
-func upstreamTransport(headerTimeout time.Duration) *http.Transport {
-	t := NewTransport()
-	t.ResponseHeaderTimeout = headerTimeout
-	return t
-}
-
-// NewTransport is the one Transport shared by every forwarded request: engines
-// are on loopback, so connections are kept and reused generously.
-func NewTransport() *http.Transport {
-	return &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 0, // a queued or long prefill can take long; the client's context bounds it
-		DisableCompression:    true,
-		ForceAttemptHTTP2:     false,
-		// Each stream holds its connection's buffers while it lasts: small
-		// ones (the default is 4 KiB each) keep idle streams cheap, and reads
-		// into a larger buffer bypass them anyway.
-		ReadBufferSize:  1 << 10,
-		WriteBufferSize: 1 << 10,
-	}
-}
 
 // exchange is one forwarded request's state, carried in its context from
 // serveAPI through the ReverseProxy callbacks.
@@ -296,9 +270,7 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	out.URL.Path = "/v1/" + pr.In.PathValue("path")
 	out.URL.RawPath = ""
 	out.Host = ""
-	out.Body = io.NopCloser(bytes.NewReader(x.body))
-	out.ContentLength = int64(len(x.body))
-	out.Header.Set("Content-Length", strconv.Itoa(len(x.body)))
+	SetBody(out, x.body)
 	out.Header.Del("Authorization")
 	out.Header.Del("X-Api-Key")
 	out.Header.Del("Accept-Encoding")

@@ -1,0 +1,381 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Defaults for Transport's zero values.
+const (
+	DefaultDialTimeout    = 5 * time.Second
+	DefaultIdleTimeout    = 90 * time.Second
+	DefaultMaxIdlePerHost = 1024
+)
+
+// Transport is the http.RoundTripper of every forwarded request: plain
+// HTTP/1.1 to an upstream on loopback (an engine for poold, a poold for
+// fleetd), over kept-alive connections.
+//
+// Unlike http.Transport it makes the whole exchange on the caller's
+// goroutine: it writes the request, reads the response headers and, through
+// the returned body, the response, with no reader and writer goroutines per
+// connection to hand each request and response over to. On a host where the
+// client, the proxy and the engine share a few cores, those hand-offs (each
+// a thread wake-up) cost more than the rest of the forward, and every open
+// stream held two more goroutines. It does no compression, proxies, TLS or
+// HTTP/2, none of which loopback forwarding needs.
+//
+// A response body is read and closed by one goroutine, as ReverseProxy does;
+// cancelling the request's context unblocks it. A connection goes back to
+// the idle set once its response body was read to the end.
+//
+// The zero Transport is ready to use: dials time out after
+// DefaultDialTimeout, idle connections are closed after DefaultIdleTimeout,
+// DefaultMaxIdlePerHost are kept per host, and response headers are awaited
+// as long as the request's context allows.
+type Transport struct {
+	DialTimeout time.Duration
+	// HeaderTimeout bounds the wait for the response headers once the
+	// request is written; zero: none. It fails with a net.Error whose
+	// Timeout() is true.
+	HeaderTimeout  time.Duration
+	IdleTimeout    time.Duration
+	MaxIdlePerHost int
+
+	mu   sync.Mutex
+	idle map[string][]*upConn // guarded by mu: by host:port, the most recently used last
+	// sweeping, guarded by mu, is set while a sweep is scheduled.
+	sweeping bool
+}
+
+// sweepEvery is how often idle connections are checked: no goroutine watches
+// them between requests, and one whose upstream went away (an engine that
+// stopped) would otherwise hold its descriptor until the address is used
+// again.
+const sweepEvery = time.Second
+
+// upConn is one connection to an upstream with its read buffer.
+type upConn struct {
+	net.Conn
+	br        *bufio.Reader
+	idleSince time.Time
+}
+
+// A long-past deadline unblocks every read and write on a connection.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// writers holds the buffers requests are written through: a connection only
+// needs one while writing.
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
+
+// RoundTrip sends req and returns the response headers; the body streams
+// from the connection as it is read. A kept connection that the upstream had
+// closed while it was idle is replaced by a new one once, when req can be
+// sent again (it has GetBody, or no body) and no response byte was read.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme != "http" {
+		closeBody(req)
+		return nil, fmt.Errorf("proxy transport: unsupported scheme %q", req.URL.Scheme)
+	}
+	addr := req.URL.Host
+	if req.URL.Port() == "" {
+		addr = net.JoinHostPort(req.URL.Hostname(), "80")
+	}
+	ctx := req.Context()
+	for {
+		c, reused, err := t.conn(ctx, addr)
+		if err != nil {
+			closeBody(req)
+			return nil, err
+		}
+		resp, stale, err := t.exchange(ctx, addr, c, req)
+		if err == nil {
+			return resp, nil
+		}
+		if !reused || !stale || ctx.Err() != nil || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
+			return nil, err
+		}
+		if req.GetBody != nil {
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			req = req.Clone(ctx)
+			req.Body = body
+		}
+	}
+}
+
+// exchange writes req on c and reads the response headers. stale reports a
+// failure before any response byte, which on a reused connection means the
+// upstream closed it while it was idle.
+func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *http.Request) (resp *http.Response, stale bool, err error) {
+	// Cancelling ctx breaks every blocked read and write on c.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
+	defer func() {
+		if err != nil {
+			stop()
+			c.Close()
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+		}
+	}()
+
+	bw := writers.Get().(*bufio.Writer)
+	bw.Reset(c)
+	err = req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	bw.Reset(nil)
+	writers.Put(bw)
+	if err != nil {
+		return nil, true, fmt.Errorf("writing the request to %s: %w", addr, err)
+	}
+
+	if t.HeaderTimeout > 0 {
+		_ = c.SetReadDeadline(time.Now().Add(t.HeaderTimeout))
+	}
+	for {
+		if _, err = c.br.Peek(1); err != nil {
+			return nil, resp == nil && !isTimeout(err), fmt.Errorf("reading the response from %s: %w", addr, err)
+		}
+		resp, err = http.ReadResponse(c.br, req)
+		if err != nil {
+			return nil, false, fmt.Errorf("reading the response from %s: %w", addr, err)
+		}
+		// An interim 1xx answer (100 Continue, 103 Early Hints) precedes the
+		// real one.
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+	}
+	if t.HeaderTimeout > 0 {
+		_ = c.SetReadDeadline(time.Time{})
+		if ctx.Err() != nil { // the cancel may have run before the line above
+			_ = c.SetDeadline(aLongTimeAgo)
+		}
+	}
+	resp.Body = &upBody{t: t, addr: addr, c: c, body: resp.Body, stop: stop, ctx: ctx, keep: !resp.Close && !req.Close}
+	return resp, false, nil
+}
+
+// upBody is a response body that returns its connection to the idle set
+// once read to the end, and closes it when abandoned before.
+type upBody struct {
+	t    *Transport
+	addr string
+	c    *upConn // nil once released
+	body io.ReadCloser
+	stop func() bool // ends the context's hold on c
+	ctx  context.Context
+	keep bool // the connection may carry another request
+}
+
+func (b *upBody) Read(p []byte) (int, error) {
+	if b.c == nil {
+		return 0, io.EOF
+	}
+	n, err := b.body.Read(p)
+	switch {
+	case err == io.EOF:
+		b.release(true)
+	case err != nil:
+		b.release(false)
+		if b.ctx.Err() != nil {
+			err = b.ctx.Err()
+		}
+	}
+	return n, err
+}
+
+func (b *upBody) Close() error {
+	b.release(b.body == http.NoBody) // a body-less answer leaves the connection clean
+	return nil
+}
+
+// release hands the connection back when the whole response was read and
+// nothing (a Connection: close, a cancel) stands against reuse; otherwise
+// it closes it.
+func (b *upBody) release(eof bool) {
+	if b.c == nil {
+		return
+	}
+	c := b.c
+	b.c = nil
+	if eof && b.keep && b.stop() {
+		b.t.put(b.addr, c)
+		return
+	}
+	b.stop()
+	c.Close()
+}
+
+// conn returns an idle connection to addr that is still open, or dials one.
+func (t *Transport) conn(ctx context.Context, addr string) (c *upConn, reused bool, err error) {
+	now := time.Now()
+	for {
+		t.mu.Lock()
+		cs := t.idle[addr]
+		if len(cs) == 0 {
+			t.mu.Unlock()
+			break
+		}
+		c = cs[len(cs)-1]
+		cs[len(cs)-1] = nil
+		t.idle[addr] = cs[:len(cs)-1]
+		t.mu.Unlock()
+		if now.Sub(c.idleSince) < t.idleTimeout() && c.usable() {
+			return c, true, nil
+		}
+		c.Close()
+	}
+	d := net.Dialer{Timeout: t.DialTimeout, KeepAlive: 30 * time.Second}
+	if d.Timeout == 0 {
+		d.Timeout = DefaultDialTimeout
+	}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, false, err
+	}
+	// A 1 KiB read buffer keeps idle streams cheap; larger reads bypass it.
+	return &upConn{Conn: nc, br: bufio.NewReaderSize(nc, 1<<10)}, false, nil
+}
+
+// put adds c to addr's idle connections, or closes it when addr already
+// keeps enough, and makes sure a sweep is scheduled.
+func (t *Transport) put(addr string, c *upConn) {
+	c.idleSince = time.Now()
+	maxIdle := t.MaxIdlePerHost
+	if maxIdle <= 0 {
+		maxIdle = DefaultMaxIdlePerHost
+	}
+	t.mu.Lock()
+	if t.idle == nil {
+		t.idle = make(map[string][]*upConn)
+	}
+	kept := len(t.idle[addr]) < maxIdle
+	if kept {
+		t.idle[addr] = append(t.idle[addr], c)
+		if !t.sweeping {
+			t.sweeping = true
+			time.AfterFunc(sweepEvery, t.sweep)
+		}
+	}
+	t.mu.Unlock()
+	if !kept {
+		c.Close()
+	}
+}
+
+// sweep closes the idle connections past IdleTimeout and those idle for a
+// while whose upstream has closed them, and schedules the next sweep while
+// any remain.
+func (t *Transport) sweep() {
+	now := time.Now()
+	var gone []*upConn
+	t.mu.Lock()
+	for addr, cs := range t.idle {
+		keep := cs[:0]
+		for _, c := range cs {
+			// A connection used within the last moments is left alone: it is
+			// checked anyway when next taken.
+			if idle := now.Sub(c.idleSince); idle >= t.idleTimeout() || idle >= sweepEvery/4 && !c.usable() {
+				gone = append(gone, c)
+				continue
+			}
+			keep = append(keep, c)
+		}
+		clear(cs[len(keep):])
+		if len(keep) == 0 {
+			delete(t.idle, addr)
+		} else {
+			t.idle[addr] = keep
+		}
+	}
+	t.sweeping = len(t.idle) > 0
+	if t.sweeping {
+		time.AfterFunc(sweepEvery, t.sweep)
+	}
+	t.mu.Unlock()
+	for _, c := range gone {
+		c.Close()
+	}
+}
+
+// CloseIdleConnections closes every idle connection.
+func (t *Transport) CloseIdleConnections() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = nil
+	t.mu.Unlock()
+	for _, cs := range idle {
+		for _, c := range cs {
+			c.Close()
+		}
+	}
+}
+
+func (t *Transport) idleTimeout() time.Duration {
+	if t.IdleTimeout > 0 {
+		return t.IdleTimeout
+	}
+	return DefaultIdleTimeout
+}
+
+// usable reports whether an idle connection can carry a request: nothing is
+// buffered or waiting to be read, and the upstream has not closed it. It
+// peeks at the socket without blocking, since no goroutine watches idle
+// connections.
+func (c *upConn) usable() bool {
+	if c.br.Buffered() > 0 {
+		return false
+	}
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := false
+	var b [1]byte
+	err = raw.Read(func(fd uintptr) bool {
+		_, _, rerr := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		// Nothing to read yet is the one healthy answer: bytes would be a
+		// stray response, zero bytes an orderly close, anything else a reset.
+		open = errors.Is(rerr, syscall.EAGAIN)
+		return true
+	})
+	return err == nil && open
+}
+
+// SetBody makes body the whole of req's body, which Transport may send again
+// on a fresh connection.
+func SetBody(req *http.Request, body []byte) {
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	req.ContentLength = int64(len(body))
+	req.Header.Del("Content-Length") // the client's, of a body before any rewrite; req.Write sends ContentLength
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// isTimeout reports whether err is a deadline passing: HeaderTimeout's.
+func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
