@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,9 +69,23 @@ func TestSettings(t *testing.T) {
 		s.Fleet.PollInterval != fleet.DefaultPollInterval || s.Handler.AffinityHeader != fleet.DefaultAffinityHeader {
 		t.Fatalf("settings: %+v", s)
 	}
+	keyFile := filepath.Join(t.TempDir(), "host-key")
+	if err := os.WriteFile(keyFile, []byte(" sk-host \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err = loadSettings([]string{"--api-keys", "sk-a,sk-b", "--host-api-key-file", keyFile})
+	if err != nil || s.APIKeys == nil || s.Fleet.PollKey != "sk-host" {
+		t.Fatalf("keys: %v, %+v", err, s)
+	}
 	t.Setenv("FLEETD_HOSTS", "")
-	_, err = loadSettings([]string{"--poll-interval", "0s", "--log-format", "xml", "--scale-out-wait", "-1s"})
-	for _, want := range []string{"hosts: a hosts file is required", "poll-interval: must be positive", `log-format: "xml"`, "scale-out-wait: must not be negative"} {
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = loadSettings([]string{"--poll-interval", "0s", "--log-format", "xml", "--scale-out-wait", "-1s",
+		"--api-keys", "sha256:zz", "--host-api-key-file", empty})
+	for _, want := range []string{"hosts: a hosts file is required", "poll-interval: must be positive", `log-format: "xml"`, "scale-out-wait: must not be negative",
+		"api-keys: api key 0: sha256: must be followed by 64 hex digits", "host-api-key-file: " + strconv.Quote(empty) + " holds no key"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
 		}

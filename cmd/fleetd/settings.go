@@ -25,8 +25,12 @@ type settings struct {
 	LogFormat       string
 	MaxBodyBytes    int64
 	ShutdownTimeout time.Duration
-	Fleet           fleet.Options
-	Handler         fleet.HandlerOptions
+	// APIKeys, when non-nil, is required on /v1/* before any host is asked
+	// (api-keys, api-keys-file); the client's Authorization still goes to
+	// the host as sent. Only the keys' hashes are kept.
+	APIKeys *proxy.APIKeys
+	Fleet   fleet.Options
+	Handler fleet.HandlerOptions
 }
 
 func loadSettings(args []string) (settings, error) {
@@ -46,6 +50,9 @@ func loadSettings(args []string) (settings, error) {
 	fl.Int("affinity-bytes", fleet.DefaultAffinityBytes, "bytes of the first message that key affinity when the header is absent")
 	fl.Int("load-slack", fleet.DefaultLoadSlack, "requests by which a host may exceed the least loaded one and still win by affinity")
 	fl.Duration("scale-out-wait", fleet.DefaultScaleOutWait, "queue wait of every awake copy above which another copy is loaded on an idle host (0 disables)")
+	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
+	fl.String("api-keys-file", "", "file of API keys fleetd itself requires on /v1, one per line (KEY or sha256:HEX; # comments)")
+	fl.String("host-api-key-file", "", "file holding the API key fleetd presents on its polls of hosts whose poold requires keys")
 	if err := fl.Parse(args); err != nil {
 		return settings{}, err
 	}
@@ -83,6 +90,19 @@ func loadSettings(args []string) (settings, error) {
 		},
 	}
 	var errs []error
+	var err error
+	if s.APIKeys, err = proxy.LoadAPIKeys(v.GetStringSlice("api-keys"), v.GetString("api-keys-file")); err != nil {
+		errs = append(errs, err)
+	}
+	if file := v.GetString("host-api-key-file"); file != "" {
+		b, err := os.ReadFile(file)
+		switch s.Fleet.PollKey = strings.TrimSpace(string(b)); {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("host-api-key-file: %w", err))
+		case s.Fleet.PollKey == "":
+			errs = append(errs, fmt.Errorf("host-api-key-file: %q holds no key", file))
+		}
+	}
 	if err := s.LogLevel.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
 		errs = append(errs, fmt.Errorf("log-level: %w", err))
 	}

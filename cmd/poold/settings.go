@@ -160,7 +160,7 @@ func loadSettings(args []string) (settings, error) {
 	s.RestartBackoff = v.GetDuration("restart-backoff")
 	s.MaxRestartBackoff = v.GetDuration("restart-backoff-max")
 	errs = append(errs, s.checkLimits()...)
-	if s.APIKeys, err = apiKeys(v.GetStringSlice("api-keys"), v.GetString("api-keys-file")); err != nil {
+	if s.APIKeys, err = proxy.LoadAPIKeys(v.GetStringSlice("api-keys"), v.GetString("api-keys-file")); err != nil {
 		errs = append(errs, err)
 	}
 	if s.ReloadDebounce < 0 {

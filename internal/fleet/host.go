@@ -269,6 +269,9 @@ func (f *Fleet) getJSON(ctx context.Context, u *url.URL, v any) error {
 	if err != nil {
 		return fmt.Errorf("GET %s: %w", u, err)
 	}
+	if f.opts.PollKey != "" {
+		req.Header.Set("Authorization", "Bearer "+f.opts.PollKey)
+	}
 	resp, err := f.opts.Client.Do(req)
 	if err != nil {
 		return fmt.Errorf("GET %s: %w", u, err)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 )
 
@@ -46,6 +47,37 @@ func NewAPIKeys(keys []string) (*APIKeys, error) {
 	}
 	if len(k.sums) == 0 {
 		return nil, nil
+	}
+	return k, nil
+}
+
+// LoadAPIKeys builds the API-key set from the api-keys list (each entry may hold
+// several keys separated by commas) and the api-keys-file (one key per line;
+// blank lines and # comments skipped). It returns nil when no key is set.
+// Errors never show a key.
+func LoadAPIKeys(list []string, file string) (*APIKeys, error) {
+	var keys []string
+	for _, k := range list {
+		keys = append(keys, strings.Split(k, ",")...)
+	}
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("api-keys-file: %w", err)
+		}
+		n := len(keys)
+		for line := range strings.Lines(string(b)) {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+				keys = append(keys, line)
+			}
+		}
+		if len(keys) == n {
+			return nil, fmt.Errorf("api-keys-file: %q holds no key", file)
+		}
+	}
+	k, err := NewAPIKeys(keys)
+	if err != nil {
+		return nil, fmt.Errorf("api-keys: %w", err)
 	}
 	return k, nil
 }

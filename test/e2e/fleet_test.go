@@ -504,3 +504,52 @@ func TestFleetScaleOut(t *testing.T) {
 		t.Fatalf("the load is not shared by both copies: %v", by)
 	}
 }
+
+// fleetd's own key list: without an accepted key a request ends at fleetd
+// with a 401 and no host sees it; with one, the client's Authorization goes
+// on to a poold that enforces the same key. fleetd polls that poold with its
+// host key, and no key shows in fleetd's output.
+func TestFleetAPIKeys(t *testing.T) {
+	dir := t.TempDir()
+	keys := filepath.Join(dir, "keys")
+	writeFile(t, keys, []byte("# clients\nsk-fleet-client\n"))
+	hostKey := filepath.Join(dir, "host-key")
+	writeFile(t, hostKey, []byte("sk-fleet-client\n"))
+	tag := t.Name()
+	h := startPoold(t, tag, hostProfiles(tag, "a", []string{"a"}), "--api-keys-file", keys)
+	h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "a" })
+	f := startFleetd(t, []*daemon{h}, "--api-keys-file", keys, "--host-api-key-file", hostKey)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, hdr := range [][]string{nil, {"Authorization", "Bearer sk-wrong"}} {
+		code, host, body, err := f.post(ctx, fmt.Sprintf(shortChat, "a"), hdr...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := apiError(t, []byte(body)); code != http.StatusUnauthorized || e.Error.Code != "invalid_api_key" || host != "" {
+			t.Fatalf("key %v: %d host %q %s", hdr, code, host, body)
+		}
+	}
+	code, host, body, err := f.post(ctx, fmt.Sprintf(shortChat, "a"), "Authorization", "Bearer sk-fleet-client")
+	if err != nil || code != http.StatusOK || host != "host1" {
+		t.Fatalf("with the key: %d host %q %s %v", code, host, body, err)
+	}
+	// poold logged exactly the one request that passed fleetd.
+	if n := strings.Count(h.stdout.String(), `"msg":"request"`); n != 1 {
+		t.Fatalf("poold logged %d requests, want 1:\n%s", n, h.stdout.String())
+	}
+	for _, path := range []string{"/health", "/status"} {
+		resp, err := http.Get(f.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s without a key: %d", path, resp.StatusCode)
+		}
+	}
+	if out := f.stdout.String() + f.stderr.String(); strings.Contains(out, "sk-fleet-client") || strings.Contains(out, "sk-wrong") {
+		t.Fatal("a key appears in fleetd's output")
+	}
+}
