@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/poold/poold/internal/pool"
@@ -27,7 +28,8 @@ const maxErrorBody = 16 << 10
 // `data: {"error": {…}}`, which OpenAI's SDKs raise as a streaming error.
 // Its Retry-After, which no header can carry any more, goes into the message.
 //
-// It is used by the request's goroutine only.
+// It is used by one goroutine at a time: the keep-alive timer's while the
+// request waits for its lease, then the request's.
 type keepAlive struct {
 	http.ResponseWriter
 	committed bool
@@ -38,28 +40,32 @@ type keepAlive struct {
 
 // acquireKeepAlive acquires a lease for prof like Set.Acquire, writing a
 // keep-alive comment to k every interval while the request waits. started is
-// when the request arrived.
+// when the request arrived. The comments come from a timer, so a request
+// admitted at once costs no goroutine: Acquire runs on the request's own.
 func (h *Handler) acquireKeepAlive(k *keepAlive, r *http.Request, prof *profile.Profile, started time.Time) (*pool.Lease, error) {
-	type result struct {
-		lease *pool.Lease
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		l, err := h.pools.Acquire(r.Context(), prof, r.PathValue("pool"))
-		done <- result{l, err}
-	}()
-	tick := time.NewTicker(h.opts.KeepAliveInterval)
-	defer tick.Stop()
-	// Acquire is bounded by maxQueueWait and the client's context, so this ends.
-	for {
-		select {
-		case res := <-done:
-			return res.lease, res.err
-		case now := <-tick.C:
-			k.comment(fmt.Sprintf("loading %s, %ds", prof.ID, int(now.Sub(started).Seconds())))
+	var (
+		mu      sync.Mutex // orders the timer's writes to k before the request's
+		stopped bool       // guarded by mu: the request has its answer; no more comments
+		tick    *time.Timer
+	)
+	mu.Lock()
+	tick = time.AfterFunc(h.opts.KeepAliveInterval, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
 		}
-	}
+		k.comment(fmt.Sprintf("loading %s, %ds", prof.ID, int(time.Since(started).Seconds())))
+		tick.Reset(h.opts.KeepAliveInterval)
+	})
+	mu.Unlock()
+	// Acquire is bounded by maxQueueWait and the client's context, so this ends.
+	lease, err := h.pools.Acquire(r.Context(), prof, r.PathValue("pool"))
+	mu.Lock()
+	stopped = true
+	tick.Stop()
+	mu.Unlock()
+	return lease, err
 }
 
 // comment commits the response if needed and writes one SSE comment line.
