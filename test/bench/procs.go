@@ -70,9 +70,9 @@ func startEngine(dir, bin, model string, flags ...string) (*proc, error) {
 // startPoold runs poold on profiles on a free port, with its own state
 // directory and any further flags.
 func startPoold(dir, name, bin string, profiles []byte, flags ...string) (*proc, error) {
-	path := filepath.Join(dir, name+"-profiles.json")
-	if err := os.WriteFile(path, profiles, 0o644); err != nil {
-		return nil, fmt.Errorf("writing profiles: %w", err)
+	path, err := writeConfig(dir, name+"-profiles.json", profiles)
+	if err != nil {
+		return nil, err
 	}
 	port, err := freePort()
 	if err != nil {
@@ -89,15 +89,30 @@ func startPoold(dir, name, bin string, profiles []byte, flags ...string) (*proc,
 	return p, nil
 }
 
+// startBare runs bareproxy (bin) on a free port in front of upstream.
+func startBare(dir, bin, upstream string) (*proc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	p, err := start(dir, "bareproxy", bin, addr, upstream)
+	if err != nil {
+		return nil, err
+	}
+	p.base = "http://" + addr
+	return p, nil
+}
+
 // startFleetd runs fleetd on a free port in front of one poold host.
 func startFleetd(dir, bin, pooldBase string) (*proc, error) {
 	hosts, err := json.Marshal(map[string]any{"hosts": []map[string]string{{"name": "poold", "url": pooldBase}}})
 	if err != nil {
 		return nil, fmt.Errorf("rendering the hosts file: %w", err)
 	}
-	path := filepath.Join(dir, "fleetd-hosts.json")
-	if err := os.WriteFile(path, hosts, 0o644); err != nil {
-		return nil, fmt.Errorf("writing the hosts file: %w", err)
+	path, err := writeConfig(dir, "fleetd-hosts.json", hosts)
+	if err != nil {
+		return nil, err
 	}
 	port, err := freePort()
 	if err != nil {
@@ -110,6 +125,21 @@ func startFleetd(dir, bin, pooldBase string) (*proc, error) {
 	}
 	p.base = "http://" + addr
 	return p, nil
+}
+
+// writeConfig writes a watched file into dir/config, away from the logs in
+// dir: poold and fleetd watch their file's directory, and a log line written
+// next to it would wake their watchers on every request.
+func writeConfig(dir, name string, data []byte) (string, error) {
+	cdir := filepath.Join(dir, "config")
+	if err := os.MkdirAll(cdir, 0o755); err != nil {
+		return "", fmt.Errorf("creating the config directory: %w", err)
+	}
+	path := filepath.Join(cdir, name)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return "", fmt.Errorf("writing %s: %w", name, err)
+	}
+	return path, nil
 }
 
 // stop sends SIGTERM to p's process group and waits (SIGKILL after 20 s).

@@ -112,12 +112,12 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 	}()
 	b := &bench{o: o, dir: dir, bin: filepath.Join(dir, "poold"), fleetBin: filepath.Join(dir, "fleetd"),
 		logw: logw, rep: &report{}, direct: map[string]*proc{}}
-	logf(logw, "building poold and fleetd")
+	logf(logw, "building poold, fleetd and bareproxy")
 	build := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator),
-		"github.com/poold/poold/cmd/poold", "github.com/poold/poold/cmd/fleetd")
+		"github.com/poold/poold/cmd/poold", "github.com/poold/poold/cmd/fleetd", "github.com/poold/poold/test/bench/bareproxy")
 	build.Stdout, build.Stderr = logw, logw
 	if err := build.Run(); err != nil {
-		return nil, fmt.Errorf("building poold and fleetd: %w", err)
+		return nil, fmt.Errorf("building poold, fleetd and bareproxy: %w", err)
 	}
 	defer b.stopAll()
 	if err := b.startAll(ctx); err != nil {
