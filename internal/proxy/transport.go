@@ -92,8 +92,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		addr = net.JoinHostPort(req.URL.Hostname(), "80")
 	}
 	ctx := req.Context()
-	for {
-		c, reused, err := t.conn(ctx, addr)
+	for retried := false; ; retried = true {
+		c, reused, err := t.conn(ctx, addr, retried)
 		if err != nil {
 			closeBody(req)
 			return nil, err
@@ -222,10 +222,11 @@ func (b *upBody) release(eof bool) {
 	c.Close()
 }
 
-// conn returns an idle connection to addr that is still open, or dials one.
-func (t *Transport) conn(ctx context.Context, addr string) (c *upConn, reused bool, err error) {
+// conn returns an idle connection to addr that is still open, or dials one;
+// with fresh, it always dials.
+func (t *Transport) conn(ctx context.Context, addr string, fresh bool) (c *upConn, reused bool, err error) {
 	now := time.Now()
-	for {
+	for !fresh {
 		t.mu.Lock()
 		cs := t.idle[addr]
 		if len(cs) == 0 {
