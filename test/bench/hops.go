@@ -101,16 +101,13 @@ func (b *bench) interleave(ctx context.Context, sides []side, sh shape) ([][]res
 		}
 		for j, s := range sides {
 			res := &rs[j]
-			res.wall = time.Since(start)
+			for _, d := range res.lat {
+				res.wall += d // the side's own share of the round
+			}
 			slices.Sort(res.lat)
 			slices.Sort(res.ttfb)
-			if res.errs > 0 {
-				b.rep.problem("%s round %d: %d of %d requests failed; first: %v", s.name, r+1, res.errs, res.n, res.firstErr)
-			}
-			logf(b.logw, "  round %d %-6s: %d requests, %d errors, latency p50 %v, TTFB p50 %v p99 %v",
-				r+1, s.name, res.n, res.errs, quantile(res.lat, .5), quantile(res.ttfb, .5), quantile(res.ttfb, .99))
-			if res.n == res.errs {
-				return nil, fmt.Errorf("%s round %d: no request succeeded", s.name, r+1)
+			if err := b.roundDone(s, r, res); err != nil {
+				return nil, err
 			}
 			out[j] = append(out[j], *res)
 		}

@@ -257,18 +257,27 @@ func (b *bench) rotate(ctx context.Context, sides []side, f func(s side) (result
 			if err != nil {
 				return nil, fmt.Errorf("%s round %d: %w", s.name, r+1, err)
 			}
-			if res.errs > 0 {
-				b.rep.problem("%s round %d: %d of %d requests failed; first: %v", s.name, r+1, res.errs, res.n, res.firstErr)
-			}
-			logf(b.logw, "  round %d %-6s: %d requests, %d errors, latency p50 %v, TTFB p50 %v p99 %v, %.0f chunks/s",
-				r+1, s.name, res.n, res.errs, quantile(res.lat, .5), quantile(res.ttfb, .5), quantile(res.ttfb, .99), chunkRate(&res))
-			if res.n == res.errs {
-				return nil, fmt.Errorf("%s round %d: no request succeeded", s.name, r+1)
+			if err := b.roundDone(s, r, &res); err != nil {
+				return nil, err
 			}
 			out[i] = append(out[i], res)
 		}
 	}
 	return out, nil
+}
+
+// roundDone logs one side's round and reports its failed requests as a
+// problem; a round in which none succeeded is an error.
+func (b *bench) roundDone(s side, r int, res *result) error {
+	if res.errs > 0 {
+		b.rep.problem("%s round %d: %d of %d requests failed; first: %v", s.name, r+1, res.errs, res.n, res.firstErr)
+	}
+	logf(b.logw, "  round %d %-6s: %d requests, %d errors, latency p50 %v, TTFB p50 %v p99 %v, %.0f chunks/s",
+		r+1, s.name, res.n, res.errs, quantile(res.lat, .5), quantile(res.ttfb, .5), quantile(res.ttfb, .99), chunkRate(res))
+	if res.n == res.errs {
+		return fmt.Errorf("%s round %d: no request succeeded", s.name, r+1)
+	}
+	return nil
 }
 
 // med is the median of f over rs.
