@@ -82,7 +82,7 @@ func profilesJSON(tag string, pools []pool, sims []sim, defaults map[string]any)
 	var profs []map[string]any
 	for _, s := range sims {
 		cmd := append([]string{"{poold}", "engine-sim", "/models/" + s.ID, "--port", "{port}", "--served-model-name", "{id}"}, s.Flags...)
-		m := map[string]any{"id": s.ID, "command": cmd, "env": map[string]string{"POOLD_E2E_TAG": tag}}
+		m := map[string]any{"id": s.ID, "command": cmd, "env": map[string]string{"POOLD_E2E_TAG": runTag(tag)}}
 		if len(s.Aliases) > 0 {
 			m["aliases"] = s.Aliases
 		}
@@ -214,9 +214,15 @@ func (d *daemon) killLeftovers() {
 	}
 }
 
-// taggedProcesses lists live processes whose environment holds POOLD_E2E_TAG=tag.
+// runTag is tag made unique to this test process, so that two runs of the
+// suite on one machine (two checkouts, say) never count or kill each other's
+// engines.
+func runTag(tag string) string { return tag + "@" + strconv.Itoa(os.Getpid()) }
+
+// taggedProcesses lists live processes whose environment holds
+// POOLD_E2E_TAG=runTag(tag).
 func taggedProcesses(tag string) []int {
-	want := []byte("POOLD_E2E_TAG=" + tag + "\x00")
+	want := []byte("POOLD_E2E_TAG=" + runTag(tag) + "\x00")
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
 	for _, e := range ents {

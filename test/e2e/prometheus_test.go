@@ -43,11 +43,39 @@ func promGet(t *testing.T, base, path string, q url.Values) promResult {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		// Prometheus answers 503 (plain text) until its TSDB is open and its
+		// rules are loaded: not ready yet, to be asked again.
+		return promResult{Status: "unavailable", Error: strings.TrimSpace(string(b))}
+	}
 	var r promResult
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
 	}
 	return r
+}
+
+// waitPromReady polls Prometheus's /-/ready until it answers 200, failing
+// after timeout. A busy machine can take many seconds to open the TSDB.
+func waitPromReady(t *testing.T, base string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(base + "/-/ready")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("prometheus not ready within %s; last: %s", timeout, last)
 }
 
 // waitSeries polls an instant query until it returns a series, failing after timeout.
@@ -138,8 +166,9 @@ scrape_configs:
 		}
 	})
 	base := "http://" + addr
+	waitPromReady(t, base, 2*time.Minute)
 
-	r := waitSeries(t, base, `poold_requests_total{job="poold"}`, 60*time.Second)
+	r := waitSeries(t, base, `poold_requests_total{job="poold"}`, 2*time.Minute)
 	classes := map[string]bool{}
 	for _, s := range r.Data.Result {
 		classes[s.Metric["client"]] = true
@@ -152,7 +181,7 @@ scrape_configs:
 		"client:poold_completion_tokens:rate5m", "client:poold_prompt_tokens:rate5m",
 		`vllm:prompt_tokens_total{job="vllm",pool="p0"}`,
 	} {
-		waitSeries(t, base, q, 30*time.Second)
+		waitSeries(t, base, q, 2*time.Minute)
 	}
 	// Every rule loaded and evaluates without error.
 	rr := promGet(t, base, "/api/v1/rules", nil)
