@@ -13,16 +13,16 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/fleet"
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 func TestStatusTable(t *testing.T) {
 	profile := "qwen"
 	bad := "hosts[0]: url: required\nmore"
 	now := time.Now()
-	st := fleet.Status{Version: "v1", HostsFile: fleet.FileStatus{Path: "/etc/poold/hosts.json", LastError: &bad}, Hosts: []fleet.HostStatus{
-		{Name: "gpu-1", Healthy: true, Reachable: true, LastPoll: &now, PollLatencyMs: 1.25, Pools: []pool.Status{
-			{Name: "gpu0", State: pool.StateReady, Profile: &profile, InFlight: 2, Waiting: map[string]int{"llama": 1, "bge": 3}},
+	st := statusapi.Fleetd{Version: "v1", HostsFile: statusapi.File{Path: "/etc/poold/hosts.json", LastError: &bad}, Hosts: []statusapi.Host{
+		{Name: "gpu-1", Healthy: true, Reachable: true, LastPoll: &now, PollLatencyMs: 1.25, Pools: []statusapi.Pool{
+			{Name: "gpu0", State: statusapi.StateReady, Profile: &profile, InFlight: 2, Waiting: map[string]int{"llama": 1, "bge": 3}},
 		}},
 		{Name: "gpu-2", Ejected: true},
 	}}

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/poold/poold/internal/fleet"
-	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/watch"
 )
 
 // reloadDebounce is how long the hosts file must stay quiet before a reload.
@@ -49,7 +49,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	fleetCtx, stopFleet := context.WithCancel(context.Background())
 	defer stopFleet()
-	changes, err := profile.Watch(fleetCtx, s.Hosts, reloadDebounce, log.With("component", "hosts-watch"))
+	changes, err := watch.File(fleetCtx, s.Hosts, reloadDebounce, log.With("component", "hosts-watch"))
 	if err != nil {
 		return fmt.Errorf("watching hosts file: %w", err)
 	}

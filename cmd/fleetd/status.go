@@ -15,7 +15,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // status prints a running fleetd's fleet view: a table, or its JSON.
@@ -46,7 +46,7 @@ func status(args []string, out io.Writer) int {
 		_, _ = out.Write(body)
 		return 0
 	}
-	var st fleet.Status
+	var st statusapi.Fleetd
 	if err := json.Unmarshal(body, &st); err != nil {
 		fmt.Fprintf(os.Stderr, "fleetd status: decoding /status: %v\n", err)
 		return 1
@@ -56,7 +56,7 @@ func status(args []string, out io.Writer) int {
 }
 
 // printStatus writes one row per pool of every host.
-func printStatus(out io.Writer, st fleet.Status) {
+func printStatus(out io.Writer, st statusapi.Fleetd) {
 	fmt.Fprintf(out, "fleetd %s, hosts file %s", st.Version, st.HostsFile.Path)
 	if st.HostsFile.LastError != nil {
 		fmt.Fprintf(out, " (last reload refused: %s)", firstLine(*st.HostsFile.LastError))

@@ -19,6 +19,7 @@ import (
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // serve runs the daemon until ctx ends and returns the exit code.
@@ -54,7 +55,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 	reg := prometheus.NewRegistry()
 	var h *proxy.Handler
-	m := metrics.New(reg, func() []pool.Status { return h.PoolStatus() }, version, revision())
+	m := metrics.New(reg, func() []statusapi.Pool { return h.PoolStatus() }, version, revision())
 	m.ConfigLoaded(true, loadedAt)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
@@ -95,8 +96,8 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		AdminToken:        s.AdminToken,
 		// Reliability: a hung engine answers 504 after this.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
-		Status: func() proxy.Status {
-			return proxy.Status{
+		Status: func() statusapi.Poold {
+			return statusapi.Poold{
 				Version: version,
 				Host:    host,
 				Config:  rl.status(),
@@ -166,13 +167,13 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 // gpuStatus is the "gpu" part of /status: every GPU's telemetry, or why there
 // is none.
-func gpuStatus(p gpu.Provider) proxy.GPUStatus {
+func gpuStatus(p gpu.Provider) statusapi.GPUs {
 	if ok, reason := p.Available(); !ok {
-		return proxy.GPUStatus{Reason: reason}
+		return statusapi.GPUs{Reason: reason}
 	}
 	devs, err := p.Devices()
 	if err != nil {
-		return proxy.GPUStatus{Reason: err.Error()}
+		return statusapi.GPUs{Reason: err.Error()}
 	}
-	return proxy.GPUStatus{Available: true, Devices: devs}
+	return statusapi.GPUs{Available: true, Devices: devs}
 }

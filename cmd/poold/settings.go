@@ -15,8 +15,8 @@ import (
 
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/metrics"
+	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
-	"github.com/poold/poold/internal/proxy"
 )
 
 // defaultSettingsFile is read when it exists and no --config is given.
@@ -66,7 +66,7 @@ type settings struct {
 	RestartBackoff, MaxRestartBackoff                     time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
-	APIKeys *proxy.APIKeys
+	APIKeys *openai.APIKeys
 	// Metrics records every request in the request metrics (requests,
 	// latencies, tokens); false records none, and /metrics serves only the
 	// pool, swap, engine, GPU, build and Go collectors.
@@ -82,7 +82,7 @@ func loadSettings(args []string) (settings, error) {
 	fl.String("profiles", "", "profiles JSON file (required)")
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
-	fl.Int64("max-body-bytes", proxy.DefaultMaxBodyBytes, "request body limit in bytes")
+	fl.Int64("max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit in bytes")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("keepalive-interval", 10*time.Second, "interval of the SSE comments sent to a stream waiting for a swap; 0 disables them")
 	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
@@ -160,7 +160,7 @@ func loadSettings(args []string) (settings, error) {
 	s.RestartBackoff = v.GetDuration("restart-backoff")
 	s.MaxRestartBackoff = v.GetDuration("restart-backoff-max")
 	errs = append(errs, s.checkLimits()...)
-	if s.APIKeys, err = proxy.LoadAPIKeys(v.GetStringSlice("api-keys"), v.GetString("api-keys-file")); err != nil {
+	if s.APIKeys, err = openai.LoadAPIKeys(v.GetStringSlice("api-keys"), v.GetString("api-keys-file")); err != nil {
 		errs = append(errs, err)
 	}
 	if s.ReloadDebounce < 0 {

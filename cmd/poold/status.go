@@ -16,8 +16,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/poold/poold/internal/pool"
-	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // statusTimeout bounds the whole GET /status.
@@ -56,7 +55,7 @@ func status(args []string, stdout, stderr io.Writer) int {
 		_, _ = stdout.Write(body)
 		return 0
 	}
-	var st proxy.Status
+	var st statusapi.Poold
 	if err := json.Unmarshal(body, &st); err != nil {
 		fmt.Fprintf(stderr, "poold status: decoding %s/status: %v\n", url, err)
 		return 1
@@ -90,7 +89,7 @@ func fetchStatus(url string) ([]byte, error) {
 // printStatus writes the daemon line, the profiles line (and the refused
 // reload's errors, if any), then one row per pool (ASLEEP: its sleeping
 // engines, docs/sleep-mode.md).
-func printStatus(w io.Writer, st proxy.Status) {
+func printStatus(w io.Writer, st statusapi.Poold) {
 	fmt.Fprintf(w, "poold %s on %s\n", st.Version, st.Host)
 	c := st.Config
 	fmt.Fprintf(w, "profiles %s (sha256 %.12s, loaded %s)\n", c.Path, c.SHA256, c.LoadedAt.UTC().Format(time.RFC3339))
@@ -143,7 +142,7 @@ func waitingCell(waiting map[string]int) string {
 
 // sleepingCell lists the pool's sleeping engines, least recently used
 // first, each with its sleep level: "chat-small:L1 coder:L2", or "-".
-func sleepingCell(sleeping []pool.SleepStatus) string {
+func sleepingCell(sleeping []statusapi.Sleeper) string {
 	if len(sleeping) == 0 {
 		return "-"
 	}

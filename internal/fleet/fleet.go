@@ -15,7 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/upstream"
 )
 
 // Defaults for Options' zero values.
@@ -68,7 +69,7 @@ type Fleet struct {
 	// ctx is Run's context; nil before Run, which starts what Apply set up.
 	ctx   context.Context
 	file  *File
-	fstat FileStatus
+	fstat statusapi.File
 	// sources maps "file" and "dns:NAME" to the hosts each supplies.
 	sources map[string][]HostSpec
 	// dns maps a DNS entry (as formatted by dnsKey) to its discovery's cancel.
@@ -77,18 +78,10 @@ type Fleet struct {
 	wg    sync.WaitGroup // pollers and discoveries
 }
 
-// FileStatus describes the hosts file in force.
-type FileStatus struct {
-	Path      string    `json:"path"`
-	SHA256    string    `json:"sha256"`
-	LoadedAt  time.Time `json:"loadedAt"`
-	LastError *string   `json:"lastError"`
-}
-
 // New returns a Fleet with no hosts.
 func New(opts Options) *Fleet {
 	if opts.Client == nil {
-		opts.Client = &http.Client{Transport: &proxy.Transport{}}
+		opts.Client = &http.Client{Transport: &upstream.Transport{}}
 	}
 	if opts.Resolver == nil {
 		opts.Resolver = net.DefaultResolver
@@ -148,7 +141,7 @@ func (f *Fleet) LoadFile(path string) error {
 		f.fstat.LastError = nil
 		return nil
 	}
-	f.fstat = FileStatus{Path: path, SHA256: hash, LoadedAt: f.opts.Now()}
+	f.fstat = statusapi.File{Path: path, SHA256: hash, LoadedAt: f.opts.Now()}
 	f.applyLocked(file)
 	f.log.Info("hosts file loaded", "path", path, "hosts", len(file.Hosts), "dns", len(file.DNS))
 	return nil

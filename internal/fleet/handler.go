@@ -15,7 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/upstream"
 )
 
 // Defaults for HandlerOptions' zero values.
@@ -32,7 +33,7 @@ const (
 )
 
 // HandlerOptions configures a Handler. Zero values: MaxBodyBytes →
-// proxy.DefaultMaxBodyBytes; MaxAttempts → DefaultMaxAttempts;
+// openai.DefaultMaxBodyBytes; MaxAttempts → DefaultMaxAttempts;
 // AffinityHeader → DefaultAffinityHeader; AffinityBytes → DefaultAffinityBytes;
 // ScaleOutWait → scale-out off; Logger → discard; AccessLog → none.
 type HandlerOptions struct {
@@ -74,7 +75,7 @@ type Handler struct {
 // NewHandler builds the handler for f.
 func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = proxy.DefaultMaxBodyBytes
+		opts.MaxBodyBytes = openai.DefaultMaxBodyBytes
 	}
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = DefaultMaxAttempts
@@ -91,8 +92,8 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router")}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:    h.rewrite,
-		Transport:  &proxy.Transport{},
-		BufferPool: proxy.NewBufferPool(),
+		Transport:  &upstream.Transport{},
+		BufferPool: &upstream.BufferPool{},
 		// FlushInterval stays zero: ReverseProxy flushes an event stream (or
 		// a body of unknown length) after every write anyway, and a plain
 		// answer then leaves in one write with its headers. A negative one
@@ -150,7 +151,7 @@ func (a *attempt) markFirst() {
 // the next best on a connect failure or a 503.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := h.fleet.opts.Now()
-	id := proxy.RequestID(r, "fleetd", &h.seq)
+	id := openai.RequestID(r, "fleetd", &h.seq)
 	log := make([]slog.Attr, 0, 12) // the access log line's attributes
 	log = append(log, slog.String("requestId", id), slog.String("path", r.URL.Path))
 	hostName, model, status := "none", "", 0
@@ -172,15 +173,16 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	fail := func(code int, errCode, param, msg string) {
 		status = code
 		w.Header().Set("X-Request-Id", id)
-		proxy.WriteError(w, code, errCode, param, msg)
+		openai.WriteError(w, code, errCode, param, msg)
 	}
 
 	w.Header().Set("X-Request-Id", id)
-	body, name, stream, code := proxy.ReadRequest(w, r, h.opts.MaxBodyBytes)
+	body, req, code := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
 	if code != 0 {
 		status = code
 		return
 	}
+	name, stream := req.Model, req.Stream
 	log = append(log, slog.String("model", name), slog.Bool("stream", stream))
 
 	hosts := h.fleet.snapshot()
@@ -194,7 +196,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if len(order) == 0 {
 		status = http.StatusServiceUnavailable
 		w.Header().Set("X-Request-Id", id)
-		proxy.WriteUnavailable(w, "no_healthy_host", fmt.Sprintf("no healthy host can serve model %q now", name), 5*time.Second)
+		openai.WriteUnavailable(w, "no_healthy_host", fmt.Sprintf("no healthy host can serve model %q now", name), 5*time.Second)
 		return
 	}
 	h.fleet.metrics.decision(order[0].Reason)
@@ -243,7 +245,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	a := pr.In.Context().Value(attemptKey{}).(*attempt)
 	pr.SetURL(a.host.base)
 	out := pr.Out
-	proxy.SetBody(out, a.body)
+	upstream.SetBody(out, a.body)
 	out.Header.Set("X-Request-Id", a.id)
 }
 
@@ -261,7 +263,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	resp.Header.Set("X-Fleet-Host", a.host.spec.Name)
 	resp.Header.Del("X-Request-Id") // the answer has it already; poold's would be a second copy
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		resp.Body = proxy.NewSSEPassthrough(resp.Body, a.markFirst)
+		resp.Body = openai.NewSSEReader(resp.Body, false, a.markFirst)
 	} else {
 		resp.Body = &firstByteReader{ReadCloser: resp.Body, onFirst: a.markFirst}
 	}
@@ -284,7 +286,7 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	a.status = http.StatusBadGateway
 	w.Header().Set("X-Fleet-Host", a.host.spec.Name)
 	w.Header().Set("X-Request-Id", a.id)
-	proxy.WriteError(w, a.status, "host_unavailable", "", fmt.Sprintf("host %q failed: %v", a.host.spec.Name, err))
+	openai.WriteError(w, a.status, "host_unavailable", "", fmt.Sprintf("host %q failed: %v", a.host.spec.Name, err))
 }
 
 // firstByteReader calls onFirst when the first bytes are read.
@@ -311,10 +313,10 @@ func (h *Handler) affinityKey(r *http.Request, body []byte) string {
 	// The body is valid JSON (ReadRequest checked it): walk it rather than
 	// decode it, which would cost as much as the rest of the forward.
 	var p []byte
-	if first := proxy.FirstElement(proxy.Member(body, "messages")); first != nil {
-		p = proxy.Member(first, "content")
-	} else if p = proxy.Member(body, "prompt"); p == nil {
-		p = proxy.Member(body, "input")
+	if first := openai.FirstElement(openai.Member(body, "messages")); first != nil {
+		p = openai.Member(first, "content")
+	} else if p = openai.Member(body, "prompt"); p == nil {
+		p = openai.Member(body, "input")
 	}
 	return "prefix:" + string(p[:min(len(p), h.opts.AffinityBytes)])
 }

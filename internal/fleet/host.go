@@ -12,14 +12,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/statusapi"
 )
 
-// hostStatus is the part of poold's GET /status (DESIGN.md §6) fleetd reads.
+// hostStatus is the part of poold's GET /status fleetd reads.
 type hostStatus struct {
-	Version string        `json:"version"`
-	Host    string        `json:"host"`
-	Pools   []pool.Status `json:"pools"`
+	Version string           `json:"version"`
+	Host    string           `json:"host"`
+	Pools   []statusapi.Pool `json:"pools"`
 }
 
 // hostModel is one entry of poold's GET /v1/models.

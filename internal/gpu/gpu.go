@@ -12,28 +12,18 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+
+	"github.com/poold/poold/internal/statusapi"
 )
 
-// Device is one GPU's telemetry at one moment. Index is NVML's index (the one
-// nvidia-smi shows), which is what a pool's "gpus" list names.
-type Device struct {
-	Index            int       `json:"index"`
-	UUID             string    `json:"uuid"`
-	Name             string    `json:"name"`
-	MemoryUsedBytes  uint64    `json:"memoryUsedBytes"`
-	MemoryTotalBytes uint64    `json:"memoryTotalBytes"`
-	Utilization      float64   `json:"utilization"` // 0..1, over NVML's last sample period
-	TemperatureC     int       `json:"temperatureC"`
-	PowerWatts       float64   `json:"powerWatts"`
-	Processes        []Process `json:"processes"`
-}
+// Device is one GPU's telemetry at one moment, in the shape /status shows
+// it. Index is NVML's index (the one nvidia-smi shows), which is what a pool's
+// "gpus" list names.
+type Device = statusapi.GPU
 
 // Process is one compute process on a GPU. UsedBytes is 0 when NVML cannot
 // tell (as in some containers).
-type Process struct {
-	PID       int    `json:"pid"`
-	UsedBytes uint64 `json:"usedBytes"`
-}
+type Process = statusapi.GPUProcess
 
 // Provider reads GPU telemetry. Implementations are safe for concurrent use.
 type Provider interface {

@@ -14,19 +14,21 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
 
-// State is a pool's externally visible state (DESIGN.md §6).
-type State string
+// State is a pool's externally visible state, as /status shows it.
+type State = statusapi.PoolState
 
 // The pool states.
 const (
-	StateEmpty    State = "empty"
-	StateStarting State = "starting"
-	StateReady    State = "ready"
-	StateDraining State = "draining"
-	StateStopping State = "stopping"
-	StateFailed   State = "failed"
+	StateEmpty    = statusapi.StateEmpty
+	StateStarting = statusapi.StateStarting
+	StateReady    = statusapi.StateReady
+	StateDraining = statusapi.StateDraining
+	StateStopping = statusapi.StateStopping
+	StateSleeping = statusapi.StateSleeping
+	StateFailed   = statusapi.StateFailed
 )
 
 // ErrShutdown answers requests still waiting when poold shuts down.

@@ -16,11 +16,8 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
-
-// StateSleeping is a pool putting its engine to sleep (vLLM sleep mode) before
-// it wakes or starts another.
-const StateSleeping State = "sleeping"
 
 // Swap kinds (Observer.Swap).
 const (
@@ -405,10 +402,10 @@ func (p *Pool) stopSleepers() {
 }
 
 // sleepStatusLocked lists the sleepers for /status. p.mu must be held.
-func (p *Pool) sleepStatusLocked() []SleepStatus {
-	list := make([]SleepStatus, len(p.sleepers))
+func (p *Pool) sleepStatusLocked() []statusapi.Sleeper {
+	list := make([]statusapi.Sleeper, len(p.sleepers))
 	for i, sl := range p.sleepers {
-		list[i] = SleepStatus{Profile: sl.eng.profile.ID, Level: sl.level, Since: sl.since, HostBytes: sl.hostBytes, PID: sl.eng.pid, Port: sl.eng.port}
+		list[i] = statusapi.Sleeper{Profile: sl.eng.profile.ID, Level: sl.level, Since: sl.since, HostBytes: sl.hostBytes, PID: sl.eng.pid, Port: sl.eng.port}
 	}
 	return list
 }
