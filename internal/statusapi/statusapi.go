@@ -76,8 +76,8 @@ const (
 
 // Pool is one pool's entry in poold's GET /status.
 type Pool struct {
-	Name string `json:"name"`
-	GPUs []int  `json:"gpus"`
+	Name  string    `json:"name"`
+	GPUs  []int     `json:"gpus"`
 	State PoolState `json:"state"`
 	// Profile is the loaded profile's id; nil when none is loaded.
 	Profile *string `json:"profile"`
