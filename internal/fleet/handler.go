@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/placement"
 	"github.com/poold/poold/internal/upstream"
 )
 
@@ -200,12 +201,12 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.fleet.metrics.decision(order[0].Reason)
-	log = append(log, slog.String("reason", order[0].Reason), slog.String("tier", order[0].Tier.String()))
+	log = append(log, slog.String("reason", order[0].Reason), slog.String("tier", order[0].Rank.String()))
 	n := min(len(order), h.opts.MaxAttempts)
 	var tried []string
 	for i, c := range order[:n] {
 		hs := hosts[c.Host]
-		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), observe: stream && c.Tier == TierAwake,
+		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), observe: stream && c.Rank == placement.Awake,
 			last: i == n-1, start: h.fleet.opts.Now(), now: h.fleet.opts.Now}
 		tried = append(tried, c.Host)
 		cur = a

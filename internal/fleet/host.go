@@ -243,15 +243,18 @@ func (h *host) view(model string, now time.Time) (HostView, bool) {
 	}
 	v.Pools = make([]PoolView, len(h.status.Pools))
 	for i, p := range h.status.Pools {
-		pv := PoolView{Name: p.Name, State: string(p.State), GateClosed: p.Gate == "closed", InFlight: p.InFlight}
+		pv := PoolView{Name: p.Name, State: string(p.State), GateClosed: p.Gate == "closed", InFlight: p.InFlight, LastUsed: p.LastUsed}
 		if p.Profile != nil {
 			pv.Profile = *p.Profile
 		}
 		if p.SwitchingTo != nil {
 			pv.SwitchingTo = *p.SwitchingTo
 		}
-		for _, n := range p.Waiting {
+		for prof, n := range p.Waiting {
 			pv.Waiting += n
+			if n > 0 {
+				pv.Queued = append(pv.Queued, prof)
+			}
 		}
 		for _, s := range p.Sleeping {
 			pv.Sleeping = append(pv.Sleeping, s.Profile)
