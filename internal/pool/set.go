@@ -33,7 +33,9 @@ type poolList struct {
 // NewSet builds one Pool per pool of cfg. Call Run to start them.
 func NewSet(cfg *profile.Config, opts Options) *Set {
 	opts.host = new(hostSleep)
-	opts.spawn = newSpawner()
+	opts.spawn = processSpawner()
+	hc := defaultClients(opts) // shared by every pool of the set
+	opts.ProbeClient, opts.ControlClient = hc.probe, hc.control
 	s := &Set{opts: opts}
 	s.list.Store(&poolList{})
 	s.Apply(cfg)

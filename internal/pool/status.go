@@ -25,7 +25,7 @@ func (p *Pool) Status() statusapi.Pool {
 	if t := s.Target(); t != "" {
 		st.SwitchingTo = &t
 	}
-	if p.retiring && p.eng != nil {
+	if p.reload.step == reloadRetire && p.eng != nil {
 		st.Profile = &p.eng.profile.ID // still loaded, draining before a reload stops it
 	}
 	if !oldest.IsZero() {
