@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/metrics"
@@ -64,8 +65,9 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return err
 	}
 	defer ledger.Close()
-	gpus, closeGPUs := gpu.Open(log.With("component", "gpu"))
+	nvml, closeGPUs := gpu.Open(log.With("component", "gpu"))
 	defer closeGPUs()
+	gpus := gpu.Shared(nvml) // /status, scrapes and pools read the GPUs at once
 	reg.MustRegister(metrics.GPUCollector(gpus))
 	// With NVML, the pools check that stopped and sleeping engines release
 	// their GPU memory, and evict sleepers when a start would not fit.
@@ -122,22 +124,31 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	poolCtx, stopPools := context.WithCancel(context.Background())
 	defer stopPools()
 	pools.Run(poolCtx)
+	defer h.Close()
 
+	// The server and the systemd supervisor run in one group: a failed
+	// server ends the group's context, which starts the shutdown as a
+	// signal would. The pools run on their own context, which ends only
+	// once the requests have drained.
+	serving, servingCtx := errgroup.WithContext(ctx)
 	// Watch before serving: a change made once /health answers is seen.
-	waitReloads := rl.start(ctx, s.Watch, s.ReloadDebounce)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	waitReloads := rl.start(servingCtx, s.Watch, s.ReloadDebounce)
+	serving.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving: %w", err)
+		}
+		return nil
+	})
 	log.Info("poold listening", "addr", ln.Addr().String(), "profiles", s.Profiles, "version", version)
 	notify.ready()
-	go notify.supervise(ctx, time.Second,
-		func() string { return poolSummary(h.PoolStatus(), rl.status().LastError != nil) },
-		func() error { return pools.Healthy(5 * time.Second) })
+	serving.Go(func() error {
+		notify.supervise(servingCtx, time.Second,
+			func() string { return poolSummary(h.PoolStatus(), rl.status().LastError != nil) },
+			func() error { return pools.Healthy(5 * time.Second) })
+		return nil
+	})
 
-	select {
-	case err := <-served:
-		return fmt.Errorf("serving: %w", err)
-	case <-ctx.Done():
-	}
+	<-servingCtx.Done()
 	log.Info("shutting down: draining requests", "timeout", s.ShutdownTimeout)
 	notify.stopping()
 	waitReloads()
@@ -155,12 +166,13 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		log.Warn("drain timed out; closing remaining connections", "err", err)
 		_ = srv.Close()
 	}
-	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		log.Warn("server", "err", err)
-	}
+	servErr := serving.Wait()
 	log.Info("stopping engines")
 	stopPools()
 	pools.Wait()
+	if servErr != nil {
+		return servErr
+	}
 	log.Info("poold stopped")
 	return nil
 }

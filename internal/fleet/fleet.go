@@ -57,7 +57,10 @@ type Options struct {
 // host has one poller goroutine. Create it with New; it is safe for
 // concurrent use.
 type Fleet struct {
-	opts    Options
+	opts Options
+	// polls is the transport of the default poll client, closed when Run
+	// ends; nil when Options gave a client.
+	polls   *upstream.Transport
 	log     *slog.Logger
 	metrics *Metrics // nil: none
 	// routing is a copy of hosts, replaced (never modified) each time hosts
@@ -80,8 +83,10 @@ type Fleet struct {
 
 // New returns a Fleet with no hosts.
 func New(opts Options) *Fleet {
+	var polls *upstream.Transport
 	if opts.Client == nil {
-		opts.Client = &http.Client{Transport: &upstream.Transport{}}
+		polls = &upstream.Transport{}
+		opts.Client = &http.Client{Transport: polls}
 	}
 	if opts.Resolver == nil {
 		opts.Resolver = net.DefaultResolver
@@ -104,7 +109,7 @@ func New(opts Options) *Fleet {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Fleet{opts: opts, log: opts.Logger.With("component", "fleet"), metrics: opts.Metrics,
+	return &Fleet{opts: opts, polls: polls, log: opts.Logger.With("component", "fleet"), metrics: opts.Metrics,
 		sources: make(map[string][]HostSpec), dns: make(map[string]context.CancelFunc), hosts: make(map[string]*host)}
 }
 
@@ -119,6 +124,9 @@ func (f *Fleet) Run(ctx context.Context) {
 	f.mu.Unlock()
 	<-ctx.Done()
 	f.wg.Wait()
+	if f.polls != nil {
+		f.polls.Close()
+	}
 }
 
 // LoadFile reads, validates and applies the hosts file at path. A file that

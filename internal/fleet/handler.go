@@ -69,6 +69,7 @@ type Handler struct {
 	opts  HandlerOptions
 	log   *slog.Logger
 	rp    *httputil.ReverseProxy
+	tr    *upstream.Transport // the hosts' connections, rp's Transport
 	mux   *http.ServeMux
 	seq   atomic.Uint64 // request ids
 }
@@ -90,10 +91,10 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router")}
+	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router"), tr: &upstream.Transport{}}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:    h.rewrite,
-		Transport:  &upstream.Transport{},
+		Transport:  h.tr,
 		BufferPool: &upstream.BufferPool{},
 		// FlushInterval stays zero: ReverseProxy flushes an event stream (or
 		// a body of unknown length) after every write anyway, and a plain
@@ -116,6 +117,10 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// Close closes the idle connections to hosts and stops their sweep. Call it
+// once the server has stopped.
+func (h *Handler) Close() { h.tr.Close() }
 
 // attempt is one try of a request on one host, carried in the outgoing
 // request's context through the ReverseProxy callbacks.

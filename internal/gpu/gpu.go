@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -105,4 +107,23 @@ func sortedKeys(m map[int][]int) []int {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// Shared returns a Provider whose concurrent Devices calls share one read of
+// p: /status, a metrics scrape and a pool's VRAM check arriving together cost
+// one NVML read, not three. Callers must not modify the devices returned:
+// they may be shared.
+func Shared(p Provider) Provider { return &shared{p: p} }
+
+type shared struct {
+	p     Provider
+	reads singleflight.Group
+}
+
+func (s *shared) Available() (bool, string) { return s.p.Available() }
+
+func (s *shared) Devices() ([]Device, error) {
+	v, err, _ := s.reads.Do("", func() (any, error) { return s.p.Devices() })
+	devs, _ := v.([]Device)
+	return devs, err
 }
