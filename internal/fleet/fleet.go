@@ -277,9 +277,9 @@ func (f *Fleet) startLocked(spec HostSpec, source string) {
 
 func (f *Fleet) stopLocked(h *host) {
 	h.stop()
-	delete(f.hosts, h.spec.Name)
-	f.metrics.forget(h.spec.Name)
-	f.log.Info("host removed", "host", h.spec.Name)
+	delete(f.hosts, h.name)
+	f.metrics.forget(h.name)
+	f.log.Info("host removed", "host", h.name)
 }
 
 // snapshot returns the current hosts, in a map shared with every caller:

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -374,7 +375,7 @@ func TestNoRetryAfterBytes(t *testing.T) {
 // Requests sharing a session key land on the same host among equals, and
 // different keys use both hosts.
 func TestAffinity(t *testing.T) {
-	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("chat", "qwen"), model("qwen", "qwen"))
 	b := newFakeHost(t, "b", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	tf := startFleet(t, Options{}, HandlerOptions{}, a, b)
 	seen := make(map[string]bool)
@@ -447,7 +448,7 @@ func TestModelsAndStatus(t *testing.T) {
 // The hosts file is reloaded when the watcher says so: a valid file changes
 // the membership, a bad one changes nothing and is reported.
 func TestWatchFile(t *testing.T) {
-	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("chat", "qwen"), model("qwen", "qwen"))
 	b := newFakeHost(t, "b", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	path := filepath.Join(t.TempDir(), "hosts.json")
 	write := func(hosts ...*fakeHost) {
@@ -550,7 +551,7 @@ func TestResolve(t *testing.T) {
 // Hosts found in DNS join the fleet, follow the records as they change, and
 // stay when a lookup fails.
 func TestDNSDiscovery(t *testing.T) {
-	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("chat", "qwen"), model("qwen", "qwen"))
 	b := newFakeHost(t, "b", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	addr := func(fh *fakeHost) *net.SRV {
 		host, port, _ := net.SplitHostPort(strings.TrimPrefix(fh.srv.URL, "http://"))
@@ -625,4 +626,39 @@ func TestClientGoneCancelsHost(t *testing.T) {
 		t.Fatal("the host's request was not cancelled")
 	}
 	waitFor(t, "local count back to zero", func() bool { v, _ := hs.view("qwen", time.Now()); return len(v.Local) == 0 })
+}
+
+// A hosts-file reload that changes a host's weight and labels while requests
+// and polls use the host is no data race (run with -race).
+func TestReloadWeightDuringRequests(t *testing.T) {
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("chat", "qwen"), model("qwen", "qwen"))
+	tf := startFleet(t, Options{}, HandlerOptions{}, a)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 40 {
+			if resp, body := tf.post(chat); resp.StatusCode != http.StatusOK {
+				t.Errorf("%d %s", resp.StatusCode, body)
+				return
+			}
+		}
+	}()
+	i := 0
+	for reloading := true; reloading; i++ {
+		select {
+		case <-done:
+			reloading = false
+		default:
+		}
+		spec := a.spec()
+		spec.Weight = 1 + i%3
+		spec.Labels = map[string]string{"round": strconv.Itoa(i)}
+		tf.fleet.Apply(&File{Hosts: []HostSpec{spec}})
+		tf.fleet.Status()
+	}
+	last := i - 1
+	st := tf.waitHost("a", "reloaded", func(s statusapi.Host) bool { return s.Labels["round"] == strconv.Itoa(last) })
+	if st.Weight != 1+last%3 {
+		t.Fatalf("weight %d after the last reload", st.Weight)
+	}
 }

@@ -164,7 +164,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	var cur *attempt // the attempt under way; a broken stream unwinds from it with a panic
 	defer func() {
 		if cur != nil {
-			hostName, status = cur.host.spec.Name, cur.status
+			hostName, status = cur.host.name, cur.status
 			log = append(log, slog.Bool("aborted", true)) // the stream broke off after its first bytes
 		}
 		if status == 0 {
@@ -266,7 +266,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		return errRetry
 	}
 	a.status = resp.StatusCode
-	resp.Header.Set("X-Fleet-Host", a.host.spec.Name)
+	resp.Header.Set("X-Fleet-Host", a.host.name)
 	resp.Header.Del("X-Request-Id") // the answer has it already; poold's would be a second copy
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		resp.Body = openai.NewSSEReader(resp.Body, false, a.markFirst)
@@ -284,15 +284,15 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	a := r.Context().Value(attemptKey{}).(*attempt)
 	h.fleet.forwarded(a.host, err)
-	h.log.Warn("host request failed", "host", a.host.spec.Name, "requestId", a.id, "err", err)
+	h.log.Warn("host request failed", "host", a.host.name, "requestId", a.id, "err", err)
 	if !a.last {
 		a.retry = "connect"
 		return
 	}
 	a.status = http.StatusBadGateway
-	w.Header().Set("X-Fleet-Host", a.host.spec.Name)
+	w.Header().Set("X-Fleet-Host", a.host.name)
 	w.Header().Set("X-Request-Id", a.id)
-	openai.WriteError(w, a.status, "host_unavailable", "", fmt.Sprintf("host %q failed: %v", a.host.spec.Name, err))
+	openai.WriteError(w, a.status, "host_unavailable", "", fmt.Sprintf("host %q failed: %v", a.host.name, err))
 }
 
 // firstByteReader calls onFirst when the first bytes are read.
