@@ -76,7 +76,7 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 		for _, m := range hs.modelList() {
 			e := entries[m.ID]
 			if e == nil {
-				e = &statusapi.FleetModel{ID: m.ID, Object: "model", Created: created, OwnedBy: "fleetd", Root: m.Root, State: m.State}
+				e = &statusapi.FleetModel{ModelObject: statusapi.ModelObject{ID: m.ID, Object: "model", Created: created, OwnedBy: "fleetd", Root: m.Root}, State: m.State}
 				entries[m.ID] = e
 			}
 			if stateRank(m.State) < stateRank(e.State) {

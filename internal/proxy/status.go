@@ -105,7 +105,7 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 		if s == "" {
 			s = "available"
 		}
-		data = append(data, statusapi.Model{ID: name, Object: "model", Created: h.created, OwnedBy: "poold", Root: prof.ID, State: s, Pools: prof.Pools})
+		data = append(data, statusapi.Model{ModelObject: statusapi.ModelObject{ID: name, Object: "model", Created: h.created, OwnedBy: "poold", Root: prof.ID}, State: s, Pools: prof.Pools})
 	}
 	writeJSON(w, statusapi.ModelList[statusapi.Model]{Object: "list", Data: data})
 }

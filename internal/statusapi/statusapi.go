@@ -128,15 +128,20 @@ type GPUMemory struct {
 	TotalBytes uint64 `json:"totalBytes"`
 }
 
-// Model is one entry of poold's GET /v1/models: the OpenAI model object plus
-// poold's view of where it runs.
-type Model struct {
+// ModelObject is the OpenAI model object that begins every entry of
+// GET /v1/models. Root is the canonical profile id the name resolves to.
+type ModelObject struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
-	// Root is the canonical profile id the name resolves to.
-	Root string `json:"root"`
+	Root    string `json:"root"`
+}
+
+// Model is one entry of poold's GET /v1/models: the OpenAI model object plus
+// poold's view of where it runs.
+type Model struct {
+	ModelObject
 	// State is "ready" where it serves now, "loading" while it starts, else
 	// "available".
 	State string `json:"state"`
@@ -182,11 +187,7 @@ type Host struct {
 // FleetModel is one entry of fleetd's GET /v1/models: the OpenAI model
 // object plus where it can run.
 type FleetModel struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-	Root    string `json:"root"`
+	ModelObject
 	// State is the best state among the hosts: ready, loading, sleeping or
 	// available.
 	State string      `json:"state"`
