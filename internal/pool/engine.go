@@ -30,6 +30,7 @@ const logLines = 30
 type engine struct {
 	profile   *profile.Profile
 	port      int
+	gpus      []int    // the pool's GPUs when it started: a reload may move the pool, not the engine
 	target    *url.URL // http://127.0.0.1:port, shared read-only by every lease
 	pid       int      // also the process group id
 	startedAt time.Time
@@ -80,6 +81,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 	e := &engine{
 		profile:   prof,
 		port:      port,
+		gpus:      slices.Clone(spec.GPUs),
 		target:    loopbackURL(port),
 		pid:       cmd.Process.Pid,
 		startedAt: time.Now(),
