@@ -58,6 +58,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	var h *proxy.Handler
 	m := metrics.New(reg, func() []statusapi.Pool { return h.PoolStatus() }, version, revision())
 	m.ConfigLoaded(true, loadedAt)
+	m.Configure(cfg)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
 	ledger, err := openState(s.StateDir, log)

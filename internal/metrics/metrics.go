@@ -6,13 +6,16 @@ package metrics
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -24,6 +27,11 @@ var (
 
 // Metrics holds poold's collectors. Build it with New; the zero value is not usable.
 type Metrics struct {
+	mu sync.Mutex // guards configured
+	// configured is, per pool, the profiles that may run there, as of the
+	// last Configure: the series created at zero for them.
+	configured map[string][]string
+
 	requests         *prometheus.CounterVec
 	duration         *prometheus.HistogramVec
 	ttfb             *prometheus.HistogramVec
@@ -97,6 +105,60 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		&poolCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// Engine start results and exit reasons, the values of their labels.
+var (
+	startResults = []string{"ok", "failed"}
+	exitReasons  = []string{"stopped", "crashed", "load_failed"}
+)
+
+// Configure creates, at zero, the counters of every pool and of every
+// profile on each pool it may run on, so that a dashboard and an increase()
+// alert see the first event (a series born at 1 has no increase), and
+// deletes those of pools and profiles that cfg no longer has. Call it with
+// each profiles file applied. poold_swaps_total is labelled by pairs of
+// profiles and is created by the first swap of each pair.
+func (m *Metrics) Configure(cfg *profile.Config) {
+	next := make(map[string][]string, len(cfg.Pools))
+	for _, sp := range cfg.Pools {
+		var profs []string
+		for _, prof := range cfg.Profiles {
+			if prof.EligibleOn(sp.Name) {
+				profs = append(profs, prof.ID)
+			}
+		}
+		next[sp.Name] = profs
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for pl, profs := range m.configured {
+		if _, kept := next[pl]; !kept {
+			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld} {
+				c.DeletePartialMatch(prometheus.Labels{"pool": pl})
+			}
+			continue
+		}
+		for _, prof := range profs {
+			if !slices.Contains(next[pl], prof) {
+				m.engineStarts.DeletePartialMatch(prometheus.Labels{"pool": pl, "profile": prof})
+				m.engineExits.DeletePartialMatch(prometheus.Labels{"pool": pl, "profile": prof})
+			}
+		}
+	}
+	for pl, profs := range next {
+		m.vramHeld.WithLabelValues(pl)
+		m.sleepVRAMHeld.WithLabelValues(pl)
+		for _, prof := range profs {
+			for _, r := range startResults {
+				m.engineStarts.WithLabelValues(pl, prof, r)
+			}
+			for _, r := range exitReasons {
+				m.engineExits.WithLabelValues(pl, prof, r)
+			}
+		}
+	}
+	m.configured = next
 }
 
 // ConfigLoaded records the outcome of a profiles load.
