@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -36,7 +37,7 @@ func TestStatusTable(t *testing.T) {
 	defer srv.Close()
 
 	var out bytes.Buffer
-	if code := status([]string{"--addr", srv.URL}, &out); code != 0 {
+	if code := status([]string{"--addr", srv.URL}, &out, io.Discard); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	for _, want := range []string{
@@ -50,10 +51,10 @@ func TestStatusTable(t *testing.T) {
 		}
 	}
 	out.Reset()
-	if code := status([]string{"--addr", srv.URL, "--json"}, &out); code != 0 || !strings.Contains(out.String(), `"name":"gpu-2"`) {
+	if code := status([]string{"--addr", srv.URL, "--json"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), `"name":"gpu-2"`) {
 		t.Fatalf("--json: exit %d\n%s", code, out.String())
 	}
-	if code := status([]string{"--addr", srv.URL + "/nowhere"}, &out); code != 1 {
+	if code := status([]string{"--addr", srv.URL + "/nowhere"}, &out, io.Discard); code != 1 {
 		t.Fatalf("a 404 exits %d", code)
 	}
 }

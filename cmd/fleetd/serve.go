@@ -15,7 +15,9 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
 	"github.com/poold/poold/internal/profile"
 )
@@ -26,6 +28,10 @@ const reloadDebounce = 250 * time.Millisecond
 // serve runs fleetd until ctx ends and returns the exit code.
 func serve(ctx context.Context, args []string) int {
 	s, err := loadSettings(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		cli.PrintUsage(os.Stdout, serveFlags(), "[flags]")
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "fleetd: %v\n", err)
 		return 2

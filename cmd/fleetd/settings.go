@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
 	"github.com/poold/poold/internal/proxy"
 )
@@ -33,8 +34,9 @@ type settings struct {
 	Handler fleet.HandlerOptions
 }
 
-func loadSettings(args []string) (settings, error) {
-	fl := pflag.NewFlagSet("fleetd", pflag.ContinueOnError)
+// serveFlags defines serve's flags.
+func serveFlags() *pflag.FlagSet {
+	fl := cli.NewFlagSet("fleetd serve")
 	fl.String("listen", "127.0.0.1:8090", "address to serve the API on")
 	fl.String("hosts", "", "hosts JSON file (required)")
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
@@ -53,6 +55,13 @@ func loadSettings(args []string) (settings, error) {
 	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys fleetd itself requires on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.String("host-api-key-file", "", "file holding the API key fleetd presents on its polls of hosts whose poold requires keys")
+	return fl
+}
+
+// loadSettings parses serve's flags and merges them with the environment.
+// -h or --help returns pflag.ErrHelp.
+func loadSettings(args []string) (settings, error) {
+	fl := serveFlags()
 	if err := fl.Parse(args); err != nil {
 		return settings{}, err
 	}

@@ -13,33 +13,38 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/pflag"
-
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
 )
 
-// status prints a running fleetd's fleet view: a table, or its JSON.
-func status(args []string, out io.Writer) int {
-	fl := pflag.NewFlagSet("status", pflag.ContinueOnError)
+const statusUsage = "[--addr ADDR] [--json]"
+
+// status prints a running fleetd's fleet view: a table, or its JSON. It exits
+// 0, 1 when fleetd cannot be asked, 2 on a usage error.
+func status(args []string, out, stderr io.Writer) int {
+	fl := cli.NewFlagSet("fleetd status")
 	defAddr := "http://127.0.0.1:8090"
 	if a := os.Getenv("FLEETD_ADDR"); a != "" {
 		defAddr = a
 	}
 	addr := fl.String("addr", defAddr, "fleetd's base URL (env FLEETD_ADDR)")
 	asJSON := fl.Bool("json", false, "print the raw JSON")
-	if err := fl.Parse(args); err != nil {
-		return 2
+	if code, ok := cli.ParseFlags(fl, statusUsage, args, out, stderr); !ok {
+		return code
+	}
+	if fl.NArg() > 0 {
+		return cli.UsageError(stderr, fl, statusUsage, fmt.Errorf("unexpected arguments %q", fl.Args()))
 	}
 	client := &http.Client{Timeout: 10 * time.Second}
 	resp, err := client.Get(strings.TrimSuffix(*addr, "/") + "/status")
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "fleetd status: %v\n", err)
+		fmt.Fprintf(stderr, "fleetd status: %v\n", err)
 		return 1
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil || resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(os.Stderr, "fleetd status: GET /status: %s %v\n", resp.Status, err)
+		fmt.Fprintf(stderr, "fleetd status: GET /status: %s %v\n", resp.Status, err)
 		return 1
 	}
 	if *asJSON {
@@ -48,7 +53,7 @@ func status(args []string, out io.Writer) int {
 	}
 	var st fleet.Status
 	if err := json.Unmarshal(body, &st); err != nil {
-		fmt.Fprintf(os.Stderr, "fleetd status: decoding /status: %v\n", err)
+		fmt.Fprintf(stderr, "fleetd status: decoding /status: %v\n", err)
 		return 1
 	}
 	printStatus(out, st)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/profile"
 )
 
@@ -13,10 +14,14 @@ import (
 // invalid file is reported as "FILE: invalid:" on stderr, then every problem
 // on a line of its own, each naming its JSON path.
 func check(args []string, stdout, stderr io.Writer) int {
-	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: poold check FILE")
-		return 2
+	fl := cli.NewFlagSet("poold check")
+	if code, ok := cli.ParseFlags(fl, "FILE", args, stdout, stderr); !ok {
+		return code
 	}
+	if fl.NArg() != 1 {
+		return cli.UsageError(stderr, fl, "FILE", errors.New("one profiles file is required"))
+	}
+	args = fl.Args()
 	_, _, err := profile.Load(args[0])
 	var pathErr *fs.PathError
 	switch {

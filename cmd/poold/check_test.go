@@ -50,8 +50,11 @@ func TestCheckGoodAndUnreadable(t *testing.T) {
 		{[]string{good}, 0, good + ": ok\n", ""},
 		{[]string{missing}, 2, "", `poold check: reading profiles "` + missing + `": open ` + missing + ": no such file or directory\n"},
 		{[]string{t.TempDir()}, 2, "", ""}, // a directory: unreadable
-		{nil, 2, "", "usage: poold check FILE\n"},
-		{[]string{good, good}, 2, "", "usage: poold check FILE\n"},
+		{nil, 2, "", "poold check: one profiles file is required\nusage: poold check FILE (--help for more)\n"},
+		{[]string{good, good}, 2, "", "poold check: one profiles file is required\nusage: poold check FILE (--help for more)\n"},
+		{[]string{"--help"}, 0, "usage: poold check FILE\n", ""},
+		{[]string{"-h", good}, 0, "usage: poold check FILE\n", ""},
+		{[]string{"--strict", good}, 2, "", "poold check: unknown flag: --strict\nusage: poold check FILE (--help for more)\n"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := check(tt.args, &stdout, &stderr)

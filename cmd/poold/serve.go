@@ -13,7 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/pool"
@@ -24,6 +26,10 @@ import (
 // serve runs the daemon until ctx ends and returns the exit code.
 func serve(ctx context.Context, args []string) int {
 	s, err := loadSettings(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		cli.PrintUsage(os.Stdout, serveFlags(), "[flags]")
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "poold: %v\n", err)
 		return 2

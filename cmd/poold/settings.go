@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/pool"
@@ -73,10 +74,9 @@ type settings struct {
 	Metrics bool
 }
 
-// loadSettings parses serve's flags and merges them with the environment and
-// the optional settings file.
-func loadSettings(args []string) (settings, error) {
-	fl := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+// serveFlags defines serve's flags.
+func serveFlags() *pflag.FlagSet {
+	fl := cli.NewFlagSet("poold serve")
 	fl.String("config", "", "settings file (YAML); default "+defaultSettingsFile+" when it exists")
 	fl.String("listen", "127.0.0.1:8080", "address to serve the API on")
 	fl.String("profiles", "", "profiles JSON file (required)")
@@ -101,6 +101,13 @@ func loadSettings(args []string) (settings, error) {
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.Bool("metrics", true, "record per-request metrics (requests, latencies, tokens); false leaves /metrics with the pool, swap, GPU and Go collectors")
+	return fl
+}
+
+// loadSettings parses serve's flags and merges them with the environment and
+// the optional settings file. -h or --help returns pflag.ErrHelp.
+func loadSettings(args []string) (settings, error) {
+	fl := serveFlags()
 	if err := fl.Parse(args); err != nil {
 		return settings{}, err
 	}

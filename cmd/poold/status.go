@@ -14,8 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/pflag"
-
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/proxy"
 )
@@ -23,25 +22,24 @@ import (
 // statusTimeout bounds the whole GET /status.
 const statusTimeout = 10 * time.Second
 
+const statusUsage = "[--addr ADDR] [--json]"
+
 // status prints a running poold's GET /status as a table (or, with --json, as
 // it came): exit 0, 1 when the daemon cannot be asked, 2 on a usage error.
 // --addr defaults to POOLD_LISTEN, else 127.0.0.1:8080.
 func status(args []string, stdout, stderr io.Writer) int {
-	fl := pflag.NewFlagSet("status", pflag.ContinueOnError)
-	fl.SetOutput(stderr)
+	fl := cli.NewFlagSet("poold status")
 	def := os.Getenv("POOLD_LISTEN")
 	if def == "" {
 		def = "127.0.0.1:8080"
 	}
 	addr := fl.String("addr", def, "poold's address (host:port or URL)")
 	raw := fl.Bool("json", false, "print /status as poold sent it")
-	if err := fl.Parse(args); err != nil {
-		fmt.Fprintf(stderr, "poold status: %v\n", err)
-		return 2
+	if code, ok := cli.ParseFlags(fl, statusUsage, args, stdout, stderr); !ok {
+		return code
 	}
 	if fl.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: poold status [--addr URL] [--json]")
-		return 2
+		return cli.UsageError(stderr, fl, statusUsage, fmt.Errorf("unexpected arguments %q", fl.Args()))
 	}
 	url := strings.TrimSuffix(*addr, "/")
 	if !strings.Contains(url, "://") {

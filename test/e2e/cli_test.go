@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runCLI runs a built binary to completion (bounded by a minute) and returns
+// its exit code and output.
+func runCLI(t *testing.T, env []string, bin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(cmd.Environ(), env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("%s %q: %v", bin, args, err)
+	}
+	return code, out.String(), errOut.String()
+}
+
+// Help, version and usage errors of both binaries: help and version exit 0
+// on stdout, every subcommand answers --help with its own usage, and an
+// unknown command or flag exits 2 with the error on stderr.
+func TestCLIHelpAndVersion(t *testing.T) {
+	for _, tt := range []struct {
+		bin    string
+		args   []string
+		code   int
+		stdout []string // each must appear on stdout
+		stderr string   // must appear on stderr
+	}{
+		{bin: pooldBin, args: []string{"--help"}, stdout: []string{"\n  poold [serve] [flags]", "\n  poold check FILE", "\n  poold status [--addr ADDR] [--json]",
+			"\n  poold engine-sim ", "\n  poold version", "\n  poold help [COMMAND]", "Flags of serve", "--profiles string", "--shutdown-timeout duration"}},
+		{bin: pooldBin, args: []string{"-h"}, stdout: []string{"\n  poold check FILE"}},
+		{bin: pooldBin, args: []string{"help"}, stdout: []string{"\n  poold check FILE"}},
+		{bin: pooldBin, args: []string{"--version"}, stdout: []string{"poold "}},
+		{bin: pooldBin, args: []string{"version"}, stdout: []string{"poold "}},
+		{bin: pooldBin, args: []string{"serve", "--help"}, stdout: []string{"usage: poold serve [flags]", "--listen string"}},
+		{bin: pooldBin, args: []string{"check", "--help"}, stdout: []string{"usage: poold check FILE"}},
+		{bin: pooldBin, args: []string{"help", "check"}, stdout: []string{"usage: poold check FILE"}},
+		{bin: pooldBin, args: []string{"status", "--help"}, stdout: []string{"usage: poold status [--addr ADDR] [--json]", "--addr string"}},
+		{bin: pooldBin, args: []string{"engine-sim", "--help"}, stdout: []string{"usage: poold engine-sim"}},
+		{bin: pooldBin, args: []string{"bogus"}, code: 2, stderr: `poold: unknown command "bogus"`},
+		{bin: pooldBin, args: []string{"--bogus"}, code: 2, stderr: "unknown flag: --bogus"},
+		{bin: pooldBin, args: []string{"status", "--bogus"}, code: 2, stderr: "poold status: unknown flag: --bogus"},
+		{bin: pooldBin, args: []string{"check"}, code: 2, stderr: "usage: poold check FILE"},
+
+		{bin: fleetdBin, args: []string{"--help"}, stdout: []string{"\n  fleetd [serve] [flags]", "\n  fleetd check FILE",
+			"\n  fleetd status [--addr ADDR] [--json]", "\n  fleetd version", "\n  fleetd help [COMMAND]", "Flags of serve", "--hosts string"}},
+		{bin: fleetdBin, args: []string{"-h"}, stdout: []string{"\n  fleetd check FILE"}},
+		{bin: fleetdBin, args: []string{"help"}, stdout: []string{"\n  fleetd check FILE"}},
+		{bin: fleetdBin, args: []string{"--version"}, stdout: []string{"fleetd "}},
+		{bin: fleetdBin, args: []string{"version"}, stdout: []string{"fleetd "}},
+		{bin: fleetdBin, args: []string{"serve", "-h"}, stdout: []string{"usage: fleetd serve [flags]", "--poll-interval duration"}},
+		{bin: fleetdBin, args: []string{"check", "--help"}, stdout: []string{"usage: fleetd check FILE"}},
+		{bin: fleetdBin, args: []string{"status", "--help"}, stdout: []string{"usage: fleetd status [--addr ADDR] [--json]"}},
+		{bin: fleetdBin, args: []string{"bogus"}, code: 2, stderr: `fleetd: unknown command "bogus"`},
+		{bin: fleetdBin, args: []string{"--bogus"}, code: 2, stderr: "unknown flag: --bogus"},
+	} {
+		code, stdout, stderr := runCLI(t, nil, tt.bin, tt.args...)
+		name := tt.bin[strings.LastIndexByte(tt.bin, '/')+1:] + " " + strings.Join(tt.args, " ")
+		if code != tt.code {
+			t.Errorf("%s: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", name, code, tt.code, stdout, stderr)
+			continue
+		}
+		for _, want := range tt.stdout {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("%s: stdout lacks %q:\n%s", name, want, stdout)
+			}
+		}
+		if tt.code == 0 && stderr != "" {
+			t.Errorf("%s: stderr %q, want nothing", name, stderr)
+		}
+		if tt.code != 0 && (stdout != "" || !strings.Contains(stderr, tt.stderr)) {
+			t.Errorf("%s: stdout %q, stderr %q; want nothing and %q", name, stdout, stderr, tt.stderr)
+		}
+	}
+}
