@@ -42,7 +42,7 @@ func program() *cli.Program {
 			}},
 			{Name: "check", Args: "FILE", Summary: "validate a hosts file",
 				Run: func(args []string) int { return check(args, os.Stdout, os.Stderr) }},
-			{Name: "status", Args: statusUsage, Summary: "print a running fleetd's hosts and their pools as a table",
+			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running fleetd's hosts and their pools as a table",
 				Run: func(args []string) int { return status(args, os.Stdout, os.Stderr) }},
 		},
 		More: func(w io.Writer) {

@@ -37,7 +37,8 @@ func TestStatusTable(t *testing.T) {
 	defer srv.Close()
 
 	var out bytes.Buffer
-	if code := status([]string{"--addr", srv.URL}, &out, io.Discard); code != 0 {
+	// The address as host:port, as poold status takes it.
+	if code := status([]string{"--addr", strings.TrimPrefix(srv.URL, "http://")}, &out, io.Discard); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	for _, want := range []string{

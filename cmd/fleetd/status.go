@@ -5,59 +5,33 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
 )
 
-const statusUsage = "[--addr ADDR] [--json]"
-
 // status prints a running fleetd's fleet view: a table, or its JSON. It exits
 // 0, 1 when fleetd cannot be asked, 2 on a usage error.
-func status(args []string, out, stderr io.Writer) int {
-	fl := cli.NewFlagSet("fleetd status")
-	defAddr := "http://127.0.0.1:8090"
-	if a := os.Getenv("FLEETD_ADDR"); a != "" {
-		defAddr = a
+func status(args []string, stdout, stderr io.Writer) int {
+	addr := os.Getenv("FLEETD_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:8090"
 	}
-	addr := fl.String("addr", defAddr, "fleetd's base URL (env FLEETD_ADDR)")
-	asJSON := fl.Bool("json", false, "print the raw JSON")
-	if code, ok := cli.ParseFlags(fl, statusUsage, args, out, stderr); !ok {
-		return code
-	}
-	if fl.NArg() > 0 {
-		return cli.UsageError(stderr, fl, statusUsage, fmt.Errorf("unexpected arguments %q", fl.Args()))
-	}
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get(strings.TrimSuffix(*addr, "/") + "/status")
-	if err != nil {
-		fmt.Fprintf(stderr, "fleetd status: %v\n", err)
-		return 1
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(stderr, "fleetd status: GET /status: %s %v\n", resp.Status, err)
-		return 1
-	}
-	if *asJSON {
-		_, _ = out.Write(body)
-		return 0
-	}
-	var st fleet.Status
-	if err := json.Unmarshal(body, &st); err != nil {
-		fmt.Fprintf(stderr, "fleetd status: decoding /status: %v\n", err)
-		return 1
-	}
-	printStatus(out, st)
-	return 0
+	cmd := cli.StatusCommand{Daemon: "fleetd", DefaultAddr: addr, AddrHelp: "fleetd's address, host:port or URL (default: FLEETD_ADDR, else 127.0.0.1:8090)",
+		Print: func(w io.Writer, body []byte) error {
+			var st fleet.Status
+			if err := json.Unmarshal(body, &st); err != nil {
+				return fmt.Errorf("decoding /status: %w", err)
+			}
+			printStatus(w, st)
+			return nil
+		}}
+	return cmd.Run(args, stdout, stderr)
 }
 
 // printStatus writes one row per pool of every host.

@@ -40,7 +40,7 @@ func program() *cli.Program {
 			}},
 			{Name: "check", Args: "FILE", Summary: "validate a profiles file: every problem with its JSON path",
 				Run: func(args []string) int { return check(args, os.Stdout, os.Stderr) }},
-			{Name: "status", Args: statusUsage, Summary: "print a running poold's pools as a table",
+			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running poold's pools as a table",
 				Run: func(args []string) int { return status(args, os.Stdout, os.Stderr) }},
 			{Name: "engine-sim", Args: "[MODEL] [flags]", Summary: "run the bundled vLLM simulator (the engine of the demo and the tests)",
 				Run: enginesim.Main},

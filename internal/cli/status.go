@@ -1,0 +1,103 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// statusTimeout bounds a whole GET /status.
+const statusTimeout = 10 * time.Second
+
+// maxStatusBytes bounds the /status body read.
+const maxStatusBytes = 16 << 20
+
+// BaseURL turns a daemon's address, given as host:port or as an http(s) URL,
+// into a base URL without a trailing slash.
+func BaseURL(addr string) (string, error) {
+	s := strings.TrimSpace(addr)
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("address %q: %w", addr, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", fmt.Errorf("address %q: scheme %q is neither http nor https", addr, u.Scheme)
+	case u.Host == "":
+		return "", fmt.Errorf("address %q: no host", addr)
+	}
+	return strings.TrimSuffix(s, "/"), nil
+}
+
+// FetchStatus returns the body of GET base/status.
+func FetchStatus(base string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
+	u := base + "/status"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxStatusBytes))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", u, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	return body, nil
+}
+
+// A StatusCommand is the "status" command of a daemon: it reads the
+// daemon's GET /status and prints it, as a table or, with --json, as sent.
+type StatusCommand struct {
+	// Daemon is the daemon whose /status this reads: "poold" or "fleetd".
+	Daemon string
+	// DefaultAddr is --addr's default, as host:port or URL.
+	DefaultAddr, AddrHelp string
+	// Print decodes body and writes it as a table.
+	Print func(w io.Writer, body []byte) error
+}
+
+// Run runs the command with args and returns its exit code: 0, 1 when the
+// daemon cannot be asked, 2 on a usage error.
+func (c StatusCommand) Run(args []string, stdout, stderr io.Writer) int {
+	const usage = "[--addr ADDR] [--json]"
+	fl := NewFlagSet(c.Daemon + " status")
+	addr := fl.String("addr", c.DefaultAddr, c.AddrHelp)
+	raw := fl.Bool("json", false, "print /status as "+c.Daemon+" sent it")
+	if code, ok := ParseFlags(fl, usage, args, stdout, stderr); !ok {
+		return code
+	}
+	if fl.NArg() > 0 {
+		return UsageError(stderr, fl, usage, fmt.Errorf("unexpected arguments %q", fl.Args()))
+	}
+	base, err := BaseURL(*addr)
+	if err != nil {
+		return UsageError(stderr, fl, usage, fmt.Errorf("--addr: %w", err))
+	}
+	body, err := FetchStatus(base)
+	switch {
+	case err != nil:
+	case *raw:
+		_, err = stdout.Write(body)
+	default:
+		err = c.Print(stdout, body)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s status: %v\n", c.Daemon, err)
+		return ExitFailure
+	}
+	return ExitOK
+}

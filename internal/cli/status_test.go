@@ -1,0 +1,68 @@
+package cli
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestBaseURL(t *testing.T) {
+	for _, tt := range []struct{ in, want, err string }{
+		{in: "127.0.0.1:8090", want: "http://127.0.0.1:8090"},
+		{in: "localhost:8080/", want: "http://localhost:8080"},
+		{in: "http://127.0.0.1:8090", want: "http://127.0.0.1:8090"},
+		{in: "https://fleetd.example:443/", want: "https://fleetd.example:443"},
+		{in: "http://fleetd/base", want: "http://fleetd/base"},
+		{in: "[::1]:8080", want: "http://[::1]:8080"},
+		{in: "ftp://host:21", err: `address "ftp://host:21": scheme "ftp" is neither http nor https`},
+		{in: "", err: `address "": no host`},
+		{in: "http://", err: `address "http://": no host`},
+		{in: "127.0.0.1:port", err: `address "127.0.0.1:port": parse "http://127.0.0.1:port": invalid port ":port" after host`},
+	} {
+		got, err := BaseURL(tt.in)
+		if got != tt.want || (err == nil) != (tt.err == "") || err != nil && err.Error() != tt.err {
+			t.Errorf("BaseURL(%q) = %q, %v; want %q, %q", tt.in, got, err, tt.want, tt.err)
+		}
+	}
+}
+
+// TestStatusCommandAddresses: --addr takes host:port or a URL, and --json
+// prints the body as sent.
+func TestStatusCommandAddresses(t *testing.T) {
+	const body = `{"version":"v1","config":{},"pools":[]}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/status" {
+			http.NotFound(w, r)
+			return
+		}
+		io.WriteString(w, body)
+	}))
+	defer srv.Close()
+	cmd := StatusCommand{Daemon: "poold", DefaultAddr: "127.0.0.1:1", Print: func(w io.Writer, b []byte) error {
+		_, err := fmt.Fprintf(w, "table of %d bytes\n", len(b))
+		return err
+	}}
+	hostPort := strings.TrimPrefix(srv.URL, "http://")
+	for _, tt := range []struct {
+		args         []string
+		code         int
+		stdout, errs string
+	}{
+		{args: []string{"--addr", hostPort}, stdout: fmt.Sprintf("table of %d bytes\n", len(body))},
+		{args: []string{"--addr", srv.URL + "/"}, stdout: fmt.Sprintf("table of %d bytes\n", len(body))},
+		{args: []string{"--addr", hostPort, "--json"}, stdout: body},
+		{args: []string{"--addr", srv.URL + "/nowhere"}, code: 1, errs: "poold status: GET " + srv.URL + "/nowhere/status: 404 Not Found\n"},
+		{args: []string{"--addr", "ftp://" + hostPort}, code: 2, errs: "poold status: --addr: address \"ftp://" + hostPort + "\": scheme \"ftp\" is neither http nor https\n"},
+		{args: []string{"extra"}, code: 2, errs: "poold status: unexpected arguments [\"extra\"]\n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := cmd.Run(tt.args, &stdout, &stderr)
+		if code != tt.code || stdout.String() != tt.stdout || !strings.HasPrefix(stderr.String(), tt.errs) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want %d, %q, %q", tt.args, code, stdout.String(), stderr.String(), tt.code, tt.stdout, tt.errs)
+		}
+	}
+}
