@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -70,8 +71,14 @@ type StatusCommand struct {
 	Print func(w io.Writer, body []byte) error
 }
 
+// statusKeys are the top-level keys that tell each daemon's /status apart.
+var statusKeys = map[string][2]string{
+	"poold":  {"config", "pools"},
+	"fleetd": {"hostsFile", "hosts"},
+}
+
 // Run runs the command with args and returns its exit code: 0, 1 when the
-// daemon cannot be asked, 2 on a usage error.
+// daemon cannot be asked or is not the one expected, 2 on a usage error.
 func (c StatusCommand) Run(args []string, stdout, stderr io.Writer) int {
 	const usage = "[--addr ADDR] [--json]"
 	fl := NewFlagSet(c.Daemon + " status")
@@ -88,6 +95,9 @@ func (c StatusCommand) Run(args []string, stdout, stderr io.Writer) int {
 		return UsageError(stderr, fl, usage, fmt.Errorf("--addr: %w", err))
 	}
 	body, err := FetchStatus(base)
+	if err == nil {
+		err = c.expect(base, body)
+	}
 	switch {
 	case err != nil:
 	case *raw:
@@ -100,4 +110,28 @@ func (c StatusCommand) Run(args []string, stdout, stderr io.Writer) int {
 		return ExitFailure
 	}
 	return ExitOK
+}
+
+// expect returns an error unless body is the /status of c.Daemon, naming
+// the daemon that answered when it is the other one.
+func (c StatusCommand) expect(base string, body []byte) error {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		return fmt.Errorf("decoding %s/status: %w", base, err)
+	}
+	is := func(daemon string) bool {
+		keys := statusKeys[daemon]
+		return top[keys[0]] != nil && top[keys[1]] != nil
+	}
+	if is(c.Daemon) {
+		return nil
+	}
+	for other := range statusKeys {
+		if other != c.Daemon && is(other) {
+			var version string
+			_ = json.Unmarshal(top["version"], &version)
+			return fmt.Errorf("%s is a %s (version %s), not a %s; run: %s status --addr %s", base, other, version, c.Daemon, other, base)
+		}
+	}
+	return fmt.Errorf("%s/status is not %s's status (no %q and %q)", base, c.Daemon, statusKeys[c.Daemon][0], statusKeys[c.Daemon][1])
 }

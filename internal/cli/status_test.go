@@ -66,3 +66,41 @@ func TestStatusCommandAddresses(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusCommandOtherDaemon: a status command pointed at the other
+// daemon, or at something else, says so and exits 1, with or without --json.
+func TestStatusCommandOtherDaemon(t *testing.T) {
+	serve := func(body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, body) }))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	fleetd := serve(`{"version":"v2","hostsFile":{"path":"/etc/poold/hosts.json"},"hosts":[]}`)
+	poold := serve(`{"version":"v1","host":"gpu-1","config":{"path":"p.json"},"gpu":{},"pools":[]}`)
+	other := serve(`{"status":"ok"}`)
+	notJSON := serve(`<html>`)
+	printed := func(w io.Writer, b []byte) error { _, err := io.WriteString(w, "table\n"); return err }
+	pooldCmd := StatusCommand{Daemon: "poold", Print: printed}
+	fleetdCmd := StatusCommand{Daemon: "fleetd", Print: printed}
+	for _, tt := range []struct {
+		cmd    StatusCommand
+		addr   string
+		code   int
+		stderr string
+	}{
+		{pooldCmd, poold, 0, ""},
+		{fleetdCmd, fleetd, 0, ""},
+		{pooldCmd, fleetd, 1, "poold status: " + fleetd + " is a fleetd (version v2), not a poold; run: fleetd status --addr " + fleetd + "\n"},
+		{fleetdCmd, poold, 1, "fleetd status: " + poold + " is a poold (version v1), not a fleetd; run: poold status --addr " + poold + "\n"},
+		{pooldCmd, other, 1, "poold status: " + other + `/status is not poold's status (no "config" and "pools")` + "\n"},
+		{fleetdCmd, notJSON, 1, "fleetd status: decoding " + notJSON + "/status: invalid character '<' looking for beginning of value\n"},
+	} {
+		for _, args := range [][]string{{"--addr", tt.addr}, {"--addr", tt.addr, "--json"}} {
+			var stdout, stderr bytes.Buffer
+			code := tt.cmd.Run(args, &stdout, &stderr)
+			if code != tt.code || stderr.String() != tt.stderr || (code == 0) != (stdout.Len() > 0) {
+				t.Errorf("%s status %q: exit %d, stdout %q, stderr %q; want %d, %q", tt.cmd.Daemon, args, code, stdout.String(), stderr.String(), tt.code, tt.stderr)
+			}
+		}
+	}
+}

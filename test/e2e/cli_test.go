@@ -89,3 +89,32 @@ func TestCLIHelpAndVersion(t *testing.T) {
 		}
 	}
 }
+
+// poold status and fleetd status each read their own daemon, at host:port or
+// at a URL, and name the other daemon when pointed at it.
+func TestStatusCommandsNameTheirDaemon(t *testing.T) {
+	d := startPoold(t, t.Name(), hostProfiles(t.Name(), "", []string{"a"}))
+	f := startFleetd(t, []*daemon{d})
+	pooldAddr, fleetdAddr := strings.TrimPrefix(d.url, "http://"), strings.TrimPrefix(f.url, "http://")
+	for _, tt := range []struct {
+		bin, addr string
+		code      int
+		stdout    string // on stdout when the exit is 0, else on stderr
+	}{
+		{pooldBin, pooldAddr, 0, "\ngpu0 "},
+		{pooldBin, d.url + "/", 0, "\ngpu0 "},
+		{fleetdBin, fleetdAddr, 0, "\nhost1 "},
+		{fleetdBin, f.url, 0, "\nhost1 "},
+		{pooldBin, fleetdAddr, 1, "poold status: " + f.url + " is a fleetd (version dev), not a poold; run: fleetd status --addr " + f.url + "\n"},
+		{fleetdBin, d.url, 1, "fleetd status: " + d.url + " is a poold (version dev), not a fleetd; run: poold status --addr " + d.url + "\n"},
+	} {
+		code, stdout, stderr := runCLI(t, nil, tt.bin, "status", "--addr", tt.addr)
+		got := stdout
+		if tt.code != 0 {
+			got = stderr
+		}
+		if code != tt.code || !strings.Contains(got, tt.stdout) {
+			t.Errorf("%s status --addr %s: exit %d, stdout:\n%s\nstderr:\n%s\nwant exit %d and %q", tt.bin, tt.addr, code, stdout, stderr, tt.code, tt.stdout)
+		}
+	}
+}
