@@ -34,7 +34,9 @@ func status(args []string, stdout, stderr io.Writer) int {
 	return cmd.Run(args, stdout, stderr)
 }
 
-// printStatus writes one row per pool of every host.
+// printStatus writes one row per pool of every host, with the host's last
+// error. An ejected host gets one row, without the pools of its last good
+// poll.
 func printStatus(out io.Writer, st fleet.Status) {
 	fmt.Fprintf(out, "fleetd %s, hosts file %s", st.Version, st.HostsFile.Path)
 	if st.HostsFile.LastError != nil {
@@ -42,7 +44,7 @@ func printStatus(out io.Writer, st fleet.Status) {
 	}
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tHEALTH\tPOOL\tSTATE\tPROFILE\tSWITCHING\tIN FLIGHT\tWAITING\tPOLL")
+	fmt.Fprintln(tw, "HOST\tHEALTH\tPOOL\tSTATE\tPROFILE\tSWITCHING\tIN FLIGHT\tWAITING\tPOLL\tLAST ERROR")
 	for _, h := range st.Hosts {
 		health := "up"
 		switch {
@@ -57,12 +59,17 @@ func printStatus(out io.Writer, st fleet.Status) {
 		if h.LastPoll != nil {
 			poll = strconv.FormatFloat(h.PollLatencyMs, 'f', 1, 64) + "ms"
 		}
-		if len(h.Pools) == 0 {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t%s\n", h.Name, health, poll)
+		lastErr := "-"
+		if h.LastError != nil {
+			lastErr = firstLine(*h.LastError)
+		}
+		if len(h.Pools) == 0 || h.Ejected {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t%s\t%s\n", h.Name, health, poll, lastErr)
+			continue
 		}
 		for _, p := range h.Pools {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", h.Name, health, p.Name, p.State,
-				orDash(p.Profile), orDash(p.SwitchingTo), p.InFlight, waiting(p.Waiting), poll)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", h.Name, health, p.Name, p.State,
+				orDash(p.Profile), orDash(p.SwitchingTo), p.InFlight, waiting(p.Waiting), poll, lastErr)
 		}
 	}
 	_ = tw.Flush()

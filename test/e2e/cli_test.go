@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +117,43 @@ func TestStatusCommandsNameTheirDaemon(t *testing.T) {
 		if code != tt.code || !strings.Contains(got, tt.stdout) {
 			t.Errorf("%s status --addr %s: exit %d, stdout:\n%s\nstderr:\n%s\nwant exit %d and %q", tt.bin, tt.addr, code, stdout, stderr, tt.code, tt.stdout)
 		}
+	}
+}
+
+// fleetd status shows a host that fleetd ejected as ejected, with the reason,
+// and without the pools of its last good poll: here poold came back on the
+// same address requiring API keys that fleetd does not present.
+func TestFleetdStatusShowsEjectedHost(t *testing.T) {
+	tag := t.Name()
+	profiles := hostProfiles(tag, "a", []string{"a"})
+	d := startPoold(t, tag, profiles)
+	d.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "a" })
+	f := startFleetd(t, []*daemon{d})
+	d.stop()
+	keys := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, keys, []byte("sk-not-fleetds\n"))
+	launch(t, tag, profiles, "--listen", strings.TrimPrefix(d.url, "http://"), "--api-keys-file", keys)
+
+	var stdout string
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(stdout, "401 Unauthorized") || !strings.Contains(stdout, " ejected ") {
+		if time.Now().After(deadline) {
+			t.Fatalf("fleetd status never showed the host ejected for its 401:\n%s", stdout)
+		}
+		time.Sleep(50 * time.Millisecond)
+		var code int
+		var stderr string
+		if code, stdout, stderr = runCLI(t, nil, fleetdBin, "status", "--addr", f.url); code != 0 {
+			t.Fatalf("fleetd status: exit %d: %s", code, stderr)
+		}
+	}
+	var rows []string
+	for _, line := range strings.Split(stdout, "\n") {
+		if strings.HasPrefix(line, "host1 ") {
+			rows = append(rows, line)
+		}
+	}
+	if want := "/v1/models: status 401 Unauthorized"; len(rows) != 1 || !strings.Contains(rows[0], " ejected ") || !strings.HasSuffix(rows[0], want) || strings.Contains(rows[0], "ready") {
+		t.Fatalf("host1 rows %q, want one: ejected, no pool, ending %q\n%s", rows, want, stdout)
 	}
 }
