@@ -157,3 +157,24 @@ func TestFleetdStatusShowsEjectedHost(t *testing.T) {
 		t.Fatalf("host1 rows %q, want one: ejected, no pool, ending %q\n%s", rows, want, stdout)
 	}
 }
+
+// make build puts both binaries in BIN, each reporting VERSION, and prints
+// nothing but its command.
+func TestMakeBuildStampsBothBinaries(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make is not installed")
+	}
+	bin := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "make", "-s", "-C", "../..", "build", "BIN="+bin, "VERSION=v9.8.7-e2e")
+	if out, err := cmd.CombinedOutput(); err != nil || len(out) > 0 {
+		t.Fatalf("make build: %v, output:\n%s", err, out)
+	}
+	for _, name := range []string{"poold", "fleetd"} {
+		code, stdout, stderr := runCLI(t, nil, filepath.Join(bin, name), "--version")
+		if code != 0 || !strings.HasPrefix(stdout, name+" v9.8.7-e2e (") {
+			t.Errorf("%s --version: exit %d, %q %q", name, code, stdout, stderr)
+		}
+	}
+}
