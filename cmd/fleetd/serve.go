@@ -36,7 +36,9 @@ func serve(ctx context.Context, args []string) int {
 		fmt.Fprintf(os.Stderr, "fleetd: %v\n", err)
 		return 2
 	}
-	if err := run(ctx, s, newLogger(s)); err != nil {
+	log := newLogger(s)
+	s.Loaded.Log(log)
+	if err := run(ctx, s, log); err != nil {
 		fmt.Fprintf(os.Stderr, "fleetd: %v\n", err)
 		return 1
 	}

@@ -35,6 +35,7 @@ func serve(ctx context.Context, args []string) int {
 		return 2
 	}
 	log := newLogger(s)
+	s.Loaded.Log(log)
 	if err := run(ctx, s, log); err != nil {
 		// Plain text, one problem per line: a refused profiles file lists them all.
 		fmt.Fprintf(os.Stderr, "poold: %v\n", err)

@@ -178,3 +178,65 @@ func TestMakeBuildStampsBothBinaries(t *testing.T) {
 		}
 	}
 }
+
+// Settings from the environment and the settings file are parsed as strictly
+// as flags: a bad one stops poold or fleetd with exit 2 before anything
+// starts, naming the key and its source.
+func TestSettingsStrictExit2(t *testing.T) {
+	dir := t.TempDir()
+	profiles := filepath.Join(dir, "profiles.json")
+	writeFile(t, profiles, profilesJSON(t.Name(), []pool{{Name: "p0", GPUs: []int{0}}}, []sim{{ID: "a"}}, nil))
+	typo := filepath.Join(dir, "poold.yaml")
+	writeFile(t, typo, []byte("listne: 127.0.0.1:1\nshutdown-timeout: 300\n"))
+	hosts := filepath.Join(dir, "hosts.json")
+	writeFile(t, hosts, []byte(`{"hosts": [{"name": "h", "url": "http://127.0.0.1:1"}]}`))
+	serve := []string{"serve", "--profiles", profiles, "--listen", freeAddr(t), "--state-dir", filepath.Join(dir, "state")}
+	for _, tt := range []struct {
+		bin  string
+		env  []string
+		args []string
+		want []string // lines of stderr
+	}{
+		{pooldBin, []string{"POOLD_SHUTDOWN_TIMEOUT=300"}, serve,
+			[]string{`poold: shutdown-timeout: environment POOLD_SHUTDOWN_TIMEOUT: invalid duration "300": a number with a unit, such as 90s, 5m or 1h30m`}},
+		{pooldBin, []string{"POOLD_SHUTDOWN_TIMEOUT=abc", "POOLD_MAX_BODY_BYTES=32MiB", "POOLD_METRICS=maybe"}, serve, []string{
+			`poold: shutdown-timeout: environment POOLD_SHUTDOWN_TIMEOUT: invalid duration "abc": a number with a unit, such as 90s, 5m or 1h30m`,
+			`metrics: environment POOLD_METRICS: invalid boolean "maybe": true or false`}},
+		{pooldBin, []string{"POOLD_CONFIG=" + typo}, serve, []string{
+			`poold: settings file ` + typo + `: unknown key "listne"`,
+			`shutdown-timeout: settings file ` + typo + `: invalid duration "300": a number with a unit, such as 90s, 5m or 1h30m`}},
+		{fleetdBin, []string{"FLEETD_POLL_INTERVAL=5"}, []string{"--hosts", hosts, "--listen", freeAddr(t)},
+			[]string{`fleetd: poll-interval: environment FLEETD_POLL_INTERVAL: invalid duration "5": a number with a unit, such as 90s, 5m or 1h30m`}},
+	} {
+		code, stdout, stderr := runCLI(t, tt.env, tt.bin, tt.args...)
+		if want := strings.Join(tt.want, "\n") + "\n"; code != 2 || stdout != "" || stderr != want {
+			t.Errorf("%s with %q: exit %d, stdout %q, stderr:\n%s\nwant exit 2 and:\n%s", tt.bin, tt.env, code, stdout, stderr, want)
+		}
+	}
+	if pids := taggedProcesses(t.Name()); len(pids) > 0 {
+		t.Errorf("engines started: %v", pids)
+	}
+}
+
+// When a setting comes from more than one source, poold logs the one that
+// won, naming the key and the sources but never the values.
+func TestSettingsOverrideLogged(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "poold.yaml")
+	writeFile(t, file, []byte("reload-debounce: 1s\nadmin-token: tok-from-the-file\n"))
+	t.Setenv("POOLD_RELOAD_DEBOUNCE", "300ms")
+	t.Setenv("POOLD_ADMIN_TOKEN", "tok-from-the-env")
+	d := startPoold(t, t.Name(), profilesJSON(t.Name(), []pool{{Name: "p0", GPUs: []int{0}}}, []sim{{ID: "a"}}, nil), "--config", file)
+	logs := d.stderr.String()
+	for _, want := range []string{
+		`"msg":"settings file read","path":"` + file + `"`,
+		`"msg":"setting overridden","key":"reload-debounce","from":"environment POOLD_RELOAD_DEBOUNCE","overrides":"settings file ` + file + `"`,
+		`"msg":"setting overridden","key":"admin-token","from":"environment POOLD_ADMIN_TOKEN","overrides":"settings file ` + file + `"`,
+	} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("log lacks %s", want)
+		}
+	}
+	if strings.Contains(logs, "tok-from-the") {
+		t.Errorf("a token's value is in the log")
+	}
+}
