@@ -38,8 +38,8 @@ func program() *cli.Program {
 				defer stop()
 				return serve(ctx, args)
 			}},
-			{Name: "check", Args: "FILE", Summary: "validate a profiles file: every problem with its JSON path",
-				Run: func(args []string) int { return check(args, os.Stdout, os.Stderr) }},
+			{Name: "check", Args: "FILE", Summary: "validate a profiles file (every problem with its JSON path) and warn about what would fail on this host",
+				Run: func(args []string) int { return check(args, localHost(), os.Stdout, os.Stderr) }},
 			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running poold's pools as a table",
 				Run: func(args []string) int { return status(args, os.Stdout, os.Stderr) }},
 			{Name: "engine-sim", Args: "[MODEL] [flags]", Summary: "run the bundled vLLM simulator (the engine of the demo and the tests)",

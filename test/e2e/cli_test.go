@@ -240,3 +240,31 @@ func TestSettingsOverrideLogged(t *testing.T) {
 		t.Errorf("a token's value is in the log")
 	}
 }
+
+// poold check warns, exit 0, about what would fail on this host in a valid
+// file: a flag vLLM removed, vllm missing from PATH, a model path that does
+// not exist. {poold} resolves to poold itself. Errors still exit 1.
+func TestCheckWarnsAboutThisHost(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "profiles.json")
+	writeFile(t, good, []byte(`{"pools": [{"name": "gpu0", "gpus": [0]}],
+	  "profiles": [
+	    {"id": "embed", "model": "`+dir+`/models/bge-m3", "args": ["--task", "embed"]},
+	    {"id": "sim", "command": ["{poold}", "engine-sim", "--port", "{port}"]}]}`))
+	code, stdout, stderr := runCLI(t, []string{"PATH=" + dir}, pooldBin, "check", good)
+	want := good + `: warnings:
+profiles[0] "embed": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models
+profiles[0] "embed": the default command's vllm: engine binary "vllm" does not resolve on this host: exec: "vllm": executable file not found in $PATH
+profiles[0] "embed": model "` + dir + `/models/bge-m3": no such file or directory on this host
+`
+	if code != 0 || stdout != good+": ok\n" || stderr != want {
+		t.Errorf("exit %d, stdout %q, stderr:\n%s\nwant exit 0 and:\n%s", code, stdout, stderr, want)
+	}
+
+	bad := filepath.Join(dir, "bad.json")
+	writeFile(t, bad, []byte(`{"pools": [{"name": "gpu0", "gpus": [0]}], "profiles": [{"id": "x", "args": ["--task", "embed"]}]}`))
+	code, stdout, stderr = runCLI(t, []string{"PATH=" + dir}, pooldBin, "check", bad)
+	if want := bad + ": invalid:\nprofiles[0] \"x\": model: required unless command is set\n"; code != 1 || stdout != "" || stderr != want {
+		t.Errorf("bad file: exit %d, stdout %q, stderr %q; want 1 and %q", code, stdout, stderr, want)
+	}
+}
