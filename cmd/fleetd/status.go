@@ -1,11 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,19 +16,7 @@ import (
 // status prints a running fleetd's fleet view: a table, or its JSON. It exits
 // 0, 1 when fleetd cannot be asked, 2 on a usage error.
 func status(args []string, stdout, stderr io.Writer) int {
-	addr := os.Getenv("FLEETD_ADDR")
-	if addr == "" {
-		addr = "127.0.0.1:8090"
-	}
-	cmd := cli.StatusCommand{Daemon: "fleetd", DefaultAddr: addr, AddrHelp: "fleetd's address, host:port or URL (default: FLEETD_ADDR, else 127.0.0.1:8090)",
-		Print: func(w io.Writer, body []byte) error {
-			var st fleet.Status
-			if err := json.Unmarshal(body, &st); err != nil {
-				return fmt.Errorf("decoding /status: %w", err)
-			}
-			printStatus(w, st)
-			return nil
-		}}
+	cmd := cli.StatusCommand[fleet.Status]{Daemon: "fleetd", AddrEnv: "FLEETD_ADDR", DefaultAddr: "127.0.0.1:8090", Print: printStatus}
 	return cmd.Run(args, stdout, stderr)
 }
 

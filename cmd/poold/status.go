@@ -1,11 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,19 +19,7 @@ import (
 // it came): exit 0, 1 when the daemon cannot be asked, 2 on a usage error.
 // --addr defaults to POOLD_LISTEN, else 127.0.0.1:8080.
 func status(args []string, stdout, stderr io.Writer) int {
-	addr := os.Getenv("POOLD_LISTEN")
-	if addr == "" {
-		addr = "127.0.0.1:8080"
-	}
-	cmd := cli.StatusCommand{Daemon: "poold", DefaultAddr: addr, AddrHelp: "poold's address, host:port or URL (default: POOLD_LISTEN, else 127.0.0.1:8080)",
-		Print: func(w io.Writer, body []byte) error {
-			var st proxy.Status
-			if err := json.Unmarshal(body, &st); err != nil {
-				return fmt.Errorf("decoding /status: %w", err)
-			}
-			printStatus(w, st)
-			return nil
-		}}
+	cmd := cli.StatusCommand[proxy.Status]{Daemon: "poold", AddrEnv: "POOLD_LISTEN", DefaultAddr: "127.0.0.1:8080", Print: printStatus}
 	return cmd.Run(args, stdout, stderr)
 }
 

@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -61,14 +63,16 @@ func FetchStatus(base string) ([]byte, error) {
 }
 
 // A StatusCommand is the "status" command of a daemon: it reads the
-// daemon's GET /status and prints it, as a table or, with --json, as sent.
-type StatusCommand struct {
+// daemon's GET /status, decodes it into a T and prints it as a table, or
+// with --json prints it as sent.
+type StatusCommand[T any] struct {
 	// Daemon is the daemon whose /status this reads: "poold" or "fleetd".
 	Daemon string
-	// DefaultAddr is --addr's default, as host:port or URL.
-	DefaultAddr, AddrHelp string
-	// Print decodes body and writes it as a table.
-	Print func(w io.Writer, body []byte) error
+	// AddrEnv names the environment variable that gives --addr's default,
+	// else DefaultAddr (each as host:port or URL).
+	AddrEnv, DefaultAddr string
+	// Print writes the status as a table.
+	Print func(w io.Writer, st T)
 }
 
 // statusKeys are the top-level keys that tell each daemon's /status apart.
@@ -79,10 +83,11 @@ var statusKeys = map[string][2]string{
 
 // Run runs the command with args and returns its exit code: 0, 1 when the
 // daemon cannot be asked or is not the one expected, 2 on a usage error.
-func (c StatusCommand) Run(args []string, stdout, stderr io.Writer) int {
+func (c StatusCommand[T]) Run(args []string, stdout, stderr io.Writer) int {
 	const usage = "[--addr ADDR] [--json]"
 	fl := NewFlagSet(c.Daemon + " status")
-	addr := fl.String("addr", c.DefaultAddr, c.AddrHelp)
+	addr := fl.String("addr", cmp.Or(os.Getenv(c.AddrEnv), c.DefaultAddr),
+		fmt.Sprintf("%s's address, host:port or URL; %s sets the default", c.Daemon, c.AddrEnv))
 	raw := fl.Bool("json", false, "print /status as "+c.Daemon+" sent it")
 	if code, ok := ParseFlags(fl, usage, args, stdout, stderr); !ok {
 		return code
@@ -103,7 +108,12 @@ func (c StatusCommand) Run(args []string, stdout, stderr io.Writer) int {
 	case *raw:
 		_, err = stdout.Write(body)
 	default:
-		err = c.Print(stdout, body)
+		var st T
+		if err = json.Unmarshal(body, &st); err != nil {
+			err = fmt.Errorf("decoding %s/status: %w", base, err)
+			break
+		}
+		c.Print(stdout, st)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s status: %v\n", c.Daemon, err)
@@ -114,7 +124,7 @@ func (c StatusCommand) Run(args []string, stdout, stderr io.Writer) int {
 
 // expect returns an error unless body is the /status of c.Daemon, naming
 // the daemon that answered when it is the other one.
-func (c StatusCommand) expect(base string, body []byte) error {
+func (c StatusCommand[T]) expect(base string, body []byte) error {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
 		return fmt.Errorf("decoding %s/status: %w", base, err)

@@ -30,6 +30,14 @@ func TestBaseURL(t *testing.T) {
 	}
 }
 
+// testStatus is the part of a /status that printTest prints.
+type testStatus struct {
+	Version string
+	Pools   []struct{}
+}
+
+func printTest(w io.Writer, st testStatus) { fmt.Fprintf(w, "version %s, %d pools\n", st.Version, len(st.Pools)) }
+
 // TestStatusCommandAddresses: --addr takes host:port or a URL, and --json
 // prints the body as sent.
 func TestStatusCommandAddresses(t *testing.T) {
@@ -42,18 +50,17 @@ func TestStatusCommandAddresses(t *testing.T) {
 		io.WriteString(w, body)
 	}))
 	defer srv.Close()
-	cmd := StatusCommand{Daemon: "poold", DefaultAddr: "127.0.0.1:1", Print: func(w io.Writer, b []byte) error {
-		_, err := fmt.Fprintf(w, "table of %d bytes\n", len(b))
-		return err
-	}}
+	cmd := StatusCommand[testStatus]{Daemon: "poold", AddrEnv: "TEST_STATUS_ADDR", DefaultAddr: "127.0.0.1:1", Print: printTest}
 	hostPort := strings.TrimPrefix(srv.URL, "http://")
+	t.Setenv("TEST_STATUS_ADDR", hostPort)
 	for _, tt := range []struct {
 		args         []string
 		code         int
 		stdout, errs string
 	}{
-		{args: []string{"--addr", hostPort}, stdout: fmt.Sprintf("table of %d bytes\n", len(body))},
-		{args: []string{"--addr", srv.URL + "/"}, stdout: fmt.Sprintf("table of %d bytes\n", len(body))},
+		{args: nil, stdout: "version v1, 0 pools\n"}, // from TEST_STATUS_ADDR
+		{args: []string{"--addr", hostPort}, stdout: "version v1, 0 pools\n"},
+		{args: []string{"--addr", srv.URL + "/"}, stdout: "version v1, 0 pools\n"},
 		{args: []string{"--addr", hostPort, "--json"}, stdout: body},
 		{args: []string{"--addr", srv.URL + "/nowhere"}, code: 1, errs: "poold status: GET " + srv.URL + "/nowhere/status: 404 Not Found\n"},
 		{args: []string{"--addr", "ftp://" + hostPort}, code: 2, errs: "poold status: --addr: address \"ftp://" + hostPort + "\": scheme \"ftp\" is neither http nor https\n"},
@@ -78,12 +85,12 @@ func TestStatusCommandOtherDaemon(t *testing.T) {
 	fleetd := serve(`{"version":"v2","hostsFile":{"path":"/etc/poold/hosts.json"},"hosts":[]}`)
 	poold := serve(`{"version":"v1","host":"gpu-1","config":{"path":"p.json"},"gpu":{},"pools":[]}`)
 	other := serve(`{"status":"ok"}`)
+	badPoold := serve(`{"version":1,"config":{},"pools":[]}`)
 	notJSON := serve(`<html>`)
-	printed := func(w io.Writer, b []byte) error { _, err := io.WriteString(w, "table\n"); return err }
-	pooldCmd := StatusCommand{Daemon: "poold", Print: printed}
-	fleetdCmd := StatusCommand{Daemon: "fleetd", Print: printed}
+	pooldCmd := StatusCommand[testStatus]{Daemon: "poold", Print: printTest}
+	fleetdCmd := StatusCommand[testStatus]{Daemon: "fleetd", Print: printTest}
 	for _, tt := range []struct {
-		cmd    StatusCommand
+		cmd    StatusCommand[testStatus]
 		addr   string
 		code   int
 		stderr string
@@ -102,5 +109,11 @@ func TestStatusCommandOtherDaemon(t *testing.T) {
 				t.Errorf("%s status %q: exit %d, stdout %q, stderr %q; want %d, %q", tt.cmd.Daemon, args, code, stdout.String(), stderr.String(), tt.code, tt.stderr)
 			}
 		}
+	}
+	// --json prints what the daemon sent; the table needs it to decode.
+	var stdout, stderr bytes.Buffer
+	want := "poold status: decoding " + badPoold + "/status: json: cannot unmarshal number into Go struct field testStatus.Version of type string\n"
+	if code := pooldCmd.Run([]string{"--addr", badPoold}, &stdout, &stderr); code != 1 || stderr.String() != want {
+		t.Errorf("undecodable status: exit %d, stderr %q; want 1, %q", code, stderr.String(), want)
 	}
 }
