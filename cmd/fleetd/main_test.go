@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/fleet"
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 func TestStatusTable(t *testing.T) {
@@ -22,13 +22,13 @@ func TestStatusTable(t *testing.T) {
 	bad := "hosts[0]: url: required\nmore"
 	unauthorized := "GET http://10.0.0.2:8080/v1/models: status 401 Unauthorized"
 	now := time.Now()
-	st := fleet.Status{Version: "v1", HostsFile: fleet.FileStatus{Path: "/etc/poold/hosts.json", LastError: &bad}, Hosts: []fleet.HostStatus{
-		{Name: "gpu-1", Healthy: true, Reachable: true, LastPoll: &now, PollLatencyMs: 1.25, Pools: []pool.Status{
-			{Name: "gpu0", State: pool.StateReady, Profile: &profile, InFlight: 2, Waiting: map[string]int{"llama": 1, "bge": 3}},
+	st := statusapi.Fleetd{Version: "v1", HostsFile: statusapi.File{Path: "/etc/poold/hosts.json", LastError: &bad}, Hosts: []statusapi.Host{
+		{Name: "gpu-1", Healthy: true, Reachable: true, LastPoll: &now, PollLatencyMs: 1.25, Pools: []statusapi.Pool{
+			{Name: "gpu0", State: statusapi.StateReady, Profile: &profile, InFlight: 2, Waiting: map[string]int{"llama": 1, "bge": 3}},
 		}},
 		// Ejected, with the pools of its last good poll: not shown.
-		{Name: "gpu-2", Ejected: true, LastPoll: &now, PollLatencyMs: 0.5, LastError: &unauthorized, Pools: []pool.Status{
-			{Name: "gpu0", State: pool.StateReady, Profile: &profile, InFlight: 1},
+		{Name: "gpu-2", Ejected: true, LastPoll: &now, PollLatencyMs: 0.5, LastError: &unauthorized, Pools: []statusapi.Pool{
+			{Name: "gpu0", State: statusapi.StateReady, Profile: &profile, InFlight: 1},
 		}},
 		{Name: "gpu-3"},
 	}}

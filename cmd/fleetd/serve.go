@@ -16,10 +16,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
-	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/watch"
 )
 
 // reloadDebounce is how long the hosts file must stay quiet before a reload.
@@ -47,6 +48,11 @@ func serve(ctx context.Context, args []string) int {
 
 // run wires fleetd together and serves until ctx ends, then lets in-flight
 // requests finish (bounded by the shutdown timeout).
+//
+// Two groups of goroutines: the fleet's (host pollers, the hosts file's
+// watcher and SIGHUP reloads), which must route until the last request is
+// answered, and the server's; a failed server ends ctx's group and so
+// starts the shutdown.
 func run(ctx context.Context, s settings, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	opts := s.Fleet
@@ -57,36 +63,38 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	fleetCtx, stopFleet := context.WithCancel(context.Background())
 	defer stopFleet()
-	changes, err := profile.Watch(fleetCtx, s.Hosts, reloadDebounce, log.With("component", "hosts-watch"))
+	changes, err := watch.File(fleetCtx, s.Hosts, reloadDebounce, log.With("component", "hosts-watch"))
 	if err != nil {
 		return fmt.Errorf("watching hosts file: %w", err)
 	}
-	fleetDone := make(chan struct{})
-	go func() {
-		f.Run(fleetCtx)
-		close(fleetDone)
-	}()
-	go f.WatchFile(s.Hosts, changes)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	go func() {
+	var fleetGroup errgroup.Group
+	fleetGroup.Go(func() error { f.Run(fleetCtx); return nil })
+	fleetGroup.Go(func() error { f.WatchFile(s.Hosts, changes); return nil }) // until fleetCtx closes changes
+	fleetGroup.Go(func() error {
 		for {
 			select {
 			case <-fleetCtx.Done():
-				return
+				return nil
 			case <-hup:
 				if err := f.LoadFile(s.Hosts); err != nil {
 					log.Error("hosts file refused on SIGHUP; keeping the hosts in force", "err", err)
 				}
 			}
 		}
+	})
+	defer func() {
+		stopFleet()
+		_ = fleetGroup.Wait()
 	}()
 
 	hopts := s.Handler
 	hopts.Logger = log
 	hopts.AccessLog = slog.New(slog.NewJSONHandler(os.Stdout, nil)).With("component", "access")
 	h := fleet.NewHandler(f, hopts)
+	defer h.Close()
 	h.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
 	ln, err := net.Listen("tcp", s.Listen)
@@ -94,16 +102,17 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
 	srv := &http.Server{Handler: s.APIKeys.Require(h), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	serving, servingCtx := errgroup.WithContext(ctx)
+	serving.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving: %w", err)
+		}
+		return nil
+	})
 	log.Info("fleetd listening", "addr", ln.Addr().String(), "hosts", s.Hosts, "version", version)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
 
-	select {
-	case err := <-served:
-		return fmt.Errorf("serving: %w", err)
-	case <-ctx.Done():
-	}
+	<-servingCtx.Done()
 	log.Info("shutting down: draining requests", "timeout", s.ShutdownTimeout)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	drainCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
@@ -112,11 +121,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		log.Warn("drain timed out; closing remaining connections", "err", err)
 		_ = srv.Close()
 	}
-	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		log.Warn("server", "err", err)
-	}
+	err = serving.Wait()
 	stopFleet()
-	<-fleetDone
+	_ = fleetGroup.Wait()
+	if err != nil {
+		return err
+	}
 	log.Info("fleetd stopped")
 	return nil
 }

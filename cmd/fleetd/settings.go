@@ -12,7 +12,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
-	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/openai"
 )
 
 // settings are fleetd's own settings (the hosts file says where to route).
@@ -28,7 +28,7 @@ type settings struct {
 	// APIKeys, when non-nil, is required on /v1/* before any host is asked
 	// (api-keys, api-keys-file); the client's Authorization still goes to
 	// the host as sent. Only the keys' hashes are kept.
-	APIKeys *proxy.APIKeys
+	APIKeys *openai.APIKeys
 	Fleet   fleet.Options
 	Handler fleet.HandlerOptions
 	// Loaded says where the settings came from, for the start-up log.
@@ -42,7 +42,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("hosts", "", "hosts JSON file (required)")
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
-	cli.BytesFlag(fl, "max-body-bytes", proxy.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
+	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("poll-interval", fleet.DefaultPollInterval, "how often each host's /status and /v1/models are read")
 	fl.Duration("poll-timeout", fleet.DefaultPollTimeout, "time limit of one poll")
@@ -90,7 +90,7 @@ func loadSettings(args []string) (settings, error) {
 		Loaded: v,
 	}
 	var errs []error
-	if s.APIKeys, err = proxy.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
+	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
 		errs = append(errs, err)
 	}
 	if file := v.String("host-api-key-file"); file != "" {

@@ -10,20 +10,20 @@ import (
 	"text/tabwriter"
 
 	"github.com/poold/poold/internal/cli"
-	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // status prints a running fleetd's fleet view: a table, or its JSON. It exits
 // 0, 1 when fleetd cannot be asked, 2 on a usage error.
 func status(args []string, stdout, stderr io.Writer) int {
-	cmd := cli.StatusCommand[fleet.Status]{Daemon: "fleetd", AddrEnv: "FLEETD_ADDR", DefaultAddr: "127.0.0.1:8090", Print: printStatus}
+	cmd := cli.StatusCommand[statusapi.Fleetd]{Daemon: "fleetd", AddrEnv: "FLEETD_ADDR", DefaultAddr: "127.0.0.1:8090", Print: printStatus}
 	return cmd.Run(args, stdout, stderr)
 }
 
 // printStatus writes one row per pool of every host, with the host's last
 // error. An ejected host gets one row, without the pools of its last good
 // poll.
-func printStatus(out io.Writer, st fleet.Status) {
+func printStatus(out io.Writer, st statusapi.Fleetd) {
 	fmt.Fprintf(out, "fleetd %s, hosts file %s", st.Version, st.HostsFile.Path)
 	if st.HostsFile.LastError != nil {
 		fmt.Fprintf(out, " (last reload refused: %s)", firstLine(*st.HostsFile.LastError))

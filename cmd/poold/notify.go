@@ -10,7 +10,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // notifier tells systemd what the daemon is doing (sd_notify). Without
@@ -99,7 +99,7 @@ func (n *notifier) supervise(ctx context.Context, statusEvery time.Duration, sum
 
 // poolSummary is the one-line STATUS=: each pool's state and profile, and a
 // note when the last reload was refused.
-func poolSummary(pools []pool.Status, reloadRefused bool) string {
+func poolSummary(pools []statusapi.Pool, reloadRefused bool) string {
 	parts := make([]string, 0, len(pools)+1)
 	for _, p := range pools {
 		s := fmt.Sprintf("%s %s", p.Name, p.State)

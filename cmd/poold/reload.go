@@ -15,6 +15,8 @@ import (
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/watch"
 )
 
 // reloader applies a new profiles file to the running daemon: it reads and
@@ -98,10 +100,10 @@ func (r *reloader) reload(trigger string) {
 }
 
 // status is the "config" part of /status.
-func (r *reloader) status() proxy.ConfigStatus {
+func (r *reloader) status() statusapi.File {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := proxy.ConfigStatus{Path: r.path, SHA256: hex.EncodeToString(r.sum[:]), LoadedAt: r.loadedAt}
+	st := statusapi.File{Path: r.path, SHA256: hex.EncodeToString(r.sum[:]), LoadedAt: r.loadedAt}
 	if r.lastErr != nil {
 		msg := r.lastErr.Error()
 		st.LastError = &msg
@@ -109,17 +111,17 @@ func (r *reloader) status() proxy.ConfigStatus {
 	return st
 }
 
-// start runs the reloader until ctx ends: on SIGHUP and, when watch is set, on
-// changes to the profiles file. SIGHUP is caught from now on (its default
+// start runs the reloader until ctx ends: on SIGHUP and, when watchFile is
+// set, on changes to the profiles file. SIGHUP is caught from now on (its default
 // action would end the daemon). The returned function waits until the
 // reloader has ended, so that no reload runs into the shutdown.
-func (r *reloader) start(ctx context.Context, watch bool, debounce time.Duration) (wait func()) {
+func (r *reloader) start(ctx context.Context, watchFile bool, debounce time.Duration) (wait func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	var events <-chan struct{}
-	if watch {
+	if watchFile {
 		var err error
-		if events, err = profile.Watch(ctx, r.path, debounce, r.log); err != nil {
+		if events, err = watch.File(ctx, r.path, debounce, r.log); err != nil {
 			r.log.Warn("not watching the profiles file; SIGHUP still reloads", "err", err)
 		}
 	}

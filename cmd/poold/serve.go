@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
@@ -21,6 +22,7 @@ import (
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // serve runs the daemon until ctx ends and returns the exit code.
@@ -61,7 +63,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 	reg := prometheus.NewRegistry()
 	var h *proxy.Handler
-	m := metrics.New(reg, func() []pool.Status { return h.PoolStatus() }, version, revision())
+	m := metrics.New(reg, func() []statusapi.Pool { return h.PoolStatus() }, version, revision())
 	m.ConfigLoaded(true, loadedAt)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
@@ -70,8 +72,9 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return err
 	}
 	defer ledger.Close()
-	gpus, closeGPUs := gpu.Open(log.With("component", "gpu"))
+	nvml, closeGPUs := gpu.Open(log.With("component", "gpu"))
 	defer closeGPUs()
+	gpus := gpu.Shared(nvml) // /status, scrapes and pools read the GPUs at once
 	reg.MustRegister(metrics.GPUCollector(gpus))
 	// With NVML, the pools check that stopped and sleeping engines release
 	// their GPU memory, and evict sleepers when a start would not fit.
@@ -102,8 +105,8 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		AdminToken:        s.AdminToken,
 		// Reliability: a hung engine answers 504 after this.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
-		Status: func() proxy.Status {
-			return proxy.Status{
+		Status: func() statusapi.Poold {
+			return statusapi.Poold{
 				Version: version,
 				Host:    host,
 				Config:  rl.status(),
@@ -128,22 +131,31 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	poolCtx, stopPools := context.WithCancel(context.Background())
 	defer stopPools()
 	pools.Run(poolCtx)
+	defer h.Close()
 
+	// The server and the systemd supervisor run in one group: a failed
+	// server ends the group's context, which starts the shutdown as a
+	// signal would. The pools run on their own context, which ends only
+	// once the requests have drained.
+	serving, servingCtx := errgroup.WithContext(ctx)
 	// Watch before serving: a change made once /health answers is seen.
-	waitReloads := rl.start(ctx, s.Watch, s.ReloadDebounce)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	waitReloads := rl.start(servingCtx, s.Watch, s.ReloadDebounce)
+	serving.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving: %w", err)
+		}
+		return nil
+	})
 	log.Info("poold listening", "addr", ln.Addr().String(), "profiles", s.Profiles, "version", version)
 	notify.ready()
-	go notify.supervise(ctx, time.Second,
-		func() string { return poolSummary(h.PoolStatus(), rl.status().LastError != nil) },
-		func() error { return pools.Healthy(5 * time.Second) })
+	serving.Go(func() error {
+		notify.supervise(servingCtx, time.Second,
+			func() string { return poolSummary(h.PoolStatus(), rl.status().LastError != nil) },
+			func() error { return pools.Healthy(5 * time.Second) })
+		return nil
+	})
 
-	select {
-	case err := <-served:
-		return fmt.Errorf("serving: %w", err)
-	case <-ctx.Done():
-	}
+	<-servingCtx.Done()
 	log.Info("shutting down: draining requests", "timeout", s.ShutdownTimeout)
 	notify.stopping()
 	waitReloads()
@@ -161,25 +173,26 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		log.Warn("drain timed out; closing remaining connections", "err", err)
 		_ = srv.Close()
 	}
-	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		log.Warn("server", "err", err)
-	}
+	servErr := serving.Wait()
 	log.Info("stopping engines")
 	stopPools()
 	pools.Wait()
+	if servErr != nil {
+		return servErr
+	}
 	log.Info("poold stopped")
 	return nil
 }
 
 // gpuStatus is the "gpu" part of /status: every GPU's telemetry, or why there
 // is none.
-func gpuStatus(p gpu.Provider) proxy.GPUStatus {
+func gpuStatus(p gpu.Provider) statusapi.GPUs {
 	if ok, reason := p.Available(); !ok {
-		return proxy.GPUStatus{Reason: reason}
+		return statusapi.GPUs{Reason: reason}
 	}
 	devs, err := p.Devices()
 	if err != nil {
-		return proxy.GPUStatus{Reason: err.Error()}
+		return statusapi.GPUs{Reason: err.Error()}
 	}
-	return proxy.GPUStatus{Available: true, Devices: devs}
+	return statusapi.GPUs{Available: true, Devices: devs}
 }

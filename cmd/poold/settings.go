@@ -14,8 +14,8 @@ import (
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/metrics"
+	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
-	"github.com/poold/poold/internal/proxy"
 )
 
 // defaultSettingsFile is read when it exists and no --config is given.
@@ -65,7 +65,7 @@ type settings struct {
 	RestartBackoff, MaxRestartBackoff                     time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
-	APIKeys *proxy.APIKeys
+	APIKeys *openai.APIKeys
 	// Metrics records every request in the request metrics (requests,
 	// latencies, tokens); false records none, and /metrics serves only the
 	// pool, swap, engine, GPU, build and Go collectors.
@@ -85,7 +85,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("profiles", "", "profiles JSON file (required)")
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
-	cli.BytesFlag(fl, "max-body-bytes", proxy.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
+	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("keepalive-interval", 10*time.Second, "interval of the SSE comments sent to a stream waiting for a swap; 0 disables them")
 	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
@@ -156,7 +156,7 @@ func loadSettings(args []string) (settings, error) {
 	s.RestartBackoff = v.Duration("restart-backoff")
 	s.MaxRestartBackoff = v.Duration("restart-backoff-max")
 	errs = append(errs, s.checkLimits()...)
-	if s.APIKeys, err = proxy.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
+	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
 		errs = append(errs, err)
 	}
 	if s.ReloadDebounce < 0 {

@@ -11,22 +11,21 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/cli"
-	"github.com/poold/poold/internal/pool"
-	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // status prints a running poold's GET /status as a table (or, with --json, as
 // it came): exit 0, 1 when the daemon cannot be asked, 2 on a usage error.
 // --addr defaults to POOLD_LISTEN, else 127.0.0.1:8080.
 func status(args []string, stdout, stderr io.Writer) int {
-	cmd := cli.StatusCommand[proxy.Status]{Daemon: "poold", AddrEnv: "POOLD_LISTEN", DefaultAddr: "127.0.0.1:8080", Print: printStatus}
+	cmd := cli.StatusCommand[statusapi.Poold]{Daemon: "poold", AddrEnv: "POOLD_LISTEN", DefaultAddr: "127.0.0.1:8080", Print: printStatus}
 	return cmd.Run(args, stdout, stderr)
 }
 
 // printStatus writes the daemon line, the profiles line (and the refused
 // reload's errors, if any), then one row per pool (ASLEEP: its sleeping
 // engines, docs/sleep-mode.md).
-func printStatus(w io.Writer, st proxy.Status) {
+func printStatus(w io.Writer, st statusapi.Poold) {
 	fmt.Fprintf(w, "poold %s on %s\n", st.Version, st.Host)
 	c := st.Config
 	fmt.Fprintf(w, "profiles %s (sha256 %.12s, loaded %s)\n", c.Path, c.SHA256, c.LoadedAt.UTC().Format(time.RFC3339))
@@ -79,7 +78,7 @@ func waitingCell(waiting map[string]int) string {
 
 // sleepingCell lists the pool's sleeping engines, least recently used
 // first, each with its sleep level: "chat-small:L1 coder:L2", or "-".
-func sleepingCell(sleeping []pool.SleepStatus) string {
+func sleepingCell(sleeping []statusapi.Sleeper) string {
 	if len(sleeping) == 0 {
 		return "-"
 	}

@@ -36,7 +36,9 @@ type testStatus struct {
 	Pools   []struct{}
 }
 
-func printTest(w io.Writer, st testStatus) { fmt.Fprintf(w, "version %s, %d pools\n", st.Version, len(st.Pools)) }
+func printTest(w io.Writer, st testStatus) {
+	fmt.Fprintf(w, "version %s, %d pools\n", st.Version, len(st.Pools))
+}
 
 // TestStatusCommandAddresses: --addr takes host:port or a URL, and --json
 // prints the body as sent.

@@ -5,44 +5,14 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"time"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/statusapi"
 )
 
-// Status is the body of fleetd's GET /status: the hosts file and every host
-// with its last polled pools. `fleetd status` prints it.
-type Status struct {
-	Version   string       `json:"version"`
-	HostsFile FileStatus   `json:"hostsFile"`
-	Hosts     []HostStatus `json:"hosts"`
-}
-
-// HostStatus is one host in the fleet view.
-type HostStatus struct {
-	Name   string            `json:"name"`
-	URL    string            `json:"url"`
-	Source string            `json:"source"` // "file" or "dns:NAME"
-	Labels map[string]string `json:"labels"`
-	Weight int               `json:"weight"`
-	// Healthy: requests are routed to it (polled, not ejected).
-	Healthy   bool `json:"healthy"`
-	Reachable bool `json:"reachable"` // the last poll succeeded
-	Ejected   bool `json:"ejected"`
-	// PollFailures and ForwardFailures count failures in a row.
-	PollFailures    int           `json:"pollFailures"`
-	ForwardFailures int           `json:"forwardFailures"`
-	LastPoll        *time.Time    `json:"lastPoll"`
-	PollLatencyMs   float64       `json:"pollLatencyMs"`
-	LastError       *string       `json:"lastError"`
-	Version         string        `json:"version"`
-	Pools           []pool.Status `json:"pools"`
-}
-
-func (h *host) statusView() HostStatus {
+func (h *host) statusView() statusapi.Host {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	st := HostStatus{
+	st := statusapi.Host{
 		Name: h.spec.Name, URL: h.spec.URL, Source: h.source, Labels: h.spec.Labels, Weight: h.spec.Weight,
 		Healthy: h.polled && !h.ejected, Reachable: h.reachable, Ejected: h.ejected,
 		PollFailures: h.pollFails, ForwardFailures: h.fwdFails,
@@ -58,15 +28,15 @@ func (h *host) statusView() HostStatus {
 		st.LastError = &e
 	}
 	if st.Pools == nil {
-		st.Pools = []pool.Status{}
+		st.Pools = []statusapi.Pool{}
 	}
 	return st
 }
 
 // Status returns the fleet view, hosts sorted by name.
-func (f *Fleet) Status() ([]HostStatus, FileStatus) {
+func (f *Fleet) Status() ([]statusapi.Host, statusapi.File) {
 	hosts := f.snapshot()
-	out := make([]HostStatus, 0, len(hosts))
+	out := make([]statusapi.Host, 0, len(hosts))
 	for _, name := range slices.Sorted(maps.Keys(hosts)) {
 		out = append(out, hosts[name].statusView())
 	}
@@ -77,29 +47,7 @@ func (f *Fleet) Status() ([]HostStatus, FileStatus) {
 
 func (h *Handler) serveStatus(w http.ResponseWriter, r *http.Request) {
 	hosts, file := h.fleet.Status()
-	writeJSON(w, Status{Version: h.opts.Version, HostsFile: file, Hosts: hosts})
-}
-
-// ModelHost is one host that can serve a model, in GET /v1/models.
-type ModelHost struct {
-	Name string `json:"name"`
-	// State is what the host says: "ready", "loading" or "available".
-	State string   `json:"state"`
-	Pools []string `json:"pools"`
-}
-
-// modelEntry is one entry of GET /v1/models: the OpenAI model object plus
-// where it can run.
-type modelEntry struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-	Root    string `json:"root"`
-	// State is the best state among the hosts: ready, loading, sleeping or
-	// available.
-	State string      `json:"state"`
-	Hosts []ModelHost `json:"hosts"`
+	writeJSON(w, statusapi.Fleetd{Version: h.opts.Version, HostsFile: file, Hosts: hosts})
 }
 
 // stateRank orders model states, best first.
@@ -118,7 +66,7 @@ func stateRank(s string) int {
 // serveModels lists every name any healthy host serves, with the hosts.
 func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 	hosts := h.fleet.snapshot()
-	entries := make(map[string]*modelEntry)
+	entries := make(map[string]*statusapi.FleetModel)
 	created := h.fleet.opts.Now().Unix()
 	for _, name := range slices.Sorted(maps.Keys(hosts)) {
 		hs := hosts[name]
@@ -128,20 +76,20 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 		for _, m := range hs.modelList() {
 			e := entries[m.ID]
 			if e == nil {
-				e = &modelEntry{ID: m.ID, Object: "model", Created: created, OwnedBy: "fleetd", Root: m.Root, State: m.State}
+				e = &statusapi.FleetModel{ModelObject: statusapi.ModelObject{ID: m.ID, Object: "model", Created: created, OwnedBy: "fleetd", Root: m.Root}, State: m.State}
 				entries[m.ID] = e
 			}
 			if stateRank(m.State) < stateRank(e.State) {
 				e.State = m.State
 			}
-			e.Hosts = append(e.Hosts, ModelHost{Name: name, State: m.State, Pools: m.Pools})
+			e.Hosts = append(e.Hosts, statusapi.ModelHost{Name: name, State: m.State, Pools: m.Pools})
 		}
 	}
-	data := make([]*modelEntry, 0, len(entries))
+	data := make([]statusapi.FleetModel, 0, len(entries))
 	for _, id := range slices.Sorted(maps.Keys(entries)) {
-		data = append(data, entries[id])
+		data = append(data, *entries[id])
 	}
-	writeJSON(w, map[string]any{"object": "list", "data": data})
+	writeJSON(w, statusapi.ModelList[statusapi.FleetModel]{Object: "list", Data: data})
 }
 
 // modelList returns the host's models sorted by name.

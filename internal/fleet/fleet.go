@@ -15,7 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/upstream"
 )
 
 // Defaults for Options' zero values.
@@ -56,7 +57,10 @@ type Options struct {
 // host has one poller goroutine. Create it with New; it is safe for
 // concurrent use.
 type Fleet struct {
-	opts    Options
+	opts Options
+	// polls is the transport of the default poll client, closed when Run
+	// ends; nil when Options gave a client.
+	polls   *upstream.Transport
 	log     *slog.Logger
 	metrics *Metrics // nil: none
 	// routing is a copy of hosts, replaced (never modified) each time hosts
@@ -68,7 +72,7 @@ type Fleet struct {
 	// ctx is Run's context; nil before Run, which starts what Apply set up.
 	ctx   context.Context
 	file  *File
-	fstat FileStatus
+	fstat statusapi.File
 	// sources maps "file" and "dns:NAME" to the hosts each supplies.
 	sources map[string][]HostSpec
 	// dns maps a DNS entry (as formatted by dnsKey) to its discovery's cancel.
@@ -77,18 +81,12 @@ type Fleet struct {
 	wg    sync.WaitGroup // pollers and discoveries
 }
 
-// FileStatus describes the hosts file in force.
-type FileStatus struct {
-	Path      string    `json:"path"`
-	SHA256    string    `json:"sha256"`
-	LoadedAt  time.Time `json:"loadedAt"`
-	LastError *string   `json:"lastError"`
-}
-
 // New returns a Fleet with no hosts.
 func New(opts Options) *Fleet {
+	var polls *upstream.Transport
 	if opts.Client == nil {
-		opts.Client = &http.Client{Transport: &proxy.Transport{}}
+		polls = &upstream.Transport{}
+		opts.Client = &http.Client{Transport: polls}
 	}
 	if opts.Resolver == nil {
 		opts.Resolver = net.DefaultResolver
@@ -111,7 +109,7 @@ func New(opts Options) *Fleet {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Fleet{opts: opts, log: opts.Logger.With("component", "fleet"), metrics: opts.Metrics,
+	return &Fleet{opts: opts, polls: polls, log: opts.Logger.With("component", "fleet"), metrics: opts.Metrics,
 		sources: make(map[string][]HostSpec), dns: make(map[string]context.CancelFunc), hosts: make(map[string]*host)}
 }
 
@@ -126,6 +124,9 @@ func (f *Fleet) Run(ctx context.Context) {
 	f.mu.Unlock()
 	<-ctx.Done()
 	f.wg.Wait()
+	if f.polls != nil {
+		f.polls.Close()
+	}
 }
 
 // LoadFile reads, validates and applies the hosts file at path. A file that
@@ -148,7 +149,7 @@ func (f *Fleet) LoadFile(path string) error {
 		f.fstat.LastError = nil
 		return nil
 	}
-	f.fstat = FileStatus{Path: path, SHA256: hash, LoadedAt: f.opts.Now()}
+	f.fstat = statusapi.File{Path: path, SHA256: hash, LoadedAt: f.opts.Now()}
 	f.applyLocked(file)
 	f.log.Info("hosts file loaded", "path", path, "hosts", len(file.Hosts), "dns", len(file.DNS))
 	return nil
@@ -276,9 +277,9 @@ func (f *Fleet) startLocked(spec HostSpec, source string) {
 
 func (f *Fleet) stopLocked(h *host) {
 	h.stop()
-	delete(f.hosts, h.spec.Name)
-	f.metrics.forget(h.spec.Name)
-	f.log.Info("host removed", "host", h.spec.Name)
+	delete(f.hosts, h.name)
+	f.metrics.forget(h.name)
+	f.log.Info("host removed", "host", h.name)
 }
 
 // snapshot returns the current hosts, in a map shared with every caller:

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // fakeHost is a poold stand-in: /status and /v1/models from its fields, POST
@@ -30,7 +31,7 @@ type fakeHost struct {
 	srv  *httptest.Server
 
 	mu        sync.Mutex // guards the fields below
-	pools     []pool.Status
+	pools     []statusapi.Pool
 	models    []hostModel
 	failPolls bool
 	post      http.HandlerFunc
@@ -38,7 +39,7 @@ type fakeHost struct {
 	auth      []string // Authorization of each POST
 }
 
-func newFakeHost(t testing.TB, name string, pools []pool.Status, models ...hostModel) *fakeHost {
+func newFakeHost(t testing.TB, name string, pools []statusapi.Pool, models ...hostModel) *fakeHost {
 	t.Helper()
 	fh := &fakeHost{name: name, pools: pools, models: models}
 	fh.srv = httptest.NewServer(http.HandlerFunc(fh.serve))
@@ -94,12 +95,12 @@ func (fh *fakeHost) spec() HostSpec { return HostSpec{Name: fh.name, URL: fh.srv
 
 func ptr(s string) *string { return &s }
 
-func readyPool(name, profile string, inFlight int) pool.Status {
-	return pool.Status{Name: name, State: pool.StateReady, Profile: ptr(profile), InFlight: inFlight, Gate: "open"}
+func readyPool(name, profile string, inFlight int) statusapi.Pool {
+	return statusapi.Pool{Name: name, State: statusapi.StateReady, Profile: ptr(profile), InFlight: inFlight, Gate: "open"}
 }
 
-func emptyPool(name string) pool.Status {
-	return pool.Status{Name: name, State: pool.StateEmpty, Gate: "closed"}
+func emptyPool(name string) statusapi.Pool {
+	return statusapi.Pool{Name: name, State: statusapi.StateEmpty, Gate: "closed"}
 }
 
 func model(id, root string) hostModel { return hostModel{ID: id, Root: root, State: "available"} }
@@ -135,16 +136,16 @@ func startFleet(t testing.TB, fo Options, ho HandlerOptions, hosts ...*fakeHost)
 	t.Cleanup(srv.Close)
 	tf := &testFleet{t: t, fleet: f, handler: h, srv: srv, reg: reg}
 	for _, fh := range hosts {
-		tf.waitHost(fh.name, "healthy", func(s HostStatus) bool { return s.Healthy })
+		tf.waitHost(fh.name, "healthy", func(s statusapi.Host) bool { return s.Healthy })
 	}
 	return tf
 }
 
 // waitHost polls the fleet view until cond holds for host, failing after 5 s.
-func (tf *testFleet) waitHost(name, what string, cond func(HostStatus) bool) HostStatus {
+func (tf *testFleet) waitHost(name, what string, cond func(statusapi.Host) bool) statusapi.Host {
 	tf.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	var last HostStatus
+	var last statusapi.Host
 	for time.Now().Before(deadline) {
 		hosts, _ := tf.fleet.Status()
 		for _, h := range hosts {
@@ -181,8 +182,8 @@ const chat = `{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 // A request goes to the host where its model is awake, not to an idle one,
 // with the client's Authorization, and the choice is named in X-Fleet-Host.
 func TestForwardToAwakeHost(t *testing.T) {
-	idle := newFakeHost(t, "idle", []pool.Status{emptyPool("gpu0")}, model("chat", "qwen"), model("qwen", "qwen"))
-	awake := newFakeHost(t, "awake", []pool.Status{readyPool("gpu0", "qwen", 2)}, model("chat", "qwen"), model("qwen", "qwen"))
+	idle := newFakeHost(t, "idle", []statusapi.Pool{emptyPool("gpu0")}, model("chat", "qwen"), model("qwen", "qwen"))
+	awake := newFakeHost(t, "awake", []statusapi.Pool{readyPool("gpu0", "qwen", 2)}, model("chat", "qwen"), model("qwen", "qwen"))
 	tf := startFleet(t, Options{}, HandlerOptions{}, idle, awake)
 	resp, body := tf.post(chat, "Authorization", "Bearer sk-1")
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Fleet-Host") != "awake" || body != `{"ok":"awake"}` {
@@ -208,7 +209,7 @@ func TestForwardToAwakeHost(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
-	h := newFakeHost(t, "h", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	h := newFakeHost(t, "h", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	tf := startFleet(t, Options{}, HandlerOptions{MaxBodyBytes: 1000}, h)
 	cases := []struct {
 		body   string
@@ -241,7 +242,7 @@ func TestErrors(t *testing.T) {
 
 	// Known, but on no healthy host.
 	h.set(func(fh *fakeHost) { fh.failPolls = true })
-	tf.waitHost("h", "ejected", func(s HostStatus) bool { return s.Ejected })
+	tf.waitHost("h", "ejected", func(s statusapi.Host) bool { return s.Ejected })
 	resp, body := tf.post(`{"model": "qwen"}`)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "no_healthy_host") {
 		t.Fatalf("%d %s", resp.StatusCode, body)
@@ -251,10 +252,10 @@ func TestErrors(t *testing.T) {
 // A host that fails EjectAfter polls in a row is ejected, probed back, and
 // re-admitted once it answers.
 func TestEjectAndReadmit(t *testing.T) {
-	h := newFakeHost(t, "h", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	h := newFakeHost(t, "h", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	tf := startFleet(t, Options{EjectAfter: 2, MaxBackoff: 40 * time.Millisecond}, HandlerOptions{}, h)
 	h.set(func(fh *fakeHost) { fh.failPolls = true })
-	st := tf.waitHost("h", "ejected", func(s HostStatus) bool { return s.Ejected })
+	st := tf.waitHost("h", "ejected", func(s statusapi.Host) bool { return s.Ejected })
 	if st.Healthy || st.Reachable || st.PollFailures < 2 || st.LastError == nil {
 		t.Fatalf("ejected host: %+v", st)
 	}
@@ -262,7 +263,7 @@ func TestEjectAndReadmit(t *testing.T) {
 		t.Fatalf("fleetd_host_up = %v", v)
 	}
 	h.set(func(fh *fakeHost) { fh.failPolls = false })
-	tf.waitHost("h", "re-admitted", func(s HostStatus) bool { return s.Healthy && !s.Ejected && s.PollFailures == 0 })
+	tf.waitHost("h", "re-admitted", func(s statusapi.Host) bool { return s.Healthy && !s.Ejected && s.PollFailures == 0 })
 	if v := testutil.ToFloat64(tf.fleet.metrics.ejections.WithLabelValues("h", "poll")); v != 1 {
 		t.Fatalf("ejections = %v", v)
 	}
@@ -274,8 +275,8 @@ func TestEjectAndReadmit(t *testing.T) {
 // A host that refuses connections is skipped for the next best one, and
 // after EjectAfter failed forwards it is ejected.
 func TestRetryOnConnectFailure(t *testing.T) {
-	dead := newFakeHost(t, "dead", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
-	live := newFakeHost(t, "live", []pool.Status{readyPool("gpu0", "qwen", 5)}, model("qwen", "qwen"))
+	dead := newFakeHost(t, "dead", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	live := newFakeHost(t, "live", []statusapi.Pool{readyPool("gpu0", "qwen", 5)}, model("qwen", "qwen"))
 	// Poll once (the first poll is at once), then not for the test's length,
 	// so that only forwards can find the dead host out.
 	tf := startFleet(t, Options{PollInterval: time.Hour, EjectAfter: 2}, HandlerOptions{}, dead, live)
@@ -286,7 +287,7 @@ func TestRetryOnConnectFailure(t *testing.T) {
 			t.Fatalf("request %d: %d %v %s", i, resp.StatusCode, resp.Header, body)
 		}
 	}
-	tf.waitHost("dead", "ejected", func(s HostStatus) bool { return s.Ejected && s.ForwardFailures == 2 })
+	tf.waitHost("dead", "ejected", func(s statusapi.Host) bool { return s.Ejected && s.ForwardFailures == 2 })
 	if v := testutil.ToFloat64(tf.fleet.metrics.retries.WithLabelValues("dead", "connect")); v != 2 {
 		t.Fatalf("retries = %v", v)
 	}
@@ -306,8 +307,8 @@ func TestRetryOn503(t *testing.T) {
 		w.Header().Set("Retry-After", "7")
 		http.Error(w, `{"error": {"message": "queue full"}}`, http.StatusServiceUnavailable)
 	}
-	full := newFakeHost(t, "full", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
-	other := newFakeHost(t, "other", []pool.Status{readyPool("gpu0", "qwen", 9)}, model("qwen", "qwen"))
+	full := newFakeHost(t, "full", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	other := newFakeHost(t, "other", []statusapi.Pool{readyPool("gpu0", "qwen", 9)}, model("qwen", "qwen"))
 	full.set(func(fh *fakeHost) { fh.post = unavailable })
 	tf := startFleet(t, Options{}, HandlerOptions{}, full, other)
 	resp, body := tf.post(`{"model": "qwen"}`)
@@ -324,7 +325,7 @@ func TestRetryOn503(t *testing.T) {
 	}
 	// 503s are the host's answer, not its failure: nobody is ejected.
 	for _, name := range []string{"full", "other"} {
-		if st := tf.waitHost(name, "healthy", func(s HostStatus) bool { return true }); !st.Healthy || st.ForwardFailures != 0 {
+		if st := tf.waitHost(name, "healthy", func(s statusapi.Host) bool { return true }); !st.Healthy || st.ForwardFailures != 0 {
 			t.Fatalf("%s: %+v", name, st)
 		}
 	}
@@ -334,8 +335,8 @@ func TestRetryOn503(t *testing.T) {
 // ends with an error event and the connection is cut.
 func TestNoRetryAfterBytes(t *testing.T) {
 	sent := make(chan struct{})
-	breaks := newFakeHost(t, "breaks", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
-	spare := newFakeHost(t, "spare", []pool.Status{readyPool("gpu0", "qwen", 9)}, model("qwen", "qwen"))
+	breaks := newFakeHost(t, "breaks", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	spare := newFakeHost(t, "spare", []statusapi.Pool{readyPool("gpu0", "qwen", 9)}, model("qwen", "qwen"))
 	breaks.set(func(fh *fakeHost) {
 		fh.post = func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -374,8 +375,8 @@ func TestNoRetryAfterBytes(t *testing.T) {
 // Requests sharing a session key land on the same host among equals, and
 // different keys use both hosts.
 func TestAffinity(t *testing.T) {
-	a := newFakeHost(t, "a", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
-	b := newFakeHost(t, "b", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("chat", "qwen"), model("qwen", "qwen"))
+	b := newFakeHost(t, "b", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	tf := startFleet(t, Options{}, HandlerOptions{}, a, b)
 	seen := make(map[string]bool)
 	for i := 0; i < 64 && len(seen) < 2; i++ {
@@ -408,9 +409,9 @@ func TestAffinity(t *testing.T) {
 }
 
 func TestModelsAndStatus(t *testing.T) {
-	a := newFakeHost(t, "a", []pool.Status{readyPool("gpu0", "qwen", 0)},
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)},
 		hostModel{ID: "chat", Root: "qwen", State: "ready"}, hostModel{ID: "qwen", Root: "qwen", State: "ready"})
-	b := newFakeHost(t, "b", []pool.Status{emptyPool("gpu0")},
+	b := newFakeHost(t, "b", []statusapi.Pool{emptyPool("gpu0")},
 		hostModel{ID: "qwen", Root: "qwen", State: "available", Pools: []string{"gpu0"}}, hostModel{ID: "bge", Root: "bge", State: "available"})
 	tf := startFleet(t, Options{}, HandlerOptions{Version: "v9"}, a, b)
 	resp, err := http.Get(tf.srv.URL + "/v1/models")
@@ -418,11 +419,11 @@ func TestModelsAndStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	var list struct {
-		Data []modelEntry `json:"data"`
+		Data []statusapi.FleetModel `json:"data"`
 	}
 	json.NewDecoder(resp.Body).Decode(&list)
 	resp.Body.Close()
-	got := make(map[string]modelEntry)
+	got := make(map[string]statusapi.FleetModel)
 	for _, e := range list.Data {
 		got[e.ID] = e
 	}
@@ -435,7 +436,7 @@ func TestModelsAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st Status
+	var st statusapi.Fleetd
 	json.NewDecoder(resp.Body).Decode(&st)
 	resp.Body.Close()
 	if st.Version != "v9" || len(st.Hosts) != 2 || st.Hosts[0].Name != "a" || !st.Hosts[0].Healthy || st.Hosts[0].Version != "test" ||
@@ -447,8 +448,8 @@ func TestModelsAndStatus(t *testing.T) {
 // The hosts file is reloaded when the watcher says so: a valid file changes
 // the membership, a bad one changes nothing and is reported.
 func TestWatchFile(t *testing.T) {
-	a := newFakeHost(t, "a", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
-	b := newFakeHost(t, "b", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("chat", "qwen"), model("qwen", "qwen"))
+	b := newFakeHost(t, "b", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	path := filepath.Join(t.TempDir(), "hosts.json")
 	write := func(hosts ...*fakeHost) {
 		var f File
@@ -465,7 +466,7 @@ func TestWatchFile(t *testing.T) {
 	if err := tf.fleet.LoadFile(path); err != nil {
 		t.Fatal(err)
 	}
-	tf.waitHost("a", "healthy", func(s HostStatus) bool { return s.Healthy })
+	tf.waitHost("a", "healthy", func(s statusapi.Host) bool { return s.Healthy })
 	changes := make(chan struct{})
 	done := make(chan struct{})
 	go func() { tf.fleet.WatchFile(path, changes); close(done) }()
@@ -473,7 +474,7 @@ func TestWatchFile(t *testing.T) {
 
 	write(b)
 	changes <- struct{}{}
-	tf.waitHost("b", "healthy", func(s HostStatus) bool { return s.Healthy })
+	tf.waitHost("b", "healthy", func(s statusapi.Host) bool { return s.Healthy })
 	waitFor(t, "a removed", func() bool { hosts, _ := tf.fleet.Status(); return len(hosts) == 1 })
 
 	if err := os.WriteFile(path, []byte(`{"hosts": [{"name": "c"}]}`), 0o644); err != nil {
@@ -550,8 +551,8 @@ func TestResolve(t *testing.T) {
 // Hosts found in DNS join the fleet, follow the records as they change, and
 // stay when a lookup fails.
 func TestDNSDiscovery(t *testing.T) {
-	a := newFakeHost(t, "a", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
-	b := newFakeHost(t, "b", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("chat", "qwen"), model("qwen", "qwen"))
+	b := newFakeHost(t, "b", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	addr := func(fh *fakeHost) *net.SRV {
 		host, port, _ := net.SplitHostPort(strings.TrimPrefix(fh.srv.URL, "http://"))
 		var p uint16
@@ -564,14 +565,14 @@ func TestDNSDiscovery(t *testing.T) {
 	tf.fleet.Apply(&File{DNS: []DNSSpec{d}})
 	nameA := strings.TrimPrefix(a.srv.URL, "http://")
 	nameB := strings.TrimPrefix(b.srv.URL, "http://")
-	st := tf.waitHost(nameA, "found and healthy", func(s HostStatus) bool { return s.Healthy })
+	st := tf.waitHost(nameA, "found and healthy", func(s statusapi.Host) bool { return s.Healthy })
 	if st.Source != "dns:_poold._tcp.test" {
 		t.Fatalf("source %q", st.Source)
 	}
 	r.mu.Lock()
 	r.srv["_poold._tcp.test"] = []*net.SRV{addr(b)}
 	r.mu.Unlock()
-	tf.waitHost(nameB, "found and healthy", func(s HostStatus) bool { return s.Healthy })
+	tf.waitHost(nameB, "found and healthy", func(s statusapi.Host) bool { return s.Healthy })
 	waitFor(t, "a gone", func() bool { hosts, _ := tf.fleet.Status(); return len(hosts) == 1 })
 
 	r.mu.Lock()
@@ -585,7 +586,7 @@ func TestDNSDiscovery(t *testing.T) {
 
 	// A file without the DNS name drops its hosts.
 	tf.fleet.Apply(&File{Hosts: []HostSpec{a.spec()}})
-	tf.waitHost("a", "healthy", func(s HostStatus) bool { return s.Healthy })
+	tf.waitHost("a", "healthy", func(s statusapi.Host) bool { return s.Healthy })
 	waitFor(t, "dns hosts gone", func() bool { hosts, _ := tf.fleet.Status(); return len(hosts) == 1 })
 }
 
@@ -593,7 +594,7 @@ func TestDNSDiscovery(t *testing.T) {
 // fleet's own count of requests in flight there drops back.
 func TestClientGoneCancelsHost(t *testing.T) {
 	cancelled := make(chan struct{})
-	h := newFakeHost(t, "h", []pool.Status{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	h := newFakeHost(t, "h", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	h.set(func(fh *fakeHost) {
 		fh.post = func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -625,4 +626,39 @@ func TestClientGoneCancelsHost(t *testing.T) {
 		t.Fatal("the host's request was not cancelled")
 	}
 	waitFor(t, "local count back to zero", func() bool { v, _ := hs.view("qwen", time.Now()); return len(v.Local) == 0 })
+}
+
+// A hosts-file reload that changes a host's weight and labels while requests
+// and polls use the host is no data race (run with -race).
+func TestReloadWeightDuringRequests(t *testing.T) {
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("chat", "qwen"), model("qwen", "qwen"))
+	tf := startFleet(t, Options{}, HandlerOptions{}, a)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 40 {
+			if resp, body := tf.post(chat); resp.StatusCode != http.StatusOK {
+				t.Errorf("%d %s", resp.StatusCode, body)
+				return
+			}
+		}
+	}()
+	i := 0
+	for reloading := true; reloading; i++ {
+		select {
+		case <-done:
+			reloading = false
+		default:
+		}
+		spec := a.spec()
+		spec.Weight = 1 + i%3
+		spec.Labels = map[string]string{"round": strconv.Itoa(i)}
+		tf.fleet.Apply(&File{Hosts: []HostSpec{spec}})
+		tf.fleet.Status()
+	}
+	last := i - 1
+	st := tf.waitHost("a", "reloaded", func(s statusapi.Host) bool { return s.Labels["round"] == strconv.Itoa(last) })
+	if st.Weight != 1+last%3 {
+		t.Fatalf("weight %d after the last reload", st.Weight)
+	}
 }

@@ -15,7 +15,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/placement"
+	"github.com/poold/poold/internal/upstream"
 )
 
 // Defaults for HandlerOptions' zero values.
@@ -32,7 +34,7 @@ const (
 )
 
 // HandlerOptions configures a Handler. Zero values: MaxBodyBytes →
-// proxy.DefaultMaxBodyBytes; MaxAttempts → DefaultMaxAttempts;
+// openai.DefaultMaxBodyBytes; MaxAttempts → DefaultMaxAttempts;
 // AffinityHeader → DefaultAffinityHeader; AffinityBytes → DefaultAffinityBytes;
 // ScaleOutWait → scale-out off; Logger → discard; AccessLog → none.
 type HandlerOptions struct {
@@ -67,6 +69,7 @@ type Handler struct {
 	opts  HandlerOptions
 	log   *slog.Logger
 	rp    *httputil.ReverseProxy
+	tr    *upstream.Transport // the hosts' connections, rp's Transport
 	mux   *http.ServeMux
 	seq   atomic.Uint64 // request ids
 }
@@ -74,7 +77,7 @@ type Handler struct {
 // NewHandler builds the handler for f.
 func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = proxy.DefaultMaxBodyBytes
+		opts.MaxBodyBytes = openai.DefaultMaxBodyBytes
 	}
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = DefaultMaxAttempts
@@ -88,11 +91,11 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router")}
+	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router"), tr: &upstream.Transport{}}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:    h.rewrite,
-		Transport:  &proxy.Transport{},
-		BufferPool: proxy.NewBufferPool(),
+		Transport:  h.tr,
+		BufferPool: &upstream.BufferPool{},
 		// FlushInterval stays zero: ReverseProxy flushes an event stream (or
 		// a body of unknown length) after every write anyway, and a plain
 		// answer then leaves in one write with its headers. A negative one
@@ -114,6 +117,10 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// Close closes the idle connections to hosts and stops their sweep. Call it
+// once the server has stopped.
+func (h *Handler) Close() { h.tr.Close() }
 
 // attempt is one try of a request on one host, carried in the outgoing
 // request's context through the ReverseProxy callbacks.
@@ -150,14 +157,14 @@ func (a *attempt) markFirst() {
 // the next best on a connect failure or a 503.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := h.fleet.opts.Now()
-	id := proxy.RequestID(r, "fleetd", &h.seq)
+	id := openai.RequestID(r, "fleetd", &h.seq)
 	log := make([]slog.Attr, 0, 12) // the access log line's attributes
 	log = append(log, slog.String("requestId", id), slog.String("path", r.URL.Path))
 	hostName, model, status := "none", "", 0
 	var cur *attempt // the attempt under way; a broken stream unwinds from it with a panic
 	defer func() {
 		if cur != nil {
-			hostName, status = cur.host.spec.Name, cur.status
+			hostName, status = cur.host.name, cur.status
 			log = append(log, slog.Bool("aborted", true)) // the stream broke off after its first bytes
 		}
 		if status == 0 {
@@ -172,15 +179,16 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	fail := func(code int, errCode, param, msg string) {
 		status = code
 		w.Header().Set("X-Request-Id", id)
-		proxy.WriteError(w, code, errCode, param, msg)
+		openai.WriteError(w, code, errCode, param, msg)
 	}
 
 	w.Header().Set("X-Request-Id", id)
-	body, name, stream, code := proxy.ReadRequest(w, r, h.opts.MaxBodyBytes)
+	body, req, code := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
 	if code != 0 {
 		status = code
 		return
 	}
+	name, stream := req.Model, req.Stream
 	log = append(log, slog.String("model", name), slog.Bool("stream", stream))
 
 	hosts := h.fleet.snapshot()
@@ -194,16 +202,16 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if len(order) == 0 {
 		status = http.StatusServiceUnavailable
 		w.Header().Set("X-Request-Id", id)
-		proxy.WriteUnavailable(w, "no_healthy_host", fmt.Sprintf("no healthy host can serve model %q now", name), 5*time.Second)
+		openai.WriteUnavailable(w, "no_healthy_host", fmt.Sprintf("no healthy host can serve model %q now", name), 5*time.Second)
 		return
 	}
 	h.fleet.metrics.decision(order[0].Reason)
-	log = append(log, slog.String("reason", order[0].Reason), slog.String("tier", order[0].Tier.String()))
+	log = append(log, slog.String("reason", order[0].Reason), slog.String("tier", order[0].Rank.String()))
 	n := min(len(order), h.opts.MaxAttempts)
 	var tried []string
 	for i, c := range order[:n] {
 		hs := hosts[c.Host]
-		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), observe: stream && c.Tier == TierAwake,
+		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), observe: stream && c.Rank == placement.Awake,
 			last: i == n-1, start: h.fleet.opts.Now(), now: h.fleet.opts.Now}
 		tried = append(tried, c.Host)
 		cur = a
@@ -243,7 +251,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	a := pr.In.Context().Value(attemptKey{}).(*attempt)
 	pr.SetURL(a.host.base)
 	out := pr.Out
-	proxy.SetBody(out, a.body)
+	upstream.SetBody(out, a.body)
 	out.Header.Set("X-Request-Id", a.id)
 }
 
@@ -258,10 +266,10 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		return errRetry
 	}
 	a.status = resp.StatusCode
-	resp.Header.Set("X-Fleet-Host", a.host.spec.Name)
+	resp.Header.Set("X-Fleet-Host", a.host.name)
 	resp.Header.Del("X-Request-Id") // the answer has it already; poold's would be a second copy
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		resp.Body = proxy.NewSSEPassthrough(resp.Body, a.markFirst)
+		resp.Body = openai.NewSSEReader(resp.Body, false, a.markFirst)
 	} else {
 		resp.Body = &firstByteReader{ReadCloser: resp.Body, onFirst: a.markFirst}
 	}
@@ -276,15 +284,15 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	a := r.Context().Value(attemptKey{}).(*attempt)
 	h.fleet.forwarded(a.host, err)
-	h.log.Warn("host request failed", "host", a.host.spec.Name, "requestId", a.id, "err", err)
+	h.log.Warn("host request failed", "host", a.host.name, "requestId", a.id, "err", err)
 	if !a.last {
 		a.retry = "connect"
 		return
 	}
 	a.status = http.StatusBadGateway
-	w.Header().Set("X-Fleet-Host", a.host.spec.Name)
+	w.Header().Set("X-Fleet-Host", a.host.name)
 	w.Header().Set("X-Request-Id", a.id)
-	proxy.WriteError(w, a.status, "host_unavailable", "", fmt.Sprintf("host %q failed: %v", a.host.spec.Name, err))
+	openai.WriteError(w, a.status, "host_unavailable", "", fmt.Sprintf("host %q failed: %v", a.host.name, err))
 }
 
 // firstByteReader calls onFirst when the first bytes are read.
@@ -311,10 +319,10 @@ func (h *Handler) affinityKey(r *http.Request, body []byte) string {
 	// The body is valid JSON (ReadRequest checked it): walk it rather than
 	// decode it, which would cost as much as the rest of the forward.
 	var p []byte
-	if first := proxy.FirstElement(proxy.Member(body, "messages")); first != nil {
-		p = proxy.Member(first, "content")
-	} else if p = proxy.Member(body, "prompt"); p == nil {
-		p = proxy.Member(body, "input")
+	if first := openai.FirstElement(openai.Member(body, "messages")); first != nil {
+		p = openai.Member(first, "content")
+	} else if p = openai.Member(body, "prompt"); p == nil {
+		p = openai.Member(body, "input")
 	}
 	return "prefix:" + string(p[:min(len(p), h.opts.AffinityBytes)])
 }

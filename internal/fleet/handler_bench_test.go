@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/poold/poold/internal/pool"
-	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/upstream"
 )
 
 // BenchmarkForward is one plain request through fleetd's handler to a host
@@ -19,7 +19,7 @@ import (
 // metrics on as in fleetd: fleetd's per-request cost plus two loopback round
 // trips (BenchmarkDirect is one).
 func BenchmarkForward(b *testing.B) {
-	fh := newFakeHost(b, "a", []pool.Status{readyPool("p", "chat", 0)}, model("chat", "chat"))
+	fh := newFakeHost(b, "a", []statusapi.Pool{readyPool("p", "chat", 0)}, model("chat", "chat"))
 	tf := startFleet(b, Options{}, HandlerOptions{AccessLog: slog.New(slog.NewJSONHandler(io.Discard, nil))}, fh)
 	benchPost(b, tf.srv.URL)
 }
@@ -59,7 +59,7 @@ func BenchmarkReverseProxy(b *testing.B) {
 		b.Fatal(err)
 	}
 	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
-		Transport: &proxy.Transport{}, BufferPool: proxy.NewBufferPool()}
+		Transport: &upstream.Transport{}, BufferPool: &upstream.BufferPool{}}
 	srv := httptest.NewServer(rp)
 	defer srv.Close()
 	benchPost(b, srv.URL)

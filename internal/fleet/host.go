@@ -12,14 +12,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/statusapi"
 )
 
-// hostStatus is the part of poold's GET /status (DESIGN.md §6) fleetd reads.
+// hostStatus is the part of poold's GET /status fleetd reads.
 type hostStatus struct {
-	Version string        `json:"version"`
-	Host    string        `json:"host"`
-	Pools   []pool.Status `json:"pools"`
+	Version string           `json:"version"`
+	Host    string           `json:"host"`
+	Pools   []statusapi.Pool `json:"pools"`
 }
 
 // hostModel is one entry of poold's GET /v1/models.
@@ -47,14 +47,17 @@ type waitEstimate struct {
 // host is one poold host: its spec, its poller and what the last polls and
 // forwards said about it.
 type host struct {
-	spec   HostSpec
-	source string   // "file" or "dns:NAME"
-	base   *url.URL // spec.URL parsed
-	stop   context.CancelFunc
-	done   chan struct{} // closed when the poller has returned
-	kick   chan struct{} // buffered(1): poll now
+	name string   // spec.Name, which never changes
+	base *url.URL // spec.URL parsed, which never changes: a new URL is a new host
+	stop context.CancelFunc
+	done chan struct{} // closed when the poller has returned
+	kick chan struct{} // buffered(1): poll now
 
 	mu sync.Mutex // guards every field below
+	// spec is the host's entry; a reload changes its weight and labels,
+	// holding the Fleet's mutex too, under which it may also be read.
+	spec   HostSpec
+	source string // "file" or "dns:NAME"
 	// polled is set once a poll has succeeded: before that fleetd knows
 	// nothing to route by.
 	polled      bool
@@ -76,7 +79,7 @@ func newHost(spec HostSpec, source string) (*host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("host %q: url: %w", spec.Name, err)
 	}
-	return &host{spec: spec, source: source, base: u, done: make(chan struct{}), kick: make(chan struct{}, 1),
+	return &host{name: spec.Name, spec: spec, source: source, base: u, done: make(chan struct{}), kick: make(chan struct{}, 1),
 		local: make(map[string]int), waits: make(map[string]waitEstimate)}, nil
 }
 
@@ -149,7 +152,7 @@ func (f *Fleet) poll(ctx context.Context, h *host) {
 	if ctx.Err() != nil {
 		return // fleetd is stopping or the host was removed
 	}
-	f.metrics.poll(h.spec.Name, took, err == nil)
+	f.metrics.poll(h.name, took, err == nil)
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -164,11 +167,11 @@ func (f *Fleet) poll(ctx context.Context, h *host) {
 		return
 	}
 	if !h.polled || h.ejected {
-		f.metrics.setUp(h.spec.Name, true)
+		f.metrics.setUp(h.name, true)
 	}
 	if h.ejected {
 		h.fwdFails = 0
-		f.log.Info("host re-admitted", "host", h.spec.Name)
+		f.log.Info("host re-admitted", "host", h.name)
 	}
 	h.reachable, h.polled, h.ejected, h.pollFails, h.lastErr = true, true, false, 0, ""
 	h.status = st
@@ -184,9 +187,9 @@ func (f *Fleet) poll(ctx context.Context, h *host) {
 // ejectLocked takes h out of routing; h.mu is held.
 func (f *Fleet) ejectLocked(h *host, cause string, err error) {
 	h.ejected = true
-	f.metrics.setUp(h.spec.Name, false)
-	f.metrics.eject(h.spec.Name, cause)
-	f.log.Warn("host ejected", "host", h.spec.Name, "cause", cause, "pollFailures", h.pollFails, "forwardFailures", h.fwdFails, "err", err)
+	f.metrics.setUp(h.name, false)
+	f.metrics.eject(h.name, cause)
+	f.log.Warn("host ejected", "host", h.name, "cause", cause, "pollFailures", h.pollFails, "forwardFailures", h.fwdFails, "err", err)
 }
 
 // forwarded records the outcome of one forward to h: err is nil when the host
@@ -237,21 +240,24 @@ func (h *host) view(model string, now time.Time) (HostView, bool) {
 	if !ok {
 		return HostView{}, false
 	}
-	v := HostView{Name: h.spec.Name, Weight: h.spec.Weight, Root: m.Root, Eligible: m.Pools, Local: maps.Clone(h.local)}
+	v := HostView{Name: h.name, Weight: h.spec.Weight, Root: m.Root, Eligible: m.Pools, Local: maps.Clone(h.local)}
 	if w := h.waits[m.Root]; now.Sub(w.last) <= waitWindow {
 		v.Wait = w.avg
 	}
 	v.Pools = make([]PoolView, len(h.status.Pools))
 	for i, p := range h.status.Pools {
-		pv := PoolView{Name: p.Name, State: string(p.State), GateClosed: p.Gate == "closed", InFlight: p.InFlight}
+		pv := PoolView{Name: p.Name, State: string(p.State), GateClosed: p.Gate == "closed", InFlight: p.InFlight, LastUsed: p.LastUsed}
 		if p.Profile != nil {
 			pv.Profile = *p.Profile
 		}
 		if p.SwitchingTo != nil {
 			pv.SwitchingTo = *p.SwitchingTo
 		}
-		for _, n := range p.Waiting {
+		for prof, n := range p.Waiting {
 			pv.Waiting += n
+			if n > 0 {
+				pv.Queued = append(pv.Queued, prof)
+			}
 		}
 		for _, s := range p.Sleeping {
 			pv.Sleeping = append(pv.Sleeping, s.Profile)

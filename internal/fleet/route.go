@@ -5,29 +5,9 @@ import (
 	"hash/fnv"
 	"slices"
 	"time"
+
+	"github.com/poold/poold/internal/placement"
 )
-
-// Tier ranks how cheaply a host can serve a model now; lower is better.
-type Tier int
-
-// The tiers, best first.
-const (
-	// TierAwake: a pool has the model loaded and admits requests for it.
-	TierAwake Tier = iota + 1
-	// TierLoading: a pool is loading the model (requests wait for it there).
-	TierLoading
-	// TierAsleep: a pool holds the model asleep (sleep mode); waking is fast.
-	TierAsleep
-	// TierIdle: an eligible pool has nothing in flight and nothing waiting, so
-	// loading the model there disturbs nobody.
-	TierIdle
-	// TierQueue: only busy eligible pools; the request queues for a swap.
-	TierQueue
-)
-
-var tierReasons = [...]string{TierAwake: "awake", TierLoading: "loading", TierAsleep: "asleep", TierIdle: "idle", TierQueue: "queue"}
-
-func (t Tier) String() string { return tierReasons[t] }
 
 // ReasonScaleOut is the reason of a decision that sends a request to an idle
 // or sleeping pool although the model is awake elsewhere, because every awake
@@ -45,7 +25,9 @@ type PoolView struct {
 	GateClosed bool
 	InFlight   int
 	Waiting    int      // all waiting requests, whatever their profile
+	Queued     []string // the profiles requests wait for
 	Sleeping   []string // profiles asleep in the pool
+	LastUsed   time.Time
 }
 
 // HostView is the routing input for one healthy host that serves the model.
@@ -68,10 +50,11 @@ type HostView struct {
 // Choice is one host in a routing order.
 type Choice struct {
 	Host string
-	Tier Tier
+	// Rank is the host's best pool's rank for the model.
+	Rank placement.Rank
 	// Load is in-flight plus waiting requests on the pool chosen within the host.
 	Load int
-	// Reason is Tier's name, or ReasonScaleOut.
+	// Reason is Rank's name, or ReasonScaleOut.
 	Reason string
 }
 
@@ -90,59 +73,68 @@ type RouteOptions struct {
 // Route orders the hosts that can serve a model, best first; forwarding tries
 // them in that order. It is a pure function of its arguments.
 //
-// Each host is scored by its best eligible pool (see score). Hosts are then
-// ordered by tier, by load within the tier (loads within opts.Slack of the
-// tier's least count as equal), by weight (higher first), and last by
-// rendezvous hashing of the affinity key with the host's name, so that
-// requests sharing a key land on the same host among equals, and only the
-// keys of a host that leaves move elsewhere.
+// Each host is scored by its best eligible pool (see score), by the shared
+// placement order (package placement). Hosts are then ordered by rank, idle
+// ones by their pool's last use (the least recently used first), by load
+// within the rank (loads within opts.Slack of the rank's least count as
+// equal), by weight (higher first), and last by rendezvous hashing of the
+// affinity key with the host's name, so that requests sharing a key land on
+// the same host among equals, and only the keys of a host that leaves move
+// elsewhere.
 //
 // Scale-out: when opts.ScaleOutWait is positive, the best host is awake, every
 // awake host's Wait exceeds it, no copy is loading already, and some host has
-// an asleep or idle pool, the best such host goes first instead.
+// an asleep, empty or idle pool, the best such host goes first instead.
 func Route(hosts []HostView, key string, opts RouteOptions) []Choice {
 	type scored struct {
 		Choice
-		rank   int // Load, or 0 when within Slack of the tier's least
-		weight int
-		hash   uint64
-		wait   time.Duration
+		lastUsed time.Time
+		load     int // Load, or 0 when within Slack of the rank's least
+		weight   int
+		hash     uint64
+		wait     time.Duration
 	}
 	all := make([]scored, 0, len(hosts))
-	least := make(map[Tier]int)
+	least := make(map[placement.Rank]int)
 	for _, h := range hosts {
-		tier, load := score(h)
-		if tier == 0 {
+		c, ok := score(h)
+		if !ok {
 			continue
 		}
-		if l, ok := least[tier]; !ok || load < l {
-			least[tier] = load
+		if l, ok := least[c.Rank]; !ok || c.Load < l {
+			least[c.Rank] = c.Load
 		}
-		all = append(all, scored{Choice: Choice{Host: h.Name, Tier: tier, Load: load, Reason: tier.String()}, rank: load, weight: h.Weight, hash: affinityHash(key, h.Name), wait: h.Wait})
+		all = append(all, scored{Choice: Choice{Host: h.Name, Rank: c.Rank, Load: c.Load, Reason: c.Rank.String()},
+			lastUsed: c.LastUsed, load: c.Load, weight: h.Weight, hash: affinityHash(key, h.Name), wait: h.Wait})
 	}
 	for i := range all {
-		if all[i].Load <= least[all[i].Tier]+opts.Slack {
-			all[i].rank = 0
+		if all[i].Load <= least[all[i].Rank]+opts.Slack {
+			all[i].load = 0
 		}
 	}
 	slices.SortFunc(all, func(a, b scored) int {
+		idle := 0
+		if a.Rank == placement.Idle && b.Rank == placement.Idle {
+			idle = a.lastUsed.Compare(b.lastUsed)
+		}
 		return cmp.Or(
-			cmp.Compare(a.Tier, b.Tier),
-			cmp.Compare(a.rank, b.rank),
+			cmp.Compare(a.Rank, b.Rank),
+			idle,
+			cmp.Compare(a.load, b.load),
 			cmp.Compare(b.weight, a.weight),
 			cmp.Compare(b.hash, a.hash),
 			cmp.Compare(a.Host, b.Host),
 		)
 	})
-	if opts.ScaleOutWait > 0 && len(all) > 0 && all[0].Tier == TierAwake {
+	if opts.ScaleOutWait > 0 && len(all) > 0 && all[0].Rank == placement.Awake {
 		overloaded, spare := true, -1
 		for i, s := range all {
-			switch s.Tier {
-			case TierAwake:
+			switch s.Rank {
+			case placement.Awake:
 				overloaded = overloaded && s.wait > opts.ScaleOutWait
-			case TierLoading:
+			case placement.Loading:
 				overloaded = false // a copy is coming up already
-			case TierAsleep, TierIdle:
+			case placement.Asleep, placement.Empty, placement.Idle:
 				if spare < 0 {
 					spare = i
 				}
@@ -162,55 +154,52 @@ func Route(hosts []HostView, key string, opts RouteOptions) []Choice {
 	return out
 }
 
-// score returns a host's tier for its model and the load of the pool that
-// gives it, or tier 0 when no pool of the host may run the model.
+// score returns the placement of a host's best eligible pool for its model,
+// and false when no pool of the host may run the model.
 //
-// A pool is awake when the model is loaded and its gate open; loading when
-// the model is being loaded into it; asleep when the model sleeps in it; idle
-// when nothing is in flight or waiting and it is not in the middle of a swap;
-// otherwise it queues. Load is in-flight plus waiting. The fleetd-local
-// in-flight counts cover what the last poll has not seen yet: those for a
-// pool's loaded profile raise its load (a pool they keep busy is not idle),
-// and those for the model turn an asleep or idle host into a loading one,
+// Each pool is ranked by placement.Of from what its /status says, with no
+// idle grace (fleetd does not know the host's). The fleetd-local in-flight
+// counts cover what the last poll has not seen yet: those for a pool's
+// loaded profile raise its load (a pool they keep busy is not idle), and
+// those for the model turn an asleep, empty or idle host into a loading one,
 // since they woke or started the model there.
-func score(h HostView) (Tier, int) {
-	var best Tier
-	load := 0
+func score(h HostView) (placement.Candidate, bool) {
+	var best placement.Candidate
+	found := false
 	for _, p := range h.Pools {
 		if len(h.Eligible) > 0 && !slices.Contains(h.Eligible, p.Name) {
 			continue
 		}
-		l := p.InFlight + p.Waiting
-		if p.Profile != "" {
-			l = max(l, h.Local[p.Profile])
+		in := placement.Pool{
+			Loaded:     p.Profile,
+			Target:     p.SwitchingTo,
+			Swapping:   p.SwitchingTo != "" || p.State == "starting" || p.State == "stopping" || p.State == "sleeping",
+			GateClosed: p.GateClosed,
+			Queued:     slices.Contains(p.Queued, h.Root),
+			Asleep:     slices.Contains(p.Sleeping, h.Root),
+			InFlight:   p.InFlight,
+			Waiting:    p.Waiting,
+			LastUsed:   p.LastUsed,
 		}
-		var t Tier
-		switch {
-		case p.Profile == h.Root && p.State == "ready" && !p.GateClosed:
-			t = TierAwake
-		case p.SwitchingTo == h.Root:
-			t = TierLoading
-		case slices.Contains(p.Sleeping, h.Root):
-			t = TierAsleep
-		case l == 0 && p.SwitchingTo == "" && p.State != "draining" && p.State != "stopping":
-			t = TierIdle
-		default:
-			t = TierQueue
+		if extra := h.Local[p.Profile] - (p.InFlight + p.Waiting); p.Profile != "" && extra > 0 {
+			in.InFlight += extra
 		}
-		if best == 0 || t < best || t == best && l < load {
-			best, load = t, l
+		c := placement.Of(in, h.Root, time.Time{}, 0)
+		if !found || placement.Compare(c, best) < 0 {
+			best, found = c, true
 		}
 	}
-	if best == 0 {
-		return 0, 0
+	if !found {
+		return best, false
 	}
 	if local := h.Local[h.Root]; local > 0 {
-		if best == TierAsleep || best == TierIdle {
-			best = TierLoading
+		switch best.Rank {
+		case placement.Asleep, placement.Empty, placement.Idle:
+			best.Rank = placement.Loading
 		}
-		load = max(load, local)
+		best.Load = max(best.Load, local)
 	}
-	return best, load
+	return best, true
 }
 
 // affinityHash is the rendezvous weight of host for key: FNV-1a of both.

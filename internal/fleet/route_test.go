@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/poold/poold/internal/placement"
 )
 
 // Pools in the states a host reports, for model "m".
@@ -27,37 +29,37 @@ func TestScore(t *testing.T) {
 	cases := []struct {
 		name     string
 		host     HostView
-		tier     Tier
+		rank     placement.Rank
 		load     int
 		eligible bool
 	}{
-		{"awake", HostView{Pools: []PoolView{awake}}, TierAwake, 0, true},
-		{"awake counts in-flight plus waiting", HostView{Pools: []PoolView{awakeBusy}}, TierAwake, 4, true},
-		{"awake but draining queues", HostView{Pools: []PoolView{draining}}, TierQueue, 3, true},
-		{"loading", HostView{Pools: []PoolView{loading}}, TierLoading, 2, true},
-		{"asleep", HostView{Pools: []PoolView{asleep}}, TierAsleep, 1, true},
-		{"empty pool is idle", HostView{Pools: []PoolView{empty}}, TierIdle, 0, true},
-		{"pool idle with another profile is idle", HostView{Pools: []PoolView{idleOther}}, TierIdle, 0, true},
-		{"failed pool with nothing waiting is idle", HostView{Pools: []PoolView{failed}}, TierIdle, 0, true},
-		{"busy with another profile queues", HostView{Pools: []PoolView{busyOther}}, TierQueue, 3, true},
-		{"stopping pool queues even when empty", HostView{Pools: []PoolView{stopping}}, TierQueue, 0, true},
-		{"ineligible pool is skipped", HostView{Eligible: []string{"p1"}, Pools: []PoolView{awake, named(busyOther, "p1")}}, TierQueue, 3, true},
+		{"awake", HostView{Pools: []PoolView{awake}}, placement.Awake, 0, true},
+		{"awake counts in-flight plus waiting", HostView{Pools: []PoolView{awakeBusy}}, placement.Awake, 4, true},
+		{"awake but draining counts as loading: no second copy", HostView{Pools: []PoolView{draining}}, placement.Loading, 3, true},
+		{"loading", HostView{Pools: []PoolView{loading}}, placement.Loading, 2, true},
+		{"asleep", HostView{Pools: []PoolView{asleep}}, placement.Asleep, 1, true},
+		{"empty pool", HostView{Pools: []PoolView{empty}}, placement.Empty, 0, true},
+		{"pool idle with another profile is idle", HostView{Pools: []PoolView{idleOther}}, placement.Idle, 0, true},
+		{"failed pool with nothing waiting is empty", HostView{Pools: []PoolView{failed}}, placement.Empty, 0, true},
+		{"busy with another profile queues", HostView{Pools: []PoolView{busyOther}}, placement.Queue, 3, true},
+		{"stopping pool queues even when empty", HostView{Pools: []PoolView{stopping}}, placement.Queue, 0, true},
+		{"ineligible pool is skipped", HostView{Eligible: []string{"p1"}, Pools: []PoolView{awake, named(busyOther, "p1")}}, placement.Queue, 3, true},
 		{"no eligible pool: host cannot serve", HostView{Eligible: []string{"p9"}, Pools: []PoolView{awake}}, 0, 0, false},
 		{"no pools: host cannot serve", HostView{}, 0, 0, false},
-		{"best tier among pools", HostView{Pools: []PoolView{busyOther, named(loading, "p1"), named(awakeBusy, "p2")}}, TierAwake, 4, true},
-		{"least load within the best tier", HostView{Pools: []PoolView{awakeBusy, named(awake, "p1")}}, TierAwake, 0, true},
-		{"local requests raise the load", HostView{Local: map[string]int{"m": 5}, Pools: []PoolView{awakeBusy}}, TierAwake, 5, true},
-		{"local requests on an idle pool mean loading", HostView{Local: map[string]int{"m": 1}, Pools: []PoolView{empty}}, TierLoading, 1, true},
-		{"local requests on an asleep model mean waking", HostView{Local: map[string]int{"m": 2}, Pools: []PoolView{asleep}}, TierLoading, 2, true},
-		{"local requests for the loaded profile make an idle pool busy", HostView{Local: map[string]int{"other": 1}, Pools: []PoolView{idleOther}}, TierQueue, 1, true},
-		{"local requests do not turn a queue into loading", HostView{Local: map[string]int{"m": 1}, Pools: []PoolView{busyOther}}, TierQueue, 3, true},
+		{"best tier among pools", HostView{Pools: []PoolView{busyOther, named(loading, "p1"), named(awakeBusy, "p2")}}, placement.Awake, 4, true},
+		{"least load within the best tier", HostView{Pools: []PoolView{awakeBusy, named(awake, "p1")}}, placement.Awake, 0, true},
+		{"local requests raise the load", HostView{Local: map[string]int{"m": 5}, Pools: []PoolView{awakeBusy}}, placement.Awake, 5, true},
+		{"local requests on an idle pool mean loading", HostView{Local: map[string]int{"m": 1}, Pools: []PoolView{empty}}, placement.Loading, 1, true},
+		{"local requests on an asleep model mean waking", HostView{Local: map[string]int{"m": 2}, Pools: []PoolView{asleep}}, placement.Loading, 2, true},
+		{"local requests for the loaded profile make an idle pool busy", HostView{Local: map[string]int{"other": 1}, Pools: []PoolView{idleOther}}, placement.Queue, 1, true},
+		{"local requests do not turn a queue into loading", HostView{Local: map[string]int{"m": 1}, Pools: []PoolView{busyOther}}, placement.Queue, 3, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			c.host.Root = "m"
-			tier, load := score(c.host)
-			if tier != c.tier || load != c.load {
-				t.Fatalf("score = %v, %d; want %v, %d", tier, load, c.tier, c.load)
+			got, ok := score(c.host)
+			if ok != c.eligible || ok && (got.Rank != c.rank || got.Load != c.load) {
+				t.Fatalf("score = %v, %d, %v; want %v, %d, %v", got.Rank, got.Load, ok, c.rank, c.load, c.eligible)
 			}
 			c.host.Name = "h"
 			if got := len(Route([]HostView{c.host}, "", RouteOptions{})) == 1; got != c.eligible {
@@ -72,7 +74,13 @@ func hv(name string, pools ...PoolView) HostView {
 }
 
 func withWait(h HostView, d time.Duration) HostView { h.Wait = d; return h }
-func withWeight(h HostView, w int) HostView         { h.Weight = w; return h }
+
+// withLastUsed is p last used ago before a fixed moment.
+func withLastUsed(p PoolView, ago time.Duration) PoolView {
+	p.LastUsed = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC).Add(-ago)
+	return p
+}
+func withWeight(h HostView, w int) HostView { h.Weight = w; return h }
 func hostsOf(cs []Choice) (out []string) {
 	for _, c := range cs {
 		out = append(out, c.Host+"/"+c.Reason)
@@ -90,15 +98,21 @@ func TestRoute(t *testing.T) {
 		want  []string
 	}{
 		{"no hosts", nil, threshold, 0, nil},
-		{"tiers in order: awake, loading, asleep, idle, queue",
-			[]HostView{hv("q", busyOther), hv("i", empty), hv("s", asleep), hv("l", loading), hv("a", awakeBusy)}, 0, 0,
-			[]string{"a/awake", "l/loading", "s/asleep", "i/idle", "q/queue"}},
+		{"ranks in order: awake, loading, asleep, empty, idle, queue",
+			[]HostView{hv("q", busyOther), hv("i", idleOther), hv("e", empty), hv("s", asleep), hv("l", loading), hv("a", awakeBusy)}, 0, 0,
+			[]string{"a/awake", "l/loading", "s/asleep", "e/empty", "i/idle", "q/queue"}},
+		{"an empty pool before an idle loaded one, whatever the weight",
+			[]HostView{withWeight(hv("idle", idleOther), 2), hv("empty", empty)}, 0, 0,
+			[]string{"empty/empty", "idle/idle"}},
+		{"idle: the least recently used first",
+			[]HostView{hv("recent", withLastUsed(idleOther, time.Minute)), hv("old", withLastUsed(idleOther, time.Hour))}, 0, 0,
+			[]string{"old/idle", "recent/idle"}},
 		{"awake with the fewest in flight plus waiting first",
 			[]HostView{hv("busy", awakeBusy), hv("calm", awake)}, 0, 0,
 			[]string{"calm/awake", "busy/awake"}},
 		{"a model awake elsewhere does not load on an idle host",
 			[]HostView{hv("idle", empty), hv("awake", awakeBusy)}, 0, 0,
-			[]string{"awake/awake", "idle/idle"}},
+			[]string{"awake/awake", "idle/empty"}},
 		{"an idle host before a busy one",
 			[]HostView{hv("busy", busyOther), hv("idle", idleOther)}, 0, 0,
 			[]string{"idle/idle", "busy/queue"}},
@@ -120,22 +134,22 @@ func TestRoute(t *testing.T) {
 			[]string{"c/scale-out", "b/awake", "a/awake", "d/queue"}},
 		{"scale-out prefers waking an asleep copy over loading a cold one",
 			[]HostView{withWait(hv("a", awake), 2*threshold), hv("c", empty), hv("s", asleep)}, threshold, 0,
-			[]string{"s/scale-out", "a/awake", "c/idle"}},
+			[]string{"s/scale-out", "a/awake", "c/empty"}},
 		{"no scale-out while one awake copy is fast",
 			[]HostView{withWait(hv("a", awake), 2*threshold), withWait(hv("b", awakeBusy), threshold/2), hv("c", empty)}, threshold, 0,
-			[]string{"a/awake", "b/awake", "c/idle"}},
+			[]string{"a/awake", "b/awake", "c/empty"}},
 		{"no scale-out while another copy is loading",
 			[]HostView{withWait(hv("a", awake), 2*threshold), hv("l", loading), hv("c", empty)}, threshold, 0,
-			[]string{"a/awake", "l/loading", "c/idle"}},
+			[]string{"a/awake", "l/loading", "c/empty"}},
 		{"no scale-out without a spare pool",
 			[]HostView{withWait(hv("a", awake), 2*threshold), hv("q", busyOther)}, threshold, 0,
 			[]string{"a/awake", "q/queue"}},
 		{"no scale-out when it is off",
 			[]HostView{withWait(hv("a", awake), time.Hour), hv("c", empty)}, 0, 0,
-			[]string{"a/awake", "c/idle"}},
+			[]string{"a/awake", "c/empty"}},
 		{"unknown wait is not overload",
 			[]HostView{hv("a", awake), hv("c", empty)}, threshold, 0,
-			[]string{"a/awake", "c/idle"}},
+			[]string{"a/awake", "c/empty"}},
 		{"a host that cannot run the model is left out",
 			[]HostView{hv("a", awake), {Name: "x", Root: "m", Eligible: []string{"gpu9"}, Pools: []PoolView{empty}}}, threshold, 0,
 			[]string{"a/awake"}},

@@ -12,28 +12,20 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+
+	"golang.org/x/sync/singleflight"
+
+	"github.com/poold/poold/internal/statusapi"
 )
 
-// Device is one GPU's telemetry at one moment. Index is NVML's index (the one
-// nvidia-smi shows), which is what a pool's "gpus" list names.
-type Device struct {
-	Index            int       `json:"index"`
-	UUID             string    `json:"uuid"`
-	Name             string    `json:"name"`
-	MemoryUsedBytes  uint64    `json:"memoryUsedBytes"`
-	MemoryTotalBytes uint64    `json:"memoryTotalBytes"`
-	Utilization      float64   `json:"utilization"` // 0..1, over NVML's last sample period
-	TemperatureC     int       `json:"temperatureC"`
-	PowerWatts       float64   `json:"powerWatts"`
-	Processes        []Process `json:"processes"`
-}
+// Device is one GPU's telemetry at one moment, in the shape /status shows
+// it. Index is NVML's index (the one nvidia-smi shows), which is what a pool's
+// "gpus" list names.
+type Device = statusapi.GPU
 
 // Process is one compute process on a GPU. UsedBytes is 0 when NVML cannot
 // tell (as in some containers).
-type Process struct {
-	PID       int    `json:"pid"`
-	UsedBytes uint64 `json:"usedBytes"`
-}
+type Process = statusapi.GPUProcess
 
 // Provider reads GPU telemetry. Implementations are safe for concurrent use.
 type Provider interface {
@@ -115,4 +107,23 @@ func sortedKeys(m map[int][]int) []int {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// Shared returns a Provider whose concurrent Devices calls share one read of
+// p: /status, a metrics scrape and a pool's VRAM check arriving together cost
+// one NVML read, not three. Callers must not modify the devices returned:
+// they may be shared.
+func Shared(p Provider) Provider { return &shared{p: p} }
+
+type shared struct {
+	p     Provider
+	reads singleflight.Group
+}
+
+func (s *shared) Available() (bool, string) { return s.p.Available() }
+
+func (s *shared) Devices() ([]Device, error) {
+	v, err, _ := s.reads.Do("", func() (any, error) { return s.p.Devices() })
+	devs, _ := v.([]Device)
+	return devs, err
 }

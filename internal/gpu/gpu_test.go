@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -157,4 +159,44 @@ func TestFreeSumsThePoolsGPUs(t *testing.T) {
 	if _, _, err := r.Free([]int{0}); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Free without NVML: %v, want ErrUnavailable", err)
 	}
+}
+
+// blockingProvider counts its reads and holds each until release is closed.
+type blockingProvider struct {
+	reads   atomic.Int32
+	release chan struct{}
+}
+
+func (b *blockingProvider) Available() (bool, string) { return true, "" }
+
+func (b *blockingProvider) Devices() ([]Device, error) {
+	b.reads.Add(1)
+	<-b.release
+	return []Device{{Index: 0, MemoryTotalBytes: 80}}, nil
+}
+
+// Concurrent reads through Shared cost one read of the provider.
+func TestSharedReads(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &blockingProvider{release: make(chan struct{})}
+		s := Shared(b)
+		const callers = 5
+		results := make(chan []Device, callers)
+		for range callers {
+			go func() {
+				devs, _ := s.Devices()
+				results <- devs
+			}()
+		}
+		synctest.Wait() // every caller is blocked: one in the read, the others on it
+		close(b.release)
+		for range callers {
+			if devs := <-results; len(devs) != 1 || devs[0].MemoryTotalBytes != 80 {
+				t.Fatalf("devices %+v", devs)
+			}
+		}
+		if n := b.reads.Load(); n != 1 {
+			t.Fatalf("%d reads for %d concurrent callers, want 1", n, callers)
+		}
+	})
 }

@@ -1,4 +1,4 @@
-// Package metrics defines every Prometheus collector poold exports (DESIGN.md §6),
+// Package metrics defines every Prometheus collector poold exports (docs/design.md),
 // registered against an injected Registerer, and the per-request record that
 // feeds both the request metrics and the access log.
 package metrics
@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // Latency buckets suited to LLM serving: milliseconds to tens of minutes.
@@ -42,7 +43,7 @@ type Metrics struct {
 // New registers every collector on reg: the request and swap metrics, a
 // collector reading pool snapshots from pools at scrape time, the Go and process
 // collectors, and poold_build_info.
-func New(reg prometheus.Registerer, pools func() []pool.Status, version, revision string) *Metrics {
+func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revision string) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming and client class.",
@@ -222,7 +223,7 @@ func codeClass(status int) string {
 
 // poolCollector reads pool snapshots at scrape time.
 type poolCollector struct {
-	pools func() []pool.Status
+	pools func() []statusapi.Pool
 }
 
 var (
@@ -233,7 +234,7 @@ var (
 	sleepingDesc = prometheus.NewDesc("poold_sleeping_engines", "Engines asleep in each pool (sleep mode).", []string{"pool"}, nil)
 )
 
-var poolStates = []pool.State{pool.StateEmpty, pool.StateStarting, pool.StateReady, pool.StateDraining, pool.StateStopping, pool.StateSleeping, pool.StateFailed}
+var poolStates = []statusapi.PoolState{statusapi.StateEmpty, statusapi.StateStarting, statusapi.StateReady, statusapi.StateDraining, statusapi.StateStopping, statusapi.StateSleeping, statusapi.StateFailed}
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- inFlightDesc

@@ -16,6 +16,7 @@ import (
 
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // fakeGPUs is a gpu.Provider with fixed devices.
@@ -35,9 +36,9 @@ func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics)
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	prof := "qwen"
-	pools := func() []pool.Status {
-		return []pool.Status{{Name: "gpu0", State: pool.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1},
-			Sleeping: []pool.SleepStatus{{Profile: "llama", Level: 1}}}}
+	pools := func() []statusapi.Pool {
+		return []statusapi.Pool{{Name: "gpu0", State: statusapi.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1},
+			Sleeping: []statusapi.Sleeper{{Profile: "llama", Level: 1}}}}
 	}
 	m := New(reg, pools, "v1.2.3", "abc123")
 	reg.MustRegister(GPUCollector(gpus))

@@ -2,19 +2,14 @@ package pool
 
 import (
 	"bufio"
-	"context"
 	"crypto/rand"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,6 +40,8 @@ type engine struct {
 	// startTicks is the leader's start time (see procStat); 0 if unknown.
 	startTicks uint64
 
+	http clients // its probe and control clients
+
 	exited  chan struct{}
 	exitErr error         // valid once exited is closed
 	pumped  chan struct{} // closed once every writer closed the log pipe
@@ -52,8 +49,9 @@ type engine struct {
 }
 
 // startEngine starts prof's engine for the pool on a free loopback port.
-// self is poold's own executable, substituted for {poold} in commands.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, log *slog.Logger) (*engine, error) {
+// self is poold's own executable, substituted for {poold} in commands; hc
+// are the clients of poold's calls to it.
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, hc clients, log *slog.Logger) (*engine, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
@@ -63,9 +61,9 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 	token := rand.Text()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(append(os.Environ(), env...), tokenEnv+"="+token)
-	// Own process group, so that stop can signal the engine's whole tree; and
-	// SIGKILL if poold dies, so that no engine outlives its daemon.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
+		return nil, err
+	}
 	// The engine writes into a pipe that we read ourselves, so that cmd.Wait does
 	// not wait for grandchildren that inherited the pipe.
 	r, w, err := os.Pipe()
@@ -88,6 +86,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		argv:      argv,
 		env:       env,
 		token:     token,
+		http:      hc,
 		exited:    make(chan struct{}),
 		pumped:    make(chan struct{}),
 		logs:      &ring{max: logLines},
@@ -133,78 +132,36 @@ func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
 	}
 }
 
-// failure describes an engine exit with its status and last log lines.
+// outputWait bounds the wait for an exited engine's last output lines: a
+// descendant that survives it may hold the pipe open.
+const outputWait = time.Second
+
+// awaitOutput waits, once the engine has exited, until its output has been
+// read to the end (every writer closed the pipe), or outputWait passes: the
+// pipe is read asynchronously, and the last lines say why it exited.
+func (e *engine) awaitOutput() {
+	select {
+	case <-e.exited:
+	default:
+		return
+	}
+	t := time.NewTimer(outputWait)
+	defer t.Stop()
+	select {
+	case <-e.pumped:
+	case <-t.C:
+	}
+}
+
+// failure describes an engine exit with its status and last log lines. It
+// waits (bounded) for those lines: don't call it with the pool's mutex held.
 func (e *engine) failure() error {
+	e.awaitOutput()
 	status := "exited"
 	if e.exitErr != nil {
 		status = e.exitErr.Error()
 	}
 	return fmt.Errorf("engine %q %s; last output: %s", e.profile.ID, status, e.logs.tail(5))
-}
-
-// probeTimeout bounds one readiness probe.
-const probeTimeout = 2 * time.Second
-
-// probeClient is used only for readiness probes.
-var probeClient = &http.Client{Timeout: probeTimeout}
-
-// waitReady polls /v1/models until the profile's id is listed: every few
-// milliseconds at first, backing off to maxProbeInterval. It fails at once if the
-// engine exits, and after timeout.
-func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
-	const maxProbeInterval = 100 * time.Millisecond
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	interval := 2 * time.Millisecond
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-e.exited:
-			return fmt.Errorf("while loading: %w", e.failure())
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("engine %q not ready after startupTimeout %s; last output: %s", e.profile.ID, timeout, e.logs.tail(5))
-			}
-			return ctx.Err()
-		case <-t.C:
-		}
-		if e.serves(ctx) {
-			return nil
-		}
-		t.Reset(interval)
-		interval = min(interval*2, maxProbeInterval)
-	}
-}
-
-// serves reports whether the engine's /v1/models lists the profile's id.
-func (e *engine) serves(ctx context.Context) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.base()+"/v1/models", nil)
-	if err != nil {
-		return false
-	}
-	resp, err := probeClient.Do(req)
-	if err != nil {
-		return false
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return false
-	}
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list) != nil {
-		return false
-	}
-	for _, m := range list.Data {
-		if m.ID == e.profile.ID {
-			return true
-		}
-	}
-	return false
 }
 
 // spawner starts engine processes from one OS thread that never ends. The
@@ -218,19 +175,6 @@ type spawner chan spawnRequest
 type spawnRequest struct {
 	cmd  *exec.Cmd
 	done chan error
-}
-
-// newSpawner starts the spawning goroutine, locked to its thread. It lives as
-// long as the process, because it must outlive every engine it started.
-func newSpawner() spawner {
-	s := make(spawner)
-	go func() {
-		runtime.LockOSThread()
-		for r := range s {
-			r.done <- r.cmd.Start()
-		}
-	}()
-	return s
 }
 
 func (s spawner) start(cmd *exec.Cmd) error {
@@ -264,59 +208,6 @@ func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
 	return nil
 }
 
-// waitGroupGone polls until process group pgid has no live member, or d passes.
-func waitGroupGone(pgid int, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	interval := time.Millisecond
-	for {
-		if len(groupMembers(pgid)) == 0 {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(interval)
-		interval = min(interval*2, 50*time.Millisecond)
-	}
-}
-
-// groupMembers lists the live (not zombie) processes whose process group is
-// pgid, from /proc.
-func groupMembers(pgid int) []int {
-	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
-		return nil
-	}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var pids []int
-	for _, ent := range ents {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + ent.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// Fields after the command, which is in parentheses and may hold anything:
-		// state ppid pgrp ...
-		i := strings.LastIndexByte(string(stat), ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(stat[i+1:]))
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
 // portAttempts bounds the starts of one engine whose port was taken.
 const portAttempts = 3
 
@@ -329,12 +220,7 @@ func (e *engine) portTaken() bool {
 	default:
 		return false
 	}
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-	select {
-	case <-e.pumped:
-	case <-t.C:
-	}
+	e.awaitOutput()
 	return e.logs.contains("address already in use")
 }
 

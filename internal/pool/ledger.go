@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -195,24 +193,6 @@ func (l *Ledger) writeLocked() error {
 	return nil
 }
 
-// leftovers lists the live processes that still belong to recorded engine e.
-func leftovers(e LedgerEngine) []int {
-	var out []int
-	marker := []byte(tokenEnv + "=" + e.Token + "\x00")
-	for _, pid := range groupMembers(e.PGID) {
-		st, err := procStat(pid)
-		if err != nil || st.pgid != e.PGID || st.start < e.StartTicks {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
-		if err != nil || e.Token == "" || !(bytes.HasPrefix(env, marker) || bytes.Contains(env, append([]byte{0}, marker...))) {
-			continue
-		}
-		out = append(out, pid)
-	}
-	return out
-}
-
 // stat is the part of /proc/PID/stat poold reads.
 type stat struct {
 	state byte
@@ -220,45 +200,10 @@ type stat struct {
 	start uint64 // clock ticks after boot
 }
 
-// procStat reads /proc/PID/stat.
-func procStat(pid int) (stat, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return stat{}, err
-	}
-	// The command, in parentheses, may hold anything: fields start after it
-	// at field 3 (state); pgrp is field 5 and starttime field 22.
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return stat{}, fmt.Errorf("/proc/%d/stat: no command field", pid)
-	}
-	f := strings.Fields(string(data[i+1:]))
-	if len(f) < 20 {
-		return stat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
-	}
-	pgid, err1 := strconv.Atoi(f[2])
-	start, err2 := strconv.ParseUint(f[19], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return stat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-	}
-	return stat{state: f[0][0], pgid: pgid, start: start}, nil
-}
-
 func signalAll(pids []int, sig syscall.Signal) {
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, sig)
 	}
-}
-
-// liveOf returns the pids that are still live (not zombies).
-func liveOf(pids []int) []int {
-	var live []int
-	for _, pid := range pids {
-		if st, err := procStat(pid); err == nil && st.state != 'Z' && st.state != 'X' {
-			live = append(live, pid)
-		}
-	}
-	return live
 }
 
 // waitGone polls until none of pids is live, or d passes.

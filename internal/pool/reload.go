@@ -8,6 +8,34 @@ import (
 	"github.com/poold/poold/internal/profile"
 )
 
+// reloadStep is what a profiles reload left for the run loop to do; the zero
+// value is nothing.
+type reloadStep int
+
+const (
+	reloadNone reloadStep = iota
+	// reloadRecheck: a swap was under way when the profiles changed; the
+	// engine it brings up is checked against them once it is over.
+	reloadRecheck
+	// reloadRetire: the loaded engine's profile was removed, or changed in a
+	// way that changes its command line or environment. The engine takes no
+	// new lease and is stopped once its last lease ends; then next, if set,
+	// is loaded (the changed profile, restarted).
+	reloadRetire
+	// reloadPreload: next (a new default) is loaded once the pool is idle.
+	reloadPreload
+	// reloadRemove: a reload removed the pool; the run loop ends once its
+	// last lease has.
+	reloadRemove
+)
+
+// pendingReload is a reload's pending step and the profile it loads next;
+// the zero value is nothing pending.
+type pendingReload struct {
+	step reloadStep
+	next string // a profile id to load once the pool is idle; "" for none
+}
+
 // Refusals caused by a reload.
 var (
 	// ErrProfileRemoved answers a request for a profile that a reload removed
@@ -81,13 +109,13 @@ func (p *Pool) update(spec *profile.PoolSpec, cfg *profile.Config) []string {
 	}
 	if p.sched.Swapping() {
 		// The engine being loaded is checked once it is ready.
-		p.dirty = true
+		p.reload = pendingReload{step: reloadRecheck}
 	} else if n := p.reconcileLocked(); n != "" {
 		notes = append(notes, n)
 	}
 	if spec.Default != oldDefault && spec.Default != "" && p.eng == nil && !p.sched.Swapping() && p.sched.QueueLen() == 0 {
 		if def := cfg.Lookup(spec.Default); def != nil {
-			p.want = def.ID
+			p.reload = pendingReload{step: reloadPreload, next: def.ID}
 			notes = append(notes, fmt.Sprintf("pool %q: default %q: preloading", p.name, def.ID))
 		}
 	}
@@ -111,22 +139,21 @@ func (p *Pool) servesLocked(id string) bool {
 // and no swap may be under way.
 func (p *Pool) reconcileLocked() string {
 	e := p.eng
-	if e == nil || p.retiring || p.sched.Loaded() != e.profile.ID {
+	if e == nil || p.reload.step == reloadRetire || p.sched.Loaded() != e.profile.ID {
 		return ""
 	}
 	id := e.profile.ID
 	var note string
 	switch prof := p.cfg.Lookup(id); {
 	case !p.servesLocked(id):
-		p.want = ""
+		p.reload = pendingReload{step: reloadRetire}
 		note = fmt.Sprintf("pool %q: loaded profile %q removed: draining, then stopping", p.name, id)
 	case !e.runs(prof, p.spec, p.opts.Self):
-		p.want = id
+		p.reload = pendingReload{step: reloadRetire, next: id}
 		note = fmt.Sprintf("pool %q: loaded profile %q changed: draining, then restarting", p.name, id)
 	default:
 		return ""
 	}
-	p.retiring = true
 	// The loaded profile is no longer servable by this engine: like an engine
 	// that went away, except that its open leases run on until they end.
 	p.sched.Lost()
@@ -145,35 +172,39 @@ func (p *Pool) reloadStepLocked() func(context.Context) bool {
 	if s.Swapping() {
 		return nil
 	}
-	if p.dirty {
-		p.dirty = false
+	if p.reload.step == reloadRecheck {
+		p.reload = pendingReload{}
 		p.reconcileLocked()
 	}
-	if p.retiring && p.eng == nil {
-		p.retiring = false // the retired engine exited by itself
+	if p.reload.step == reloadRetire && p.eng == nil {
+		// The retired engine exited by itself: what remains is to load next.
+		p.reload.step = reloadPreload
 	}
 	if s.InFlight() > 0 || s.QueueLen() > 0 {
 		return nil
 	}
-	if p.removing {
+	if p.reload.step == reloadRemove {
 		return func(context.Context) bool { return false }
 	}
 	if s.Loaded() != "" {
 		return nil
 	}
-	if p.want != "" {
-		prof := p.cfg.Lookup(p.want)
-		p.want = ""
+	if p.reload.next != "" {
+		prof := p.cfg.Lookup(p.reload.next)
+		p.reload.next = ""
 		if prof != nil {
-			s.Begin(prof.ID)
-			return func(ctx context.Context) bool { p.swap(ctx, prof); return true }
+			retired := p.beginLocked(prof.ID) // a retired engine is stopped first
+			return func(ctx context.Context) bool { p.swap(ctx, prof, retired); return true }
 		}
 	}
-	if p.retiring {
+	switch p.reload.step {
+	case reloadRetire:
 		e := p.eng
-		p.retiring = false
+		p.reload = pendingReload{}
 		p.setStateLocked(StateStopping)
 		return func(context.Context) bool { p.stopRetired(e); return true }
+	case reloadPreload:
+		p.reload = pendingReload{} // its profile is gone
 	}
 	return nil
 }
@@ -199,7 +230,7 @@ func (p *Pool) stopRetired(e *engine) {
 // stops the engine) once the last lease has ended.
 func (p *Pool) remove() {
 	p.mu.Lock()
-	p.removing = true
+	p.reload = pendingReload{step: reloadRemove}
 	p.refuseLocked(ErrPoolRemoved)
 	loading := p.sched.Swapping()
 	p.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/poold/poold/internal/enginesim"
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // TestMain lets this test binary serve as an engine: profiles run
@@ -62,10 +63,10 @@ func runSet(t *testing.T, cfg *profile.Config) *Set {
 }
 
 // waitFor polls the named pool's status until cond holds, failing after 20 s.
-func waitFor(t *testing.T, s *Set, pool, what string, cond func(Status) bool) Status {
+func waitFor(t *testing.T, s *Set, pool, what string, cond func(statusapi.Pool) bool) statusapi.Pool {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	var last Status
+	var last statusapi.Pool
 	for time.Now().Before(deadline) {
 		if p := s.Pool(pool); p != nil {
 			last = p.Status()
@@ -79,8 +80,8 @@ func waitFor(t *testing.T, s *Set, pool, what string, cond func(Status) bool) St
 	return last
 }
 
-func readyWith(id string) func(Status) bool {
-	return func(st Status) bool {
+func readyWith(id string) func(statusapi.Pool) bool {
+	return func(st statusapi.Pool) bool {
 		return st.State == StateReady && st.Profile != nil && *st.Profile == id && st.Engine != nil
 	}
 }
@@ -150,7 +151,7 @@ func TestApplyChangedProfileRestartsAfterItsLeases(t *testing.T) {
 		}
 		got <- l
 	}()
-	waitFor(t, s, "a", "the new request queued", func(st Status) bool { return st.Waiting["x"] == 1 })
+	waitFor(t, s, "a", "the new request queued", func(st statusapi.Pool) bool { return st.Waiting["x"] == 1 })
 	held.Release()
 	l := <-got
 	if l == nil {
@@ -174,7 +175,7 @@ func TestApplyChangedIdleProfileRestartsAtOnce(t *testing.T) {
 	s := runSet(t, cfg)
 	a := waitFor(t, s, "a", "ready", readyWith("x"))
 	s.Apply(reloadConfig(t, `{"name": "a", "gpus": [0], "default": "x"}`, simProfile("x", nil, "--sim-tokens", "3")))
-	waitFor(t, s, "a", "restarted", func(st Status) bool {
+	waitFor(t, s, "a", "restarted", func(st statusapi.Pool) bool {
 		return readyWith("x")(st) && st.Engine.PID != a.Engine.PID
 	})
 }
@@ -195,7 +196,7 @@ func TestApplyRemovedProfile(t *testing.T) {
 		t.Fatal("the engine died while its lease was open")
 	}
 	held.Release()
-	waitFor(t, s, "a", "empty", func(st Status) bool { return st.State == StateEmpty && st.Engine == nil })
+	waitFor(t, s, "a", "empty", func(st statusapi.Pool) bool { return st.State == StateEmpty && st.Engine == nil })
 	if alive(a.Engine.PID) {
 		t.Fatalf("removed profile's engine %d still runs", a.Engine.PID)
 	}
@@ -291,7 +292,7 @@ func TestApplyRefusesWaitersOfARemovedProfile(t *testing.T) {
 		_, err := s.Acquire(context.Background(), cfg.Lookup("z"), "")
 		got <- err
 	}()
-	waitFor(t, s, "a", "z queued", func(st Status) bool { return st.Waiting["z"] == 1 })
+	waitFor(t, s, "a", "z queued", func(st statusapi.Pool) bool { return st.Waiting["z"] == 1 })
 	notes := s.Apply(reloadConfig(t, `{"name": "a", "gpus": [0], "default": "x"}`, simProfile("x", nil)))
 	if want := []string{`pool "a": profile "z" removed: its queued requests are refused`}; !slices.Equal(notes, want) {
 		t.Fatalf("Apply: %q, want %q", notes, want)

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/poold/poold/internal/placement"
 	"github.com/poold/poold/internal/profile"
 )
 
@@ -33,7 +33,9 @@ type poolList struct {
 // NewSet builds one Pool per pool of cfg. Call Run to start them.
 func NewSet(cfg *profile.Config, opts Options) *Set {
 	opts.host = new(hostSleep)
-	opts.spawn = newSpawner()
+	opts.spawn = processSpawner()
+	hc := defaultClients(opts) // shared by every pool of the set
+	opts.ProbeClient, opts.ControlClient = hc.probe, hc.control
 	s := &Set{opts: opts}
 	s.list.Store(&poolList{})
 	s.Apply(cfg)
@@ -92,73 +94,43 @@ func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string) (*
 	return p.Acquire(ctx, prof)
 }
 
-// Placement ranks, best first.
-const (
-	rankReady   = iota // serving the profile with the gate open
-	rankLoading        // loading it, or serving it behind a closed gate, or already queued for it
-	rankAsleep         // it sleeps there: a wake is cheaper than a cold start
-	rankEmpty          // no engine, nothing loading, nobody waiting
-	rankIdle           // its loaded profile has no demand; least recently used first
-	rankBusy           // everything else; shortest queue first
-)
-
-// candidate is one pool's answer to "how soon could you serve this profile".
-type candidate struct {
-	rank     int
-	lastUsed time.Time
-	load     int // in flight + waiting
-}
-
-func (c candidate) better(d candidate) bool {
-	if c.rank != d.rank {
-		return c.rank < d.rank
-	}
-	if c.rank == rankIdle && !c.lastUsed.Equal(d.lastUsed) {
-		return c.lastUsed.Before(d.lastUsed)
-	}
-	return c.load < d.load
-}
-
-// place chooses the pool for prof among those it is eligible on: ready with it,
-// then loading it, then where it sleeps, then empty, then the one whose profile is idle longest, then
-// the shortest queue. It never starts a second copy while one exists or loads.
+// place chooses the pool for prof among those it is eligible on, by the
+// shared placement order (package placement): ready with it, then loading it,
+// then where it sleeps, then empty, then the one whose profile is idle
+// longest, then the shortest queue. It never starts a second copy while one
+// exists or loads.
 func (s *Set) place(prof *profile.Profile) *Pool {
 	var best *Pool
-	var bestC candidate
+	var bestC placement.Candidate
 	for _, p := range s.Pools() {
 		if !prof.EligibleOn(p.name) {
 			continue
 		}
 		c := p.candidate(prof.ID)
-		if best == nil || c.better(bestC) {
+		if best == nil || placement.Compare(c, bestC) < 0 {
 			best, bestC = p, c
 		}
 	}
 	return best
 }
 
-func (p *Pool) candidate(id string) candidate {
+// candidate ranks the pool for profile id.
+func (p *Pool) candidate(id string) placement.Candidate {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := &p.sched
-	c := candidate{lastUsed: s.LastUsed(), load: s.InFlight() + s.QueueLen()}
-	switch {
-	case s.Loaded() == id && !s.gateClosed(p.opts.Now()):
-		c.rank = rankReady
-	case s.Loaded() == id || s.Target() == id || s.Queued(id):
-		c.rank = rankLoading
-	case p.hasSleeperLocked(id):
-		c.rank = rankAsleep
-	case s.Swapping():
-		c.rank = rankBusy // loading another profile, or unloading
-	case s.Loaded() == "" && s.QueueLen() == 0:
-		c.rank = rankEmpty
-	case s.InFlight() == 0 && s.QueueLen() == 0 && p.opts.Now().Sub(s.LastUsed()) >= s.Policy.IdleGrace:
-		c.rank = rankIdle
-	default:
-		c.rank = rankBusy
-	}
-	return c
+	now := p.opts.Now()
+	return placement.Of(placement.Pool{
+		Loaded:     s.Loaded(),
+		Target:     s.Target(),
+		Swapping:   s.Swapping(),
+		GateClosed: s.gateClosed(now),
+		Queued:     s.Queued(id),
+		Asleep:     p.hasSleeperLocked(id),
+		InFlight:   s.InFlight(),
+		Waiting:    s.QueueLen(),
+		LastUsed:   s.LastUsed(),
+	}, id, now, s.Policy.IdleGrace)
 }
 
 // Refuse makes every pool answer new and queued requests with ErrShutdown;

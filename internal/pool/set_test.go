@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poold/poold/internal/placement"
 	"github.com/poold/poold/internal/profile"
 )
 
@@ -143,7 +144,7 @@ func TestPlacement(t *testing.T) {
 				var ranks string
 				for _, p := range set.Pools() {
 					c := p.candidate(prof.ID)
-					ranks += fmt.Sprintf(" %s:{rank %d load %d used %s}", p.Name(), c.rank, c.load, offset(c.lastUsed))
+					ranks += fmt.Sprintf(" %s:{rank %d load %d used %s}", p.Name(), c.Rank, c.Load, offset(c.LastUsed))
 				}
 				name := "<nil>"
 				if got != nil {
@@ -159,44 +160,44 @@ func TestCandidateRank(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		state poolState
-		rank  int
+		rank  placement.Rank
 		load  int
 	}{
-		{"empty", empty(), rankEmpty, 0},
-		{"ready, gate open", ready("p", 2, 0), rankReady, 2},
+		{"empty", empty(), placement.Empty, 0},
+		{"ready, gate open", ready("p", 2, 0), placement.Awake, 2},
 		{"ready, others waiting in residency", func(t *testing.T, s *Scheduler, now time.Time) {
 			s.Begin("p")
 			s.Ready("p", now.Add(-time.Second))
 			mustArrive(t, s, waiter("p", 0, now), true)
 			mustArrive(t, s, waiter("q", 0, now), false)
-		}, rankReady, 2},
-		{"ready, residency over with others waiting", ready("p", 1, 0, "q"), rankLoading, 2},
-		{"ready, draining", closed("p", "q"), rankLoading, 2},
-		{"loading it", loading("p"), rankLoading, 0},
-		{"queued on it", loading("q", "p"), rankLoading, 1},
-		{"idle other", ready("q", 0, time.Minute), rankIdle, 0},
-		{"idle other, within grace", ready("q", 0, 100*time.Millisecond), rankBusy, 0},
-		{"busy other", ready("q", 2, 0, "r"), rankBusy, 3},
+		}, placement.Awake, 2},
+		{"ready, residency over with others waiting", ready("p", 1, 0, "q"), placement.Loading, 2},
+		{"ready, draining", closed("p", "q"), placement.Loading, 2},
+		{"loading it", loading("p"), placement.Loading, 0},
+		{"queued on it", loading("q", "p"), placement.Loading, 1},
+		{"idle other", ready("q", 0, time.Minute), placement.Idle, 0},
+		{"idle other, within grace", ready("q", 0, 100*time.Millisecond), placement.Queue, 0},
+		{"busy other", ready("q", 2, 0, "r"), placement.Queue, 3},
 		// The engine is gone; its last lease will end without it. The pool holds
 		// nothing, so it is as good as empty: p loads once the lease ends.
 		{"lost engine, lease open", func(t *testing.T, s *Scheduler, now time.Time) {
 			ready("q", 1, 0)(t, s, now)
 			s.Lost()
-		}, rankEmpty, 1},
+		}, placement.Empty, 1},
 		// An unload under way whose client left: nothing is queued and nothing
 		// loaded, but the engine is still stopping, so the pool is not empty.
 		{"unloading", func(t *testing.T, s *Scheduler, now time.Time) {
 			ready("q", 0, time.Minute)(t, s, now)
 			s.Begin("")
-		}, rankBusy, 0},
+		}, placement.Queue, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			set, _, clock := newTestSet(t)
 			p := set.Pool("a")
 			with(p, func(s *Scheduler) { tc.state(t, s, clock.now) })
 			c := p.candidate("p")
-			if c.rank != tc.rank || c.load != tc.load {
-				t.Errorf("candidate = rank %d load %d, want rank %d load %d", c.rank, c.load, tc.rank, tc.load)
+			if c.Rank != tc.rank || c.Load != tc.load {
+				t.Errorf("candidate = rank %d load %d, want rank %d load %d", c.Rank, c.Load, tc.rank, tc.load)
 			}
 		})
 	}
@@ -212,12 +213,12 @@ func TestCandidateFollowsTheClock(t *testing.T) {
 		mustArrive(t, s, waiter("p", 0, clock.now), true)
 		mustArrive(t, s, waiter("q", 0, clock.now), false)
 	})
-	if c := p.candidate("p"); c.rank != rankReady {
-		t.Fatalf("in residency: rank %d, want ready", c.rank)
+	if c := p.candidate("p"); c.Rank != placement.Awake {
+		t.Fatalf("in residency: rank %d, want ready", c.Rank)
 	}
 	clock.now = clock.now.Add(time.Minute) // the configured minResidency
-	if c := p.candidate("p"); c.rank != rankLoading {
-		t.Fatalf("after residency: rank %d, want loading", c.rank)
+	if c := p.candidate("p"); c.Rank != placement.Loading {
+		t.Fatalf("after residency: rank %d, want loading", c.Rank)
 	}
 }
 

@@ -2,193 +2,19 @@ package pool
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"net/http"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync/atomic"
+	"slices"
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
-
-// StateSleeping is a pool putting its engine to sleep (vLLM sleep mode) before
-// it wakes or starts another.
-const StateSleeping State = "sleeping"
 
 // Swap kinds (Observer.Swap).
 const (
 	KindCold = "cold" // a new engine process was started
 	KindWake = "wake" // a sleeping engine was woken
 )
-
-// sleeper is an engine put to sleep: its process and port stay, its weights
-// are in host RAM (level 1) or dropped (level 2), and it waits to be woken or
-// evicted. Its fields do not change once it is in the pool's list.
-type sleeper struct {
-	eng       *engine
-	level     int
-	since     time.Time     // when it fell asleep: the least recently used goes first
-	hostBytes int64         // host RAM it holds, counted against the host's budget
-	gone      chan struct{} // closed when it leaves the list (woken or stopped)
-}
-
-// hostSleep counts the host RAM that the sleepers of every pool of a Set hold.
-type hostSleep struct{ held atomic.Int64 }
-
-// reserve counts n more bytes held if that stays within limit (zero: none).
-func (h *hostSleep) reserve(n, limit int64) bool {
-	for {
-		cur := h.held.Load()
-		if limit > 0 && cur+n > limit {
-			return false
-		}
-		if h.held.CompareAndSwap(cur, cur+n) {
-			return true
-		}
-	}
-}
-
-func (h *hostSleep) release(n int64) { h.held.Add(-n) }
-
-// warmupTimeout bounds the warm-up probe after a wake.
-const warmupTimeout = 30 * time.Second
-
-// controlClient sends the sleep-mode calls; each is bounded by its context.
-var controlClient = &http.Client{}
-
-// call sends one sleep-mode request to the engine and returns the status and
-// (the start of) the body. It fails on a transport error (status 0) or a
-// status other than 2xx, naming the path and the engine's answer.
-func (e *engine) call(ctx context.Context, method, path, body string) (int, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, method, e.base()+path, strings.NewReader(body))
-	if err != nil {
-		return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := controlClient.Do(req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode/100 != 2 {
-		return resp.StatusCode, b, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
-	}
-	return resp.StatusCode, b, nil
-}
-
-// isSleeping asks the engine whether it sleeps (GET /is_sleeping).
-func (e *engine) isSleeping(ctx context.Context) (bool, error) {
-	_, b, err := e.call(ctx, http.MethodGet, "/is_sleeping", "")
-	if err != nil {
-		return false, err
-	}
-	var v struct {
-		IsSleeping *bool `json:"is_sleeping"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil || v.IsSleeping == nil {
-		return false, fmt.Errorf("GET /is_sleeping: unexpected answer %q", b)
-	}
-	return *v.IsSleeping, nil
-}
-
-// sleep puts the engine to sleep at level and confirms it with /is_sleeping.
-// The pool has drained it: vLLM's sleep aborts the requests in flight.
-func (e *engine) sleep(ctx context.Context, level int) error {
-	if _, _, err := e.call(ctx, http.MethodPost, "/sleep?level="+strconv.Itoa(level), ""); err != nil {
-		return err
-	}
-	asleep, err := e.isSleeping(ctx)
-	if err == nil && !asleep {
-		err = errors.New("GET /is_sleeping: still awake after /sleep")
-	}
-	return err
-}
-
-// wakeUp wakes a sleeping engine: /wake_up (after level 2 also reload_weights
-// and a prefix-cache reset), the readiness gate, and a 1-token warm-up probe
-// that proves it generates. timeout bounds it all.
-func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) error {
-	select {
-	case <-e.exited:
-		return fmt.Errorf("died while asleep: %w", e.failure())
-	default:
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if _, _, err := e.call(ctx, http.MethodPost, "/wake_up", ""); err != nil {
-		return err
-	}
-	if level == 2 {
-		if _, _, err := e.call(ctx, http.MethodPost, "/collective_rpc", `{"method":"reload_weights"}`); err != nil {
-			return err
-		}
-		if _, _, err := e.call(ctx, http.MethodPost, "/reset_prefix_cache", ""); err != nil {
-			return err
-		}
-	}
-	if err := e.waitReady(ctx, timeout); err != nil {
-		return err
-	}
-	return e.warmUp(ctx)
-}
-
-// warmUp sends a 1-token completion. Any answer but a 5xx passes: a 4xx
-// (an embedding model refusing completions, say) still comes from a live
-// model, while a sleeping engine fails with 500.
-func (e *engine) warmUp(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, warmupTimeout)
-	defer cancel()
-	id, _ := json.Marshal(e.profile.ID)
-	body := `{"model":` + string(id) + `,"prompt":"warm-up","max_tokens":1}`
-	if status, _, err := e.call(ctx, http.MethodPost, "/v1/completions", body); err != nil && (status == 0 || status >= 500) {
-		return fmt.Errorf("warm-up probe: %w", err)
-	}
-	return nil
-}
-
-// weightBytes is the host RAM a level-1 sleeper of prof holds: its
-// weightBytes, else the size of its model directory where readable, else 0
-// (unknown).
-func weightBytes(prof *profile.Profile) int64 {
-	if prof.WeightBytes > 0 {
-		return prof.WeightBytes
-	}
-	return dirSize(prof.Model, 100_000)
-}
-
-// dirSize sums the sizes of the regular files under dir (following symlinks,
-// as a Hugging Face snapshot links into its blobs), visiting at most max
-// entries; 0 when dir is not a readable directory.
-func dirSize(dir string, max int) int64 {
-	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return 0
-	}
-	var total int64
-	seen := 0
-	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if seen++; seen > max {
-			return fs.SkipAll
-		}
-		if err != nil || d.IsDir() {
-			return nil
-		}
-		if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() {
-			total += st.Size()
-		}
-		return nil
-	})
-	return total
-}
 
 // sleepOut tries to put old, the engine the pool swaps out, to sleep instead
 // of stopping it, and reports whether it did. It does when its profile (as
@@ -217,13 +43,8 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	if level == 1 {
 		need = weightBytes(old.profile)
 	}
-	for p.sleeperCount() >= maxSleeping && p.evictOldest("maxSleeping") {
-	}
-	for !p.opts.host.reserve(need, budget) {
-		if !p.evictOldest("sleepMemoryBudget") {
-			p.log.Info("no room in sleepMemoryBudget; stopping instead", "profile", old.profile.ID, "weight_bytes", need, "budget", budget)
-			return false
-		}
+	if !p.makeSleepRoom(old.profile.ID, maxSleeping, need, budget) {
+		return false
 	}
 	p.mu.Lock()
 	p.setStateLocked(StateSleeping)
@@ -268,19 +89,53 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	return true
 }
 
-func (p *Pool) sleeperCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.sleepers)
+// sleepRoomAttempts bounds the decisions makeSleepRoom makes when other
+// pools take the host's budget between its decision and its reservation.
+const sleepRoomAttempts = 4
+
+// makeSleepRoom evicts the sleepers that sleepRoom picks, with a full stop,
+// and reserves need bytes of the host's budget for engine id, about to
+// sleep. It reports whether there is room; without it, nothing was evicted
+// or reserved and the engine is to be stopped instead.
+func (p *Pool) makeSleepRoom(id string, maxSleeping int, need, budget int64) bool {
+	for range sleepRoomAttempts {
+		p.mu.Lock()
+		evict, fits := sleepRoom(p.sleepers, maxSleeping, need, budget, p.opts.host.held.Load())
+		if !fits {
+			p.mu.Unlock()
+			p.log.Info("no room for another sleeping engine; stopping instead", "profile", id, "max_sleeping", maxSleeping, "weight_bytes", need, "budget", budget)
+			return false
+		}
+		for _, sl := range evict {
+			p.removeSleeperLocked(sl)
+		}
+		p.mu.Unlock()
+		for _, sl := range evict {
+			p.stopSleeper(sl, "evicted (maxSleeping, sleepMemoryBudget)")
+		}
+		if p.opts.host.reserve(need, budget) {
+			return true
+		}
+	}
+	p.log.Info("the host's sleepMemoryBudget keeps changing; stopping instead", "profile", id, "weight_bytes", need, "budget", budget)
+	return false
+}
+
+// removeSleeperLocked takes sl out of the list and accounts for it. p.mu
+// must be held.
+func (p *Pool) removeSleeperLocked(sl *sleeper) {
+	if i := slices.Index(p.sleepers, sl); i >= 0 {
+		p.sleepers = slices.Delete(p.sleepers, i, i+1)
+		p.dropSleeper(sl)
+	}
 }
 
 // takeSleeperLocked removes and returns the sleeper of profile id, or nil.
 // p.mu must be held.
 func (p *Pool) takeSleeperLocked(id string) *sleeper {
-	for i, sl := range p.sleepers {
+	for _, sl := range p.sleepers {
 		if sl.eng.profile.ID == id {
-			p.sleepers = append(p.sleepers[:i:i], p.sleepers[i+1:]...)
-			p.dropSleeper(sl)
+			p.removeSleeperLocked(sl)
 			return sl
 		}
 	}
@@ -303,7 +158,7 @@ func (p *Pool) hasSleeperLocked(id string) bool {
 	return false
 }
 
-// evictOldest stops the least recently used sleeper, if any, and reports
+// evictOldest stops the sleeper asleep the longest, if any, and reports
 // whether there was one.
 func (p *Pool) evictOldest(why string) bool {
 	p.mu.Lock()
@@ -311,9 +166,8 @@ func (p *Pool) evictOldest(why string) bool {
 		p.mu.Unlock()
 		return false
 	}
-	sl := p.sleepers[0]
-	p.sleepers = p.sleepers[1:]
-	p.dropSleeper(sl)
+	sl := byAge(p.sleepers)[0]
+	p.removeSleeperLocked(sl)
 	p.mu.Unlock()
 	p.stopSleeper(sl, "evicted ("+why+")")
 	return true
@@ -323,7 +177,8 @@ func (p *Pool) evictOldest(why string) bool {
 // must go: one that exited, whose profile a reload removed or changed, or
 // beyond the pool's maxSleeping (lowered by a reload). p.mu must be held.
 func (p *Pool) staleSleeperLocked() (*sleeper, string) {
-	for i, sl := range p.sleepers {
+	order := byAge(p.sleepers)
+	for i, sl := range order {
 		why := ""
 		select {
 		case <-sl.eng.exited:
@@ -335,14 +190,13 @@ func (p *Pool) staleSleeperLocked() (*sleeper, string) {
 				why = "profile removed"
 			case !sl.eng.runs(p.cfg.Lookup(id), p.spec, p.opts.Self) || p.cfg.Lookup(id).SleepLevel() == 0:
 				why = "profile changed"
-			case len(p.sleepers)-i > p.spec.MaxSleeping:
+			case len(order)-i > p.spec.MaxSleeping:
 				why = "maxSleeping"
 			default:
 				continue
 			}
 		}
-		p.sleepers = append(p.sleepers[:i:i], p.sleepers[i+1:]...)
-		p.dropSleeper(sl)
+		p.removeSleeperLocked(sl)
 		return sl, why
 	}
 	return nil, ""
@@ -405,10 +259,10 @@ func (p *Pool) stopSleepers() {
 }
 
 // sleepStatusLocked lists the sleepers for /status. p.mu must be held.
-func (p *Pool) sleepStatusLocked() []SleepStatus {
-	list := make([]SleepStatus, len(p.sleepers))
+func (p *Pool) sleepStatusLocked() []statusapi.Sleeper {
+	list := make([]statusapi.Sleeper, len(p.sleepers))
 	for i, sl := range p.sleepers {
-		list[i] = SleepStatus{Profile: sl.eng.profile.ID, Level: sl.level, Since: sl.since, HostBytes: sl.hostBytes, PID: sl.eng.pid, Port: sl.eng.port}
+		list[i] = statusapi.Sleeper{Profile: sl.eng.profile.ID, Level: sl.level, Since: sl.since, HostBytes: sl.hostBytes, PID: sl.eng.pid, Port: sl.eng.port}
 	}
 	return list
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // sleepProfile is a level-1 sleep-enabled profile run by the simulator
@@ -53,8 +54,8 @@ func use(t *testing.T, s *Set, cfg *profile.Config, id string) {
 
 // asleep returns a condition that holds when exactly ids sleep in the pool,
 // least recently used first.
-func asleep(ids ...string) func(Status) bool {
-	return func(st Status) bool {
+func asleep(ids ...string) func(statusapi.Pool) bool {
+	return func(st statusapi.Pool) bool {
 		got := make([]string, len(st.Sleeping))
 		for i, sl := range st.Sleeping {
 			got[i] = sl.Profile
@@ -86,7 +87,7 @@ func waitGroupGoneT(t *testing.T, pgid int, what string) {
 }
 
 // sleeperPID is the pid of profile id's sleeping engine in st.
-func sleeperPID(t *testing.T, st Status, id string) int {
+func sleeperPID(t *testing.T, st statusapi.Pool, id string) int {
 	t.Helper()
 	for _, sl := range st.Sleeping {
 		if sl.Profile == id {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/poold/poold/internal/statusapi"
 )
 
 func TestSleepVRAMCheck(t *testing.T) {
@@ -72,7 +74,7 @@ func TestEvictSleepersForGPUMemory(t *testing.T) {
 
 	// check fails unless the pool's sleepers are want (least recently used
 	// first) and Free was read reads times since it was scripted.
-	check := func(step string, want []string, reads int) Status {
+	check := func(step string, want []string, reads int) statusapi.Pool {
 		t.Helper()
 		st := s.Pool("a").Status()
 		vram.mu.Lock()

@@ -1,5 +1,5 @@
 // Package profile decodes, defaults and validates the profiles JSON that tells poold
-// which models it may serve, on which GPU pools and how (DESIGN.md §3), and indexes
+// which models it may serve, on which GPU pools and how (docs/design.md), and indexes
 // every servable name for O(1) resolution.
 package profile
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
 )
 
@@ -34,7 +35,7 @@ func (h *Handler) handleAdmin(mux *http.ServeMux, token string) {
 			valid := subtle.ConstantTimeCompare(sum[:], want[:]) == 1 && strings.EqualFold(scheme, "Bearer")
 			if !valid {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="poold admin"`)
-				writeError(w, http.StatusUnauthorized, "invalid_admin_token", "", "the admin API needs a valid admin token: Authorization: Bearer <token>")
+				openai.WriteError(w, http.StatusUnauthorized, "invalid_admin_token", "", "the admin API needs a valid admin token: Authorization: Bearer <token>")
 				return
 			}
 			next(w, r)
@@ -55,20 +56,20 @@ func (h *Handler) serveLoad(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&body); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_body", "", "invalid request body: "+err.Error())
+		openai.WriteError(w, http.StatusBadRequest, "invalid_body", "", "invalid request body: "+err.Error())
 		return
 	}
 	if body.Profile == "" {
-		writeError(w, http.StatusBadRequest, "invalid_body", "profile", `"profile" is required`)
+		openai.WriteError(w, http.StatusBadRequest, "invalid_body", "profile", `"profile" is required`)
 		return
 	}
 	prof := h.cfg.Load().Lookup(body.Profile)
 	if prof == nil {
-		writeError(w, http.StatusNotFound, "model_not_found", "profile", h.unknownModel(body.Profile))
+		openai.WriteError(w, http.StatusNotFound, "model_not_found", "profile", h.unknownModel(body.Profile))
 		return
 	}
 	if !prof.EligibleOn(p.Name()) {
-		writeError(w, http.StatusBadRequest, "pool_not_eligible", "profile", fmt.Sprintf("profile %q may not run on pool %q", prof.ID, p.Name()))
+		openai.WriteError(w, http.StatusBadRequest, "pool_not_eligible", "profile", fmt.Sprintf("profile %q may not run on pool %q", prof.ID, p.Name()))
 		return
 	}
 	h.log.Info("admin load", "pool", p.Name(), "profile", prof.ID)
@@ -88,7 +89,7 @@ func (h *Handler) serveUnload(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) adminPool(w http.ResponseWriter, r *http.Request) *pool.Pool {
 	p := h.pools.Pool(r.PathValue("pool"))
 	if p == nil {
-		writeError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("no pool %q", r.PathValue("pool")))
+		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("no pool %q", r.PathValue("pool")))
 	}
 	return p
 }
@@ -108,11 +109,11 @@ func (h *Handler) adminDone(w http.ResponseWriter, r *http.Request, p *pool.Pool
 		if errors.Is(err, pool.ErrQueueTimeout) {
 			code = "queue_timeout"
 		}
-		writeUnavailable(w, code, fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err), qe.RetryAfter)
+		openai.WriteUnavailable(w, code, fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err), qe.RetryAfter)
 	case errors.Is(err, pool.ErrShutdown):
-		writeUnavailable(w, "shutting_down", err.Error(), 5*time.Second)
+		openai.WriteUnavailable(w, "shutting_down", err.Error(), 5*time.Second)
 	default: // a failed load or stop
-		writeError(w, http.StatusBadGateway, "engine_failed", "", fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err))
+		openai.WriteError(w, http.StatusBadGateway, "engine_failed", "", fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err))
 	}
 	h.log.Warn("admin action failed", "pool", p.Name(), "action", what, "err", err)
 }

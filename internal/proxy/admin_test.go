@@ -9,6 +9,7 @@ import (
 
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // The pools are built but never run, so no engine starts: an unload of an
@@ -54,7 +55,7 @@ func TestAdminToken(t *testing.T) {
 	h := adminHandler(t, "s3cret")
 	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret"} {
 		rec := adminDo(h, "/admin/pools/a/unload", auth, "")
-		var e struct{ Error apiError }
+		var e struct{ Error openaiError }
 		if rec.Code != http.StatusUnauthorized || json.Unmarshal(rec.Body.Bytes(), &e) != nil ||
 			e.Error.Type != "authentication_error" || rec.Header().Get("WWW-Authenticate") == "" {
 			t.Errorf("Authorization %q: %d %s", auth, rec.Code, rec.Body)
@@ -62,7 +63,7 @@ func TestAdminToken(t *testing.T) {
 	}
 	for _, auth := range []string{"Bearer s3cret", "bearer s3cret"} {
 		rec := adminDo(h, "/admin/pools/a/unload", auth, "")
-		var st pool.Status
+		var st statusapi.Pool
 		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &st) != nil || st.Name != "a" || st.State != pool.StateEmpty {
 			t.Errorf("Authorization %q: %d %s", auth, rec.Code, rec.Body)
 		}
@@ -86,9 +87,17 @@ func TestAdminBadRequests(t *testing.T) {
 	}
 	for _, c := range cases {
 		rec := adminDo(h, c.path, "Bearer s3cret", c.body)
-		var e struct{ Error apiError }
+		var e struct{ Error openaiError }
 		if rec.Code != c.code || json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error.Code != c.errCode {
 			t.Errorf("%s %s: %d %s; want %d %s", c.path, c.body, rec.Code, rec.Body, c.code, c.errCode)
 		}
 	}
+}
+
+// openaiError is the "error" member of an OpenAI-shaped error body.
+type openaiError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    any     `json:"code"`
 }

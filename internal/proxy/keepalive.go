@@ -2,13 +2,12 @@ package proxy
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
 )
@@ -121,27 +120,6 @@ func (k *keepAlive) finish() {
 	if !k.failed() {
 		return
 	}
-	_, _ = k.ResponseWriter.Write(errorEvent(k.status, k.header.Get("Retry-After"), k.body.Bytes()))
+	_, _ = k.ResponseWriter.Write(openai.ErrorEvent(k.status, k.header.Get("Retry-After"), k.body.Bytes()))
 	_ = http.NewResponseController(k.ResponseWriter).Flush()
-}
-
-// errorEvent turns an error answer (status, Retry-After, body) into the SSE
-// event `data: {"error": {…}}`. An OpenAI-shaped body is kept as it is (with
-// the retry hint added to its message); any other body becomes the message.
-func errorEvent(status int, retryAfter string, body []byte) []byte {
-	var e struct {
-		Error apiError `json:"error"`
-	}
-	if err := json.Unmarshal(body, &e); err != nil || e.Error.Message == "" {
-		e.Error = apiError{
-			Message: fmt.Sprintf("engine answered %d: %s", status, strings.TrimSpace(string(body))),
-			Type:    errorType(status),
-			Code:    "engine_error",
-		}
-	}
-	if retryAfter != "" {
-		e.Error.Message += fmt.Sprintf(" (retry after %ss)", retryAfter)
-	}
-	b, _ := json.Marshal(e)
-	return append(append([]byte("data: "), b...), "\n\n"...)
 }

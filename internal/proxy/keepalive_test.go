@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/poold/poold/internal/openai"
 )
 
 // Before anything was committed the keep-alive writer is transparent: an error
@@ -14,12 +16,12 @@ import (
 func TestKeepAliveTransparentBeforeCommit(t *testing.T) {
 	rec := httptest.NewRecorder()
 	k := &keepAlive{ResponseWriter: rec}
-	writeUnavailable(k, "queue_full", "model \"m\": queue full", 3*time.Second)
+	openai.WriteUnavailable(k, "queue_full", "model \"m\": queue full", 3*time.Second)
 	k.finish()
 	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "3" {
 		t.Fatalf("got %d, Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
 	}
-	var e struct{ Error apiError }
+	var e struct{ Error openaiError }
 	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Error.Code != "queue_full" {
 		t.Fatalf("body %q: %v", rec.Body, err)
 	}
@@ -46,7 +48,7 @@ func TestKeepAliveErrorAfterCommit(t *testing.T) {
 	k := &keepAlive{ResponseWriter: rec}
 	k.comment("loading m, 10s")
 	k.comment("loading m, 20s")
-	writeUnavailable(k, "queue_timeout", `model "m": timed out waiting for the model to load`, 30*time.Second)
+	openai.WriteUnavailable(k, "queue_timeout", `model "m": timed out waiting for the model to load`, 30*time.Second)
 	k.finish()
 	if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("got %d %q", rec.Code, rec.Header().Get("Content-Type"))
@@ -58,7 +60,7 @@ func TestKeepAliveErrorAfterCommit(t *testing.T) {
 	if strings.Join(comments, "|") != "loading m, 10s|loading m, 20s" || len(data) != 1 {
 		t.Fatalf("body:\n%s", rec.Body)
 	}
-	var e struct{ Error apiError }
+	var e struct{ Error openaiError }
 	if err := json.Unmarshal([]byte(data[0]), &e); err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +96,7 @@ func TestKeepAliveEngineErrorAfterCommit(t *testing.T) {
 	_, _ = k.Write([]byte("max_tokens too large " + strings.Repeat("x", 2*maxErrorBody)))
 	k.finish()
 	data, _ := dataEvents(rec.Body.String())
-	var e struct{ Error apiError }
+	var e struct{ Error openaiError }
 	if len(data) != 1 || json.Unmarshal([]byte(data[0]), &e) != nil {
 		t.Fatalf("body:\n%.300s", rec.Body)
 	}

@@ -1,33 +1,33 @@
-// Package proxy is poold's OpenAI-compatible HTTP surface: it resolves each
-// request's model to a profile, acquires a lease on a pool, forwards the request
-// to that pool's engine and streams the answer back unbuffered while counting
-// tokens. It also serves /v1/models, /status and /health.
+// Package proxy is poold's HTTP handler: it resolves each request's model to
+// a profile, acquires a lease on a pool, forwards the request to that pool's
+// engine and streams the answer back unbuffered while counting tokens (the
+// OpenAI wire details live in package openai, the connections to engines in
+// package upstream). It also serves /v1/models, /status, /health and the
+// admin API.
 package proxy
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/poold/poold/internal/metrics"
+	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/upstream"
 )
 
-// DefaultMaxBodyBytes is the default request body limit.
-const DefaultMaxBodyBytes = 32 << 20
-
-// Options configures a Handler. Zero values: MaxBodyBytes → DefaultMaxBodyBytes;
+// Options configures a Handler. Zero values: MaxBodyBytes → openai.DefaultMaxBodyBytes;
 // Logger → discard; AccessLog → none; Metrics → none; Clients → every request
 // is client "other".
 type Options struct {
@@ -37,7 +37,7 @@ type Options struct {
 	Metrics      *metrics.Metrics
 	Clients      *metrics.Clients
 	// Status fills the daemon-wide part of GET /status.
-	Status func() Status
+	Status func() statusapi.Poold
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
 	// comment line (see keepAlive); zero disables them.
 	KeepAliveInterval time.Duration
@@ -56,6 +56,7 @@ type Handler struct {
 	opts  Options
 	log   *slog.Logger
 	rp    *httputil.ReverseProxy
+	tr    *upstream.Transport // the engines' connections, rp's Transport
 	mux   *http.ServeMux
 	seq   atomic.Uint64 // request ids
 	// created is the "created" time of every /v1/models entry: when the
@@ -66,20 +67,21 @@ type Handler struct {
 // New builds the handler for cfg served by pools.
 func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = DefaultMaxBodyBytes
+		opts.MaxBodyBytes = openai.DefaultMaxBodyBytes
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
 	h.cfg.Store(cfg)
+	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewriteOut,
-		Transport:      &Transport{HeaderTimeout: opts.UpstreamHeaderTimeout},
+		Transport:      h.tr,
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.upstreamError,
 		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
-		BufferPool:     &bufferPool{},
+		BufferPool:     &upstream.BufferPool{},
 		// FlushInterval stays zero: ReverseProxy flushes an event stream (or
 		// a body of unknown length) after every write anyway, and a plain
 		// answer then leaves in one write with its headers. A negative one
@@ -109,6 +111,10 @@ func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pa
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
 
+// Close closes the idle connections to engines and stops their sweep. Call
+// it once the server has stopped.
+func (h *Handler) Close() { h.tr.Close() }
+
 // exchange is one forwarded request's state, carried in its context from
 // serveAPI through the ReverseProxy callbacks.
 type exchange struct {
@@ -117,8 +123,8 @@ type exchange struct {
 	withhold bool
 	start    time.Time
 	first    time.Time // first response byte sent
-	sse      *sseReader
-	tail     *tailReader
+	sse      *openai.SSEReader
+	tail     *openai.TailReader
 	status   int
 }
 
@@ -126,20 +132,20 @@ type exchangeKey struct{}
 
 func (x *exchange) markFirst() { x.first = time.Now() }
 
-func (x *exchange) usage() (Usage, bool) {
+func (x *exchange) usage() (openai.Usage, bool) {
 	switch {
 	case x.sse != nil:
-		return x.sse.usage, x.sse.counted
+		return x.sse.Usage()
 	case x.tail != nil:
-		return x.tail.usage()
+		return x.tail.Usage()
 	}
-	return Usage{}, false
+	return openai.Usage{}, false
 }
 
 // serveAPI handles POST /v1/* and its pinned form /pools/{pool}/v1/*.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rec := &metrics.Record{RequestID: RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
+	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
 	w.Header().Set("X-Request-Id", rec.RequestID)
 	x := &exchange{start: start}
 	defer func() {
@@ -160,23 +166,23 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		h.finish(rec)
 	}()
 
-	body, req, status := readRequest(w, r, h.opts.MaxBodyBytes)
+	body, req, status := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
 	if status != 0 {
 		rec.Status = status
 		return
 	}
-	rec.Model, rec.Stream = req.model, req.stream
-	prof := h.cfg.Load().Lookup(req.model)
+	rec.Model, rec.Stream = req.Model, req.Stream
+	prof := h.cfg.Load().Lookup(req.Model)
 	if prof == nil {
 		rec.Status = http.StatusNotFound
-		writeError(w, rec.Status, "model_not_found", "model", h.unknownModel(req.model))
+		openai.WriteError(w, rec.Status, "model_not_found", "model", h.unknownModel(req.Model))
 		return
 	}
 	rec.Profile = prof.ID
 
 	var lease *pool.Lease
 	var err error
-	if req.stream && h.opts.KeepAliveInterval > 0 {
+	if req.Stream && h.opts.KeepAliveInterval > 0 {
 		k := &keepAlive{ResponseWriter: w}
 		defer k.finish()
 		w = k
@@ -192,9 +198,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	rec.Pool, rec.QueueWait = lease.Pool, lease.Waited
 
 	path := r.PathValue("path")
-	inject := req.stream && !req.includeUsage && (path == "chat/completions" || path == "completions")
+	inject := req.Stream && !req.IncludeUsage && (path == "chat/completions" || path == "completions")
 	x.lease = lease
-	x.body = rewrite(body, req, prof.ID, inject)
+	x.body = openai.Rewrite(body, req, prof.ID, inject)
 	x.withhold = inject
 	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
 }
@@ -224,25 +230,25 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		case errors.Is(err, pool.ErrBackoff):
 			code = "engine_backoff"
 		}
-		writeUnavailable(w, code, fmt.Sprintf("model %q: %v", prof.ID, err), qe.RetryAfter)
+		openai.WriteUnavailable(w, code, fmt.Sprintf("model %q: %v", prof.ID, err), qe.RetryAfter)
 		return http.StatusServiceUnavailable
 	case errors.As(err, &le):
-		writeError(w, http.StatusBadGateway, "engine_failed", "", err.Error())
+		openai.WriteError(w, http.StatusBadGateway, "engine_failed", "", err.Error())
 		return http.StatusBadGateway
 	case errors.Is(err, pool.ErrNoPool):
-		writeError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool")))
+		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool")))
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrShutdown):
-		writeUnavailable(w, "shutting_down", err.Error(), 5*time.Second)
+		openai.WriteUnavailable(w, "shutting_down", err.Error(), 5*time.Second)
 		return http.StatusServiceUnavailable
 	case errors.Is(err, pool.ErrProfileRemoved):
-		writeError(w, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
+		openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrPoolRemoved):
-		writeUnavailable(w, "pool_removed", fmt.Sprintf("model %q: %v", prof.ID, err), time.Second)
+		openai.WriteUnavailable(w, "pool_removed", fmt.Sprintf("model %q: %v", prof.ID, err), time.Second)
 		return http.StatusServiceUnavailable
 	default:
-		writeError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
+		openai.WriteError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
 		return http.StatusInternalServerError
 	}
 }
@@ -270,7 +276,7 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	out.URL.Path = "/v1/" + pr.In.PathValue("path")
 	out.URL.RawPath = ""
 	out.Host = ""
-	SetBody(out, x.body)
+	upstream.SetBody(out, x.body)
 	out.Header.Del("Authorization")
 	out.Header.Del("X-Api-Key")
 	out.Header.Del("Accept-Encoding")
@@ -281,13 +287,13 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		x.sse = newSSEReader(resp.Body, x.withhold, x.markFirst)
+		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		resp.Body = x.sse
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 		return nil
 	}
-	x.tail = &tailReader{src: resp.Body, onFirst: x.markFirst}
+	x.tail = openai.NewTailReader(resp.Body, x.markFirst)
 	resp.Body = x.tail
 	return nil
 }
@@ -301,53 +307,10 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	x := r.Context().Value(exchangeKey{}).(*exchange)
 	h.log.Warn("engine request failed", "pool", x.lease.Pool, "profile", x.lease.Profile.ID, "err", err)
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-		writeError(w, http.StatusGatewayTimeout, "engine_timeout", "", fmt.Sprintf("engine for %q did not answer in time: %v", x.lease.Profile.ID, err))
+		openai.WriteError(w, http.StatusGatewayTimeout, "engine_timeout", "", fmt.Sprintf("engine for %q did not answer in time: %v", x.lease.Profile.ID, err))
 		return
 	}
-	writeError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine for %q failed: %v", x.lease.Profile.ID, err))
-}
-
-// readRequest reads a request body once, bounded by limit, and parses it. On
-// failure it answers with the OpenAI error and returns the status sent;
-// otherwise the status is 0.
-func readRequest(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, request, int) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	switch {
-	case errors.As(err, new(*http.MaxBytesError)):
-		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", limit))
-		return nil, request{}, http.StatusRequestEntityTooLarge
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		// The server's read timeout: a body trickled in too slowly.
-		writeError(w, http.StatusRequestTimeout, "request_timeout", "", "reading request body: the body did not arrive within the read timeout")
-		return nil, request{}, http.StatusRequestTimeout
-	case err != nil:
-		writeError(w, http.StatusBadRequest, "invalid_body", "", "reading request body: "+err.Error())
-		return nil, request{}, http.StatusBadRequest
-	}
-	req, err := parseRequest(body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_body", errParam(err), err.Error())
-		return nil, request{}, http.StatusBadRequest
-	}
-	return body, req, 0
-}
-
-// RequestID takes the client's X-Request-Id when it is sane, else makes one
-// from prefix and the next value of seq.
-func RequestID(r *http.Request, prefix string, seq *atomic.Uint64) string {
-	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 && printable(id) {
-		return id
-	}
-	return prefix + "-" + strconv.FormatUint(seq.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
-}
-
-func printable(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
+	openai.WriteError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine for %q failed: %v", x.lease.Profile.ID, err))
 }
 
 // statusWriter remembers the status written through it. It forwards Flush and

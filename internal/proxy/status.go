@@ -5,48 +5,25 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
-	"time"
 
-	"github.com/poold/poold/internal/gpu"
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/statusapi"
 )
 
-// Status is the body of GET /status (DESIGN.md §6): the daemon-wide part comes
-// from Options.Status, the pools from the pool set.
-type Status struct {
-	Version string        `json:"version"`
-	Host    string        `json:"host"`
-	Config  ConfigStatus  `json:"config"`
-	GPU     GPUStatus     `json:"gpu"`
-	Pools   []pool.Status `json:"pools"`
-}
-
-// ConfigStatus describes the profiles file in force.
-type ConfigStatus struct {
-	Path      string    `json:"path"`
-	SHA256    string    `json:"sha256"`
-	LoadedAt  time.Time `json:"loadedAt"`
-	LastError *string   `json:"lastError"`
-}
-
-// GPUStatus says whether GPU telemetry is available, and if not, why; when it
-// is, Devices is every GPU's telemetry.
-type GPUStatus struct {
-	Available bool         `json:"available"`
-	Reason    string       `json:"reason,omitempty"`
-	Devices   []gpu.Device `json:"devices,omitempty"`
-}
-
 func (h *Handler) serveStatus(w http.ResponseWriter, r *http.Request) {
-	var st Status
+	var st statusapi.Poold
 	if h.opts.Status != nil {
 		st = h.opts.Status()
 	}
 	st.Pools = h.PoolStatus()
 	for i := range st.Pools {
-		for _, d := range gpu.Select(st.GPU.Devices, st.Pools[i].GPUs) {
-			st.Pools[i].GPUMemory = append(st.Pools[i].GPUMemory, pool.GPUMemoryStat{Index: d.Index, UsedBytes: d.MemoryUsedBytes, TotalBytes: d.MemoryTotalBytes})
+		for _, idx := range st.Pools[i].GPUs {
+			if j := slices.IndexFunc(st.GPU.Devices, func(g statusapi.GPU) bool { return g.Index == idx }); j >= 0 {
+				g := st.GPU.Devices[j]
+				st.Pools[i].GPUMemory = append(st.Pools[i].GPUMemory, statusapi.GPUMemory{Index: g.Index, UsedBytes: g.MemoryUsedBytes, TotalBytes: g.MemoryTotalBytes})
+			}
 		}
 	}
 	writeJSON(w, st)
@@ -59,17 +36,17 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("pool")
 	p := h.pools.Pool(name)
 	if p == nil {
-		writeError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("no pool %q", name))
+		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("no pool %q", name))
 		return
 	}
 	eng := p.Status().Engine
 	if eng == nil {
-		writeError(w, http.StatusServiceUnavailable, "no_engine", "", fmt.Sprintf("pool %q runs no engine", name))
+		openai.WriteError(w, http.StatusServiceUnavailable, "no_engine", "", fmt.Sprintf("pool %q runs no engine", name))
 		return
 	}
 	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(eng.Port)+"/metrics", nil)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
+		openai.WriteError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
 		return
 	}
 	for _, k := range []string{"Accept", "Accept-Encoding", "X-Prometheus-Scrape-Timeout-Seconds"} {
@@ -77,9 +54,9 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 			req.Header.Set(k, v)
 		}
 	}
-	resp, err := h.rp.Transport.RoundTrip(req)
+	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
-		writeError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine of pool %q: %v", name, err))
+		openai.WriteError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine of pool %q: %v", name, err))
 		return
 	}
 	defer resp.Body.Close()
@@ -95,9 +72,9 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 }
 
 // PoolStatus snapshots every pool, in file order.
-func (h *Handler) PoolStatus() []pool.Status {
+func (h *Handler) PoolStatus() []statusapi.Pool {
 	ps := h.pools.Pools()
-	out := make([]pool.Status, len(ps))
+	out := make([]statusapi.Pool, len(ps))
 	for i, p := range ps {
 		out[i] = p.Status()
 	}
@@ -106,21 +83,6 @@ func (h *Handler) PoolStatus() []pool.Status {
 
 func (h *Handler) serveHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]string{"status": "ok"})
-}
-
-// modelEntry is one entry of GET /v1/models: the OpenAI model object plus
-// poold's view of where it runs.
-type modelEntry struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-	// Root is the canonical profile id the name resolves to.
-	Root string `json:"root"`
-	// State is "ready" where it serves now, "loading" while it starts, else
-	// "available".
-	State string   `json:"state"`
-	Pools []string `json:"pools"`
 }
 
 // serveModels lists every servable name (ids and aliases), loaded or not.
@@ -136,16 +98,16 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 	}
 	cfg := h.cfg.Load()
 	names := cfg.Names()
-	data := make([]modelEntry, 0, len(names))
+	data := make([]statusapi.Model, 0, len(names))
 	for _, name := range names {
 		prof := cfg.Lookup(name)
 		s := state[prof.ID]
 		if s == "" {
 			s = "available"
 		}
-		data = append(data, modelEntry{ID: name, Object: "model", Created: h.created, OwnedBy: "poold", Root: prof.ID, State: s, Pools: prof.Pools})
+		data = append(data, statusapi.Model{ModelObject: statusapi.ModelObject{ID: name, Object: "model", Created: h.created, OwnedBy: "poold", Root: prof.ID}, State: s, Pools: prof.Pools})
 	}
-	writeJSON(w, map[string]any{"object": "list", "data": data})
+	writeJSON(w, statusapi.ModelList[statusapi.Model]{Object: "list", Data: data})
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

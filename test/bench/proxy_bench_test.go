@@ -16,6 +16,7 @@ import (
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // BenchmarkProxy runs poold's handler in this process (pool set, proxy,
@@ -37,7 +38,7 @@ func BenchmarkProxy(b *testing.B) {
 	reg := prometheus.NewRegistry()
 	pools := pool.NewSet(cfg, pool.Options{Self: bin})
 	var h *proxy.Handler
-	m := metrics.New(reg, func() []pool.Status { return h.PoolStatus() }, "bench", "")
+	m := metrics.New(reg, func() []statusapi.Pool { return h.PoolStatus() }, "bench", "")
 	h = proxy.New(cfg, pools, proxy.Options{Metrics: m, AccessLog: slog.New(slog.NewJSONHandler(io.Discard, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
 	pools.Run(ctx)

@@ -14,7 +14,7 @@ import (
 	"net/url"
 	"os"
 
-	"github.com/poold/poold/internal/proxy"
+	"github.com/poold/poold/internal/upstream"
 )
 
 func main() {
@@ -34,8 +34,8 @@ func run(args []string) error {
 	}
 	rp := &httputil.ReverseProxy{
 		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(up) },
-		Transport:  &proxy.Transport{},
-		BufferPool: proxy.NewBufferPool(),
+		Transport:  &upstream.Transport{},
+		BufferPool: &upstream.BufferPool{},
 	}
 	return http.ListenAndServe(args[0], rp)
 }

@@ -1,4 +1,4 @@
-package profile
+package watch
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 func watchFor(t *testing.T, path string, debounce time.Duration) <-chan struct{} {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := Watch(ctx, path, debounce, slog.New(slog.DiscardHandler))
+	ch, err := File(ctx, path, debounce, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

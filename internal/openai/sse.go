@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ const maxEvent = 1 << 20
 // errEventTooLarge ends a stream whose event exceeds maxEvent.
 var errEventTooLarge = errors.New("upstream SSE event larger than 1 MiB")
 
-// sseReader passes an upstream SSE stream through event by event, reading usage
+// SSEReader passes an upstream SSE stream through event by event, reading usage
 // from the events that carry it and, when withhold is set, dropping the final
 // usage-only chunk (`"choices": []`) that poold asked for on the client's behalf.
 // Every other byte passes through unchanged and in order. Events are returned as
@@ -29,7 +29,7 @@ var errEventTooLarge = errors.New("upstream SSE event larger than 1 MiB")
 //
 // It reads into one buffer that grows only to fit the largest event and is
 // reused for the whole stream: a stream costs no allocation per event.
-type sseReader struct {
+type SSEReader struct {
 	src      io.ReadCloser
 	withhold bool
 	onFirst  func() // called once, when the first bytes are returned
@@ -53,11 +53,16 @@ type sseReader struct {
 // initial size): an engine's events are a few hundred bytes each.
 const sseReadSize = 1024
 
-func newSSEReader(src io.ReadCloser, withhold bool, onFirst func()) *sseReader {
-	return &sseReader{src: src, withhold: withhold, onFirst: onFirst}
+// NewSSEReader wraps src, an upstream event stream. With withhold set, the
+// usage-only chunk is dropped (poold asked for it on the client's behalf).
+// onFirst, if not nil, is called once, when the first bytes are returned. If
+// src fails mid-stream, a final `data: {"error": …}` event is returned before
+// the error.
+func NewSSEReader(src io.ReadCloser, withhold bool, onFirst func()) *SSEReader {
+	return &SSEReader{src: src, withhold: withhold, onFirst: onFirst}
 }
 
-func (s *sseReader) Read(p []byte) (int, error) {
+func (s *SSEReader) Read(p []byte) (int, error) {
 	for s.off == s.ready {
 		if s.off > 0 {
 			// Everything complete was returned: keep only the incomplete rest.
@@ -106,13 +111,17 @@ func (s *sseReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (s *sseReader) Close() error { return s.src.Close() }
+func (s *SSEReader) Close() error { return s.src.Close() }
+
+// Usage is the token usage the stream reported, and whether it reported any.
+// Call it once the stream has been read.
+func (s *SSEReader) Usage() (Usage, bool) { return s.usage, s.counted }
 
 // split marks every complete event after buf[:ready] ready, or removes it when
 // it is withheld. It resumes the search for an event's end where the last one
 // stopped (less the two bytes a terminator could straddle), so an event
 // arriving in many small reads costs linear time, not quadratic.
-func (s *sseReader) split() {
+func (s *SSEReader) split() {
 	for {
 		from := s.ready + max(0, s.scanned-2)
 		end := eventEnd(s.buf[from:])
@@ -171,7 +180,7 @@ var (
 )
 
 // keep records usage from one event and reports whether it goes to the client.
-func (s *sseReader) keep(ev []byte) bool {
+func (s *SSEReader) keep(ev []byte) bool {
 	data := eventData(ev)
 	if data == nil || bytes.Equal(data, doneData) {
 		return true
@@ -222,9 +231,9 @@ func eventData(ev []byte) []byte {
 	return nil
 }
 
-// tailReader passes a body through unchanged, keeping only its last tailSize
+// TailReader passes a body through unchanged, keeping only its last tailSize
 // bytes, from which the usage of a non-streaming response is read at the end.
-type tailReader struct {
+type TailReader struct {
 	src     io.ReadCloser
 	onFirst func()
 	tail    []byte
@@ -232,7 +241,13 @@ type tailReader struct {
 
 const tailSize = 16 * 1024
 
-func (t *tailReader) Read(p []byte) (int, error) {
+// NewTailReader wraps src, a JSON response body. onFirst, if not nil, is
+// called once, when the first bytes are read.
+func NewTailReader(src io.ReadCloser, onFirst func()) *TailReader {
+	return &TailReader{src: src, onFirst: onFirst}
+}
+
+func (t *TailReader) Read(p []byte) (int, error) {
 	n, err := t.src.Read(p)
 	if n > 0 {
 		if t.onFirst != nil {
@@ -247,12 +262,12 @@ func (t *tailReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (t *tailReader) Close() error { return t.src.Close() }
+func (t *TailReader) Close() error { return t.src.Close() }
 
-// usage finds the last "usage" member holding an object in the tail. Later
+// Usage finds the last "usage" member holding an object in the tail. Later
 // occurrences of the string "usage" that are not a key (a decoded token in
 // prompt_logprobs, say) are skipped.
-func (t *tailReader) usage() (Usage, bool) {
+func (t *TailReader) Usage() (Usage, bool) {
 	for i := bytes.LastIndex(t.tail, usageKey); i >= 0; i = bytes.LastIndex(t.tail[:i], usageKey) {
 		rest := bytes.TrimLeft(t.tail[i+len(usageKey):], " \t\r\n")
 		rest, ok := bytes.CutPrefix(rest, []byte(":"))

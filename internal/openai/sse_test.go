@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"bytes"
@@ -158,7 +158,7 @@ func TestSSEReader(t *testing.T) {
 						continue // keeps the test quick; "one byte" covers it
 					}
 					firsts := 0
-					s := newSSEReader(io.NopCloser(src()), tc.withhold, func() { firsts++ })
+					s := NewSSEReader(io.NopCloser(src()), tc.withhold, func() { firsts++ })
 					got, err := readAll(s, bufSize)
 					if string(got) != tc.want {
 						t.Fatalf("%s/buf %d: output\n%q\nwant\n%q", how, bufSize, got, tc.want)
@@ -187,7 +187,7 @@ func TestSSEReaderOnFirstBeforeEOF(t *testing.T) {
 	// onFirst runs when the first bytes are returned, not when the stream ends.
 	firsts := 0
 	src := &scriptReader{parts: [][]byte{[]byte(evRole), []byte(evHello)}}
-	s := newSSEReader(src, true, func() { firsts++ })
+	s := NewSSEReader(src, true, func() { firsts++ })
 	buf := make([]byte, 10)
 	if n, err := s.Read(buf); n != 10 || err != nil || firsts != 1 {
 		t.Fatalf("first read: %d, %v, onFirst %d times", n, err, firsts)
@@ -240,7 +240,7 @@ func TestSSEReaderUpstreamError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			firsts := 0
-			s := newSSEReader(tt.src, true, func() { firsts++ })
+			s := NewSSEReader(tt.src, true, func() { firsts++ })
 			got, err := readAll(s, 7)
 			if !errors.Is(err, boom) {
 				t.Fatalf("err = %v, want %v", err, boom)
@@ -266,13 +266,13 @@ func TestSSEReaderEventTooLarge(t *testing.T) {
 		t.Run("read size "+itoa(size), func(t *testing.T) {
 			// An event of exactly maxEvent bytes passes.
 			in := evRole + almost + evDone
-			s := newSSEReader(&scriptReader{parts: chunks([]byte(in), size)}, true, nil)
+			s := NewSSEReader(&scriptReader{parts: chunks([]byte(in), size)}, true, nil)
 			got, err := readAll(s, 32*1024)
 			if err != io.EOF || string(got) != in {
 				t.Fatalf("1 MiB event: err %v, output %d bytes, want %d", err, len(got), len(in))
 			}
 			// One byte more ends the stream.
-			s = newSSEReader(&scriptReader{parts: chunks([]byte(evRole+big+evDone), size)}, true, nil)
+			s = NewSSEReader(&scriptReader{parts: chunks([]byte(evRole+big+evDone), size)}, true, nil)
 			got, err = readAll(s, 32*1024)
 			if !errors.Is(err, errEventTooLarge) {
 				t.Fatalf("err = %v, want errEventTooLarge", err)
@@ -299,7 +299,7 @@ func FuzzSSEReader(f *testing.F) {
 		var refCounted bool
 		for _, withhold := range []bool{false, true} {
 			firsts := 0
-			s := newSSEReader(&scriptReader{parts: chunks(bytes.Clone(in), n)}, withhold, func() { firsts++ })
+			s := NewSSEReader(&scriptReader{parts: chunks(bytes.Clone(in), n)}, withhold, func() { firsts++ })
 			got, err := readAll(s, n+3)
 			if err != io.EOF {
 				t.Fatalf("err = %v", err)
@@ -315,7 +315,7 @@ func FuzzSSEReader(f *testing.F) {
 				continue
 			}
 			// Withholding drops whole events only, whatever the chunking.
-			whole := newSSEReader(io.NopCloser(bytes.NewReader(in)), true, nil)
+			whole := NewSSEReader(io.NopCloser(bytes.NewReader(in)), true, nil)
 			ref, _ = io.ReadAll(whole)
 			if !bytes.Equal(got, ref) || s.usage != whole.usage || s.counted != whole.counted {
 				t.Fatalf("withhold=true, chunk %d: output %q, usage %+v; single read: %q, %+v", n, got, s.usage, ref, whole.usage)
@@ -347,7 +347,7 @@ func chatResponse(contentLen int, spaced bool, tailExtra string) []byte {
 
 func TestTailReaderClose(t *testing.T) {
 	src := &scriptReader{}
-	if err := (&tailReader{src: src}).Close(); err != nil || !src.closed {
+	if err := (NewTailReader(src, nil)).Close(); err != nil || !src.closed {
 		t.Fatalf("Close did not close the source")
 	}
 }
@@ -385,7 +385,7 @@ func TestTailReader(t *testing.T) {
 			}
 			for how, src := range readers {
 				firsts := 0
-				tr := &tailReader{src: io.NopCloser(src()), onFirst: func() { firsts++ }}
+				tr := NewTailReader(io.NopCloser(src()), func() { firsts++ })
 				for _, bufSize := range []int{1 << 20, 32 * 1024} {
 					if how == "one byte" && bufSize != 32*1024 {
 						continue
@@ -404,14 +404,14 @@ func TestTailReader(t *testing.T) {
 					if len(tr.tail) > tailSize {
 						t.Fatalf("%s: tail holds %d bytes", how, len(tr.tail))
 					}
-					u, ok := tr.usage()
+					u, ok := tr.Usage()
 					if u != tt.want || ok != tt.found {
 						t.Fatalf("%s: usage() = %+v, %v; want %+v, %v", how, u, ok, tt.want, tt.found)
 					}
 					if firsts != min(1, len(body)) {
 						t.Fatalf("%s: onFirst called %d times", how, firsts)
 					}
-					tr = &tailReader{src: io.NopCloser(src()), onFirst: func() { firsts++ }}
+					tr = NewTailReader(io.NopCloser(src()), func() { firsts++ })
 					firsts = 0
 				}
 			}

@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"bytes"
@@ -39,9 +39,9 @@ func TestParseRequestValid(t *testing.T) {
 			if err != nil {
 				t.Fatalf("parseRequest: %v", err)
 			}
-			if r.model != tt.model || r.stream != tt.stream || r.includeUsage != tt.includeUsage || r.opts.empty() == tt.hasOpts {
+			if r.Model != tt.model || r.Stream != tt.stream || r.IncludeUsage != tt.includeUsage || r.opts.empty() == tt.hasOpts {
 				t.Fatalf("got model=%q stream=%v includeUsage=%v hasOpts=%v; want %q %v %v %v",
-					r.model, r.stream, r.includeUsage, !r.opts.empty(), tt.model, tt.stream, tt.includeUsage, tt.hasOpts)
+					r.Model, r.Stream, r.IncludeUsage, !r.opts.empty(), tt.model, tt.stream, tt.includeUsage, tt.hasOpts)
 			}
 			// The spans cover exactly the values' bytes.
 			var model string
@@ -146,7 +146,7 @@ func streamOptions(t testing.TB, b []byte) map[string]json.RawMessage {
 	return o
 }
 
-func mustParse(t testing.TB, body string) request {
+func mustParse(t testing.TB, body string) Request {
 	t.Helper()
 	r, err := parseRequest([]byte(body))
 	if err != nil {
@@ -168,10 +168,10 @@ func TestRewriteModelKeepsBytes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			body := tt.prefix + tt.model + tt.suffix
 			r := mustParse(t, body)
-			if r.model != "alias" {
-				t.Fatalf("model = %q", r.model)
+			if r.Model != "alias" {
+				t.Fatalf("model = %q", r.Model)
 			}
-			got := rewrite([]byte(body), r, "org/Canonical-1", false)
+			got := Rewrite([]byte(body), r, "org/Canonical-1", false)
 			want := tt.prefix + `"org/Canonical-1"` + tt.suffix
 			if string(got) != want {
 				t.Fatalf("rewrite:\n got %s\nwant %s", got, want)
@@ -187,9 +187,9 @@ func TestRewriteUnchanged(t *testing.T) {
 		`{"stream":true,"stream_options":{"continuous_usage_stats":true},"model":"id"}`,
 	} {
 		b := []byte(body)
-		got := rewrite(b, mustParse(t, body), "id", false)
+		got := Rewrite(b, mustParse(t, body), "id", false)
 		if len(got) != len(b) || &got[0] != &b[0] {
-			t.Errorf("rewrite(%s) returned a copy %s, want the body itself", b, got)
+			t.Errorf("Rewrite(%s) returned a copy %s, want the body itself", b, got)
 		}
 	}
 }
@@ -201,7 +201,7 @@ func TestRewriteInjectAbsent(t *testing.T) {
 		`{"prompt":"{not a brace}","model":"id","stream":true}`,
 	} {
 		t.Run("", func(t *testing.T) {
-			got := rewrite([]byte(body), mustParse(t, body), "id", true)
+			got := Rewrite([]byte(body), mustParse(t, body), "id", true)
 			if !json.Valid(got) {
 				t.Fatalf("invalid JSON: %s", got)
 			}
@@ -219,7 +219,7 @@ func TestRewriteInjectAbsent(t *testing.T) {
 					t.Errorf("member %q = %s, want %s", k, out[k], v)
 				}
 			}
-			if r2 := mustParse(t, string(got)); !r2.includeUsage || r2.model != "id" {
+			if r2 := mustParse(t, string(got)); !r2.IncludeUsage || r2.Model != "id" {
 				t.Errorf("reparsed: %+v", r2)
 			}
 		})
@@ -246,7 +246,7 @@ func TestRewriteInjectExisting(t *testing.T) {
 			prefix := "{\"model\":\"id\", \"stream\": true,\n\"stream_options\": "
 			suffix := ",\n\"messages\":[{\"content\":\"\\u00e9\"}]}"
 			body := prefix + tt.opts + suffix
-			got := rewrite([]byte(body), mustParse(t, body), "id", true)
+			got := Rewrite([]byte(body), mustParse(t, body), "id", true)
 			if !bytes.HasPrefix(got, []byte(prefix)) || !bytes.HasSuffix(got, []byte(suffix)) {
 				t.Fatalf("bytes around stream_options changed: %s", got)
 			}
@@ -289,7 +289,7 @@ func TestRewriteModelAndOptions(t *testing.T) {
 			if tt.name == "longer id" {
 				id = "a-much-longer-canonical-id"
 			}
-			got := rewrite([]byte(tt.body), mustParse(t, tt.body), id, true)
+			got := Rewrite([]byte(tt.body), mustParse(t, tt.body), id, true)
 			if string(got) != tt.want {
 				t.Fatalf("rewrite:\n got %s\nwant %s", got, tt.want)
 			}
@@ -319,12 +319,12 @@ func FuzzRewrite(f *testing.F) {
 			return
 		}
 		in := append([]byte(nil), body...)
-		got := rewrite(body, r, "canonical-id", true)
+		got := Rewrite(body, r, "canonical-id", true)
 		if !bytes.Equal(body, in) {
 			t.Fatalf("rewrite modified its input")
 		}
 		if !json.Valid(got) {
-			t.Fatalf("rewrite(%q) = %q: invalid JSON", body, got)
+			t.Fatalf("Rewrite(%q) = %q: invalid JSON", body, got)
 		}
 		out := members(t, got)
 		var model string
@@ -353,7 +353,7 @@ func FuzzRewrite(f *testing.F) {
 			}
 		}
 		r2, err := parseRequest(got)
-		if err != nil || r2.model != "canonical-id" || !r2.includeUsage || r2.stream != r.stream {
+		if err != nil || r2.Model != "canonical-id" || !r2.IncludeUsage || r2.Stream != r.Stream {
 			t.Fatalf("reparse of %q: %+v, %v", got, r2, err)
 		}
 	})

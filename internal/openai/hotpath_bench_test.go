@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ func BenchmarkSSEReader(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		src := &scriptReader{parts: slicesClone(events)}
-		s := newSSEReader(src, true, nil)
+		s := NewSSEReader(src, true, nil)
 		for {
 			_, err := s.Read(buf)
 			if err == io.EOF {
@@ -56,6 +56,6 @@ func BenchmarkParseRequest(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = rewrite(body, r, "qwen2.5-7b-instruct", true)
+		_ = Rewrite(body, r, "qwen2.5-7b-instruct", true)
 	}
 }

@@ -1,4 +1,8 @@
-package proxy
+// Package upstream is the HTTP/1.1 client side of every forwarded request:
+// poold's to its engines and fleetd's to its hosts. Transport keeps
+// connections alive without a goroutine per connection, and BufferPool lends
+// ReverseProxy small copy buffers.
+package upstream
 
 import (
 	"bufio"
@@ -52,10 +56,12 @@ type Transport struct {
 	IdleTimeout    time.Duration
 	MaxIdlePerHost int
 
-	mu   sync.Mutex
-	idle map[string][]*upConn // guarded by mu: by host:port, the most recently used last
-	// sweeping, guarded by mu, is set while a sweep is scheduled.
-	sweeping bool
+	mu   sync.Mutex           // guards idle, sweep and closed
+	idle map[string][]*upConn // by host:port, the most recently used last
+	// sweep is the timer of the next sweep; nil while none is scheduled.
+	sweep *time.Timer
+	// closed is set by Close: no connection is kept idle any more.
+	closed bool
 }
 
 // sweepEvery is how often idle connections are checked: no goroutine watches
@@ -266,12 +272,11 @@ func (t *Transport) put(addr string, c *upConn) {
 	if t.idle == nil {
 		t.idle = make(map[string][]*upConn)
 	}
-	kept := len(t.idle[addr]) < maxIdle
+	kept := !t.closed && len(t.idle[addr]) < maxIdle
 	if kept {
 		t.idle[addr] = append(t.idle[addr], c)
-		if !t.sweeping {
-			t.sweeping = true
-			time.AfterFunc(sweepEvery, t.sweep)
+		if t.sweep == nil {
+			t.sweep = time.AfterFunc(sweepEvery, t.sweepIdle)
 		}
 	}
 	t.mu.Unlock()
@@ -280,10 +285,10 @@ func (t *Transport) put(addr string, c *upConn) {
 	}
 }
 
-// sweep closes the idle connections past IdleTimeout and those idle for a
-// while whose upstream has closed them, and schedules the next sweep while
+// sweepIdle closes the idle connections past IdleTimeout and those idle for
+// a while whose upstream has closed them, and schedules the next sweep while
 // any remain.
-func (t *Transport) sweep() {
+func (t *Transport) sweepIdle() {
 	now := time.Now()
 	var gone []*upConn
 	t.mu.Lock()
@@ -305,14 +310,28 @@ func (t *Transport) sweep() {
 			t.idle[addr] = keep
 		}
 	}
-	t.sweeping = len(t.idle) > 0
-	if t.sweeping {
-		time.AfterFunc(sweepEvery, t.sweep)
+	t.sweep = nil
+	if len(t.idle) > 0 && !t.closed {
+		t.sweep = time.AfterFunc(sweepEvery, t.sweepIdle)
 	}
 	t.mu.Unlock()
 	for _, c := range gone {
 		c.Close()
 	}
+}
+
+// Close closes every idle connection and stops the sweep; connections in use
+// are closed when their response ends instead of being kept. The Transport
+// can still make requests afterwards, each on a new connection.
+func (t *Transport) Close() {
+	t.mu.Lock()
+	t.closed = true
+	if t.sweep != nil {
+		t.sweep.Stop()
+		t.sweep = nil
+	}
+	t.mu.Unlock()
+	t.CloseIdleConnections()
 }
 
 // CloseIdleConnections closes every idle connection.

@@ -1,9 +1,11 @@
-package proxy
+package openai
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -31,9 +33,9 @@ func errorType(status int) string {
 	}
 }
 
-// writeError writes an OpenAI-shaped error. code is the machine-readable code
+// WriteError writes an OpenAI-shaped error. code is the machine-readable code
 // ("model_not_found", "queue_full", …); param names the offending field or is "".
-func writeError(w http.ResponseWriter, status int, code, param, msg string) {
+func WriteError(w http.ResponseWriter, status int, code, param, msg string) {
 	e := apiError{Message: msg, Type: errorType(status), Code: code}
 	if param != "" {
 		e.Param = &param
@@ -47,8 +49,8 @@ func writeError(w http.ResponseWriter, status int, code, param, msg string) {
 	}{e})
 }
 
-// writeUnavailable writes a 503 with Retry-After in whole seconds (at least 1).
-func writeUnavailable(w http.ResponseWriter, code, msg string, retry time.Duration) {
+// WriteUnavailable writes a 503 with Retry-After in whole seconds (at least 1).
+func WriteUnavailable(w http.ResponseWriter, code, msg string, retry time.Duration) {
 	// Rounded up without adding to retry, which could overflow.
 	secs := retry / time.Second
 	if retry%time.Second > 0 {
@@ -56,5 +58,27 @@ func writeUnavailable(w http.ResponseWriter, code, msg string, retry time.Durati
 	}
 	secs = max(1, secs)
 	w.Header().Set("Retry-After", strconv.FormatInt(int64(secs), 10))
-	writeError(w, http.StatusServiceUnavailable, code, "", msg)
+	WriteError(w, http.StatusServiceUnavailable, code, "", msg)
+}
+
+// ErrorEvent turns an error answer (status, Retry-After, body) into the SSE
+// event `data: {"error": {…}}`, for a stream whose 200 was already sent. An
+// OpenAI-shaped body is kept as it is (with the retry hint added to its
+// message); any other body becomes the message.
+func ErrorEvent(status int, retryAfter string, body []byte) []byte {
+	var e struct {
+		Error apiError `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.Message == "" {
+		e.Error = apiError{
+			Message: fmt.Sprintf("engine answered %d: %s", status, strings.TrimSpace(string(body))),
+			Type:    errorType(status),
+			Code:    "engine_error",
+		}
+	}
+	if retryAfter != "" {
+		e.Error.Message += fmt.Sprintf(" (retry after %ss)", retryAfter)
+	}
+	b, _ := json.Marshal(e)
+	return append(append([]byte("data: "), b...), "\n\n"...)
 }

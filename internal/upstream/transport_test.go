@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -66,7 +66,7 @@ func TestTransportReusesConnections(t *testing.T) {
 		w.Write(b[:3])
 	})
 	tr := &Transport{}
-	defer tr.CloseIdleConnections()
+	defer tr.Close()
 	for i, url := range []string{srv.URL, srv.URL + "/?chunked=1", srv.URL, srv.URL + "/?chunked=1"} {
 		resp, err := post(t, tr, url, "hello")
 		if err != nil {
@@ -95,7 +95,7 @@ func TestTransportDropsUnfinishedConnections(t *testing.T) {
 		w.Write([]byte(strings.Repeat("x", 1000)))
 	})
 	tr := &Transport{}
-	defer tr.CloseIdleConnections()
+	defer tr.Close()
 	resp, err := post(t, tr, srv.URL, "")
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +181,7 @@ func TestTransportRetriesStaleConnection(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntwo")
 	})
 	tr := &Transport{}
-	defer tr.CloseIdleConnections()
+	defer tr.Close()
 	resp, err := post(t, tr, url, "payload")
 	if err != nil {
 		t.Fatal(err)
@@ -239,7 +239,7 @@ func TestTransportSkipsClosedIdleConnection(t *testing.T) {
 		}
 	})
 	tr := &Transport{}
-	defer tr.CloseIdleConnections()
+	defer tr.Close()
 	for i := range 2 {
 		resp, err := post(t, tr, url, "")
 		if err != nil {
@@ -266,7 +266,7 @@ func TestTransportCancelUnblocksBody(t *testing.T) {
 		<-release
 	})
 	tr := &Transport{}
-	defer tr.CloseIdleConnections()
+	defer tr.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, nil)
 	resp, err := tr.RoundTrip(req)
@@ -314,7 +314,7 @@ func TestTransportHeaderTimeoutAndInterim(t *testing.T) {
 		}
 	})
 	tr := &Transport{HeaderTimeout: 50 * time.Millisecond}
-	defer tr.CloseIdleConnections()
+	defer tr.Close()
 	resp, err := post(t, tr, url+"/fast", "")
 	if err != nil {
 		t.Fatal(err)
@@ -344,7 +344,7 @@ func TestTransportRefusesOtherSchemes(t *testing.T) {
 func TestTransportSweepsClosedConnections(t *testing.T) {
 	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
 	tr := &Transport{}
-	defer tr.CloseIdleConnections()
+	defer tr.Close()
 	resps := make([]*http.Response, 3)
 	for i := range resps { // three connections at once
 		var err error
@@ -374,5 +374,57 @@ func TestTransportSweepsClosedConnections(t *testing.T) {
 			t.Fatalf("%d idle connections to a closed upstream still kept", idle())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Close closes the idle connections and stops the sweep; a request made
+// afterwards works on a new connection, which is not kept.
+func TestTransportClose(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) }))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			conns.Add(1)
+		case http.StateClosed:
+			closed <- struct{}{}
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	tr := &Transport{}
+	resp, err := post(t, tr, srv.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodyOf(t, resp)
+	tr.mu.Lock()
+	idle, sweeping := len(tr.idle[srv.Listener.Addr().String()]), tr.sweep != nil
+	tr.mu.Unlock()
+	if idle != 1 || !sweeping {
+		t.Fatalf("before Close: %d idle connections, sweep scheduled %v; want 1, true", idle, sweeping)
+	}
+	tr.Close()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle connection was not closed by Close")
+	}
+	resp, err = post(t, tr, srv.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bodyOf(t, resp); got != "ok" {
+		t.Fatalf("after Close: body %q", got)
+	}
+	tr.mu.Lock()
+	idle, sweeping = len(tr.idle), tr.sweep != nil
+	tr.mu.Unlock()
+	if idle != 0 || sweeping {
+		t.Fatalf("after Close: %d idle hosts, sweep scheduled %v; want none", idle, sweeping)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2", n)
 	}
 }

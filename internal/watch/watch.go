@@ -1,4 +1,8 @@
-package profile
+// Package watch tells a daemon that a file it reads may have changed: the
+// profiles file, fleetd's hosts file, the tenants file. It follows the ways a
+// GitOps agent replaces a file (renames, symlink flips) by watching
+// directories with fsnotify.
+package watch
 
 import (
 	"context"
@@ -12,7 +16,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 )
 
-// Watch reports, on the returned channel, that the file at path may have new
+// File reports, on the returned channel, that the file at path may have new
 // content. It watches directories, not the file, so that every way a GitOps
 // agent replaces a file is seen: an in-place write, a write to a temporary file
 // renamed over path, a delete followed by a create, and a symlink flip anywhere
@@ -22,7 +26,7 @@ import (
 // once. The channel holds at most one pending report (reports coalesce) and is
 // closed when ctx ends. The caller compares the content itself: a report is a
 // hint, not a promise that the bytes changed.
-func Watch(ctx context.Context, path string, debounce time.Duration, log *slog.Logger) (<-chan struct{}, error) {
+func File(ctx context.Context, path string, debounce time.Duration, log *slog.Logger) (<-chan struct{}, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("watching %q: %w", path, err)

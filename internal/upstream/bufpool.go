@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import "sync"
 
@@ -8,19 +8,21 @@ import "sync"
 // takes a few more reads.
 const copyBufferSize = 2 << 10
 
-// bufferPool lends ReverseProxy its copy buffers (httputil.BufferPool), so
+// BufferPool lends ReverseProxy its copy buffers (httputil.BufferPool), so
 // that a request does not allocate a fresh 32 KiB one. It pools array
 // pointers, so that neither Get nor Put allocates. The zero value is ready.
-type bufferPool struct{ p sync.Pool }
+type BufferPool struct{ p sync.Pool }
 
-func (b *bufferPool) Get() []byte {
+// Get implements httputil.BufferPool.
+func (b *BufferPool) Get() []byte {
 	if a, ok := b.p.Get().(*[copyBufferSize]byte); ok {
 		return a[:]
 	}
 	return new([copyBufferSize]byte)[:]
 }
 
-func (b *bufferPool) Put(buf []byte) {
+// Put implements httputil.BufferPool.
+func (b *BufferPool) Put(buf []byte) {
 	if len(buf) == copyBufferSize {
 		b.p.Put((*[copyBufferSize]byte)(buf))
 	}

@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"encoding/json"
@@ -52,7 +52,7 @@ func TestWriteError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.code+"/"+tt.param, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			writeError(rec, tt.status, tt.code, tt.param, tt.msg)
+			WriteError(rec, tt.status, tt.code, tt.param, tt.msg)
 			if rec.Code != tt.status {
 				t.Errorf("status = %d, want %d", rec.Code, tt.status)
 			}
@@ -98,7 +98,7 @@ func TestWriteUnavailable(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.retry.String(), func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			writeUnavailable(rec, "queue_timeout", "waited too long", tt.retry)
+			WriteUnavailable(rec, "queue_timeout", "waited too long", tt.retry)
 			if rec.Code != http.StatusServiceUnavailable {
 				t.Errorf("status = %d", rec.Code)
 			}

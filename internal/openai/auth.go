@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"crypto/sha256"
@@ -111,7 +111,7 @@ func (k *APIKeys) Require(next http.Handler) http.Handler {
 		api := strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/pools/") && strings.Contains(r.URL.Path, "/v1/")
 		if api && !k.valid(r.Header) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="poold"`)
-			writeError(w, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
+			WriteError(w, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -1,22 +1,36 @@
-package proxy
+// Package openai is the OpenAI-compatible wire surface that poold and fleetd
+// share: reading and validating a request body once, rewriting its model and
+// stream options, OpenAI-shaped errors, the SSE pass-through that reads token
+// usage, request ids and API keys. It knows nothing of pools, hosts or
+// engines.
+package openai
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"slices"
 	"unicode/utf8"
 )
 
-// request is what the proxy needs from an OpenAI request body, read in one pass.
-type request struct {
-	model     string
+// DefaultMaxBodyBytes is the default request body limit.
+const DefaultMaxBodyBytes = 32 << 20
+
+// Request is what the daemons need from an OpenAI request body, read in one
+// pass. The zero value is no request.
+type Request struct {
+	Model  string
+	Stream bool
+	// IncludeUsage reports that the client asked for usage in its stream.
+	IncludeUsage bool
+
 	modelSpan span // the model value's bytes, quotes included
-	stream    bool
 	// opts is the stream_options value's span; zero when absent.
-	opts         span
-	includeUsage bool // the client asked for usage in its stream
+	opts span
 }
 
 // span is a half-open byte range [from, to) of a body.
@@ -42,12 +56,37 @@ func errParam(err error) string {
 	return ""
 }
 
+// ReadRequest reads an OpenAI request body once, bounded by limit, and
+// validates it. On failure it answers with the OpenAI error (400, 408 or 413)
+// and returns the status sent; otherwise the status is 0.
+func ReadRequest(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, Request, int) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	switch {
+	case errors.As(err, new(*http.MaxBytesError)):
+		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", limit))
+		return nil, Request{}, http.StatusRequestEntityTooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The server's read timeout: a body trickled in too slowly.
+		WriteError(w, http.StatusRequestTimeout, "request_timeout", "", "reading request body: the body did not arrive within the read timeout")
+		return nil, Request{}, http.StatusRequestTimeout
+	case err != nil:
+		WriteError(w, http.StatusBadRequest, "invalid_body", "", "reading request body: "+err.Error())
+		return nil, Request{}, http.StatusBadRequest
+	}
+	req, err := parseRequest(body)
+	if err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_body", errParam(err), err.Error())
+		return nil, Request{}, http.StatusBadRequest
+	}
+	return body, req, 0
+}
+
 // parseRequest reads the top level of a JSON object body once, validating the
 // whole of it, and records the fields the proxy rewrites. The body is checked
 // with json.Valid and then walked by hand (only the top level's keys and value
 // spans), so that only the values poold reads are decoded.
-func parseRequest(body []byte) (request, error) {
-	var r request
+func parseRequest(body []byte) (Request, error) {
+	var r Request
 	if len(bytes.TrimSpace(body)) == 0 {
 		return r, fmt.Errorf("%w: the body is empty; expected a JSON object", errBadBody)
 	}
@@ -72,7 +111,7 @@ func parseRequest(body []byte) (request, error) {
 			return r, err
 		}
 	}
-	if r.modelSpan.empty() || r.model == "" {
+	if r.modelSpan.empty() || r.Model == "" {
 		return r, &fieldError{"model", `"model" is required`}
 	}
 	return r, nil
@@ -80,7 +119,7 @@ func parseRequest(body []byte) (request, error) {
 
 // member records one top-level member of a valid body: key is its quoted key,
 // raw its value at sp.
-func (r *request) member(key, raw []byte, sp span) error {
+func (r *Request) member(key, raw []byte, sp span) error {
 	if bytes.IndexByte(key, '\\') >= 0 {
 		var k string
 		_ = json.Unmarshal(key, &k) // valid: the body is
@@ -92,17 +131,17 @@ func (r *request) member(key, raw []byte, sp span) error {
 			return &fieldError{"model", `"model" must be a string`}
 		}
 		if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
-			r.model = string(raw[1 : len(raw)-1])
-		} else if err := json.Unmarshal(raw, &r.model); err != nil {
+			r.Model = string(raw[1 : len(raw)-1])
+		} else if err := json.Unmarshal(raw, &r.Model); err != nil {
 			return &fieldError{"model", fmt.Sprintf(`"model": %v`, err)}
 		}
 		r.modelSpan = sp
 	case `"stream"`:
 		switch string(raw) {
 		case "true":
-			r.stream = true
+			r.Stream = true
 		case "false", "null":
-			r.stream = false
+			r.Stream = false
 		default:
 			return fmt.Errorf("%w: \"stream\" must be a boolean", errBadBody)
 		}
@@ -114,7 +153,7 @@ func (r *request) member(key, raw []byte, sp span) error {
 			return fmt.Errorf("%w: \"stream_options\" must be an object", errBadBody)
 		}
 		r.opts = sp
-		r.includeUsage = o != nil && o.IncludeUsage != nil && *o.IncludeUsage
+		r.IncludeUsage = o != nil && o.IncludeUsage != nil && *o.IncludeUsage
 	}
 	return nil
 }
@@ -165,12 +204,12 @@ func valueEnd(b []byte, i int) int {
 	return i
 }
 
-// rewrite returns the body to send upstream: model replaced by id when it
+// Rewrite returns the body to send upstream: model replaced by id when it
 // differs, and, when injectUsage is set, stream_options changed so that the
 // engine reports usage in a final usage-only chunk (and only there). Everything
 // else is kept byte for byte. It returns body itself when nothing changes.
-func rewrite(body []byte, r request, id string, injectUsage bool) []byte {
-	if r.model == id && !injectUsage {
+func Rewrite(body []byte, r Request, id string, injectUsage bool) []byte {
+	if r.Model == id && !injectUsage {
 		return body
 	}
 	type patch struct {
@@ -183,7 +222,7 @@ func rewrite(body []byte, r request, id string, injectUsage bool) []byte {
 		brace := bytes.IndexByte(body, '{')
 		patches = append(patches, patch{span{brace + 1, brace + 1}, []byte(`"stream_options":{"include_usage":true},`)})
 	}
-	if r.model != id {
+	if r.Model != id {
 		q, _ := json.Marshal(id)
 		patches = append(patches, patch{r.modelSpan, q})
 	}

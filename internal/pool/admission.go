@@ -1,0 +1,222 @@
+package pool
+
+import (
+	"context"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/poold/poold/internal/profile"
+)
+
+// Lease is one request's right to use a pool's ready engine. Release it exactly
+// once when the request is over; further calls do nothing.
+type Lease struct {
+	Pool    string
+	Profile *profile.Profile
+	// Target is the engine's base URL (http://127.0.0.1:PORT), shared by every
+	// lease on that engine: read it, never modify it.
+	Target *url.URL
+	// Waited is how long the request queued before admission.
+	Waited time.Duration
+
+	p    *Pool
+	once sync.Once
+}
+
+// Release returns the lease to its pool.
+func (l *Lease) Release() {
+	l.once.Do(func() {
+		p := l.p
+		p.mu.Lock()
+		p.sched.Release(p.opts.Now())
+		kick := p.loopWaitsLocked()
+		p.mu.Unlock()
+		if kick {
+			p.wake()
+		}
+	})
+}
+
+// loopWaitsLocked reports whether the run loop may act on a released lease:
+// requests wait, the gate is closed for a drain, a reload step waits for the
+// pool to empty, or a sleeper may need to go. In the steady state (an engine
+// serving, nobody waiting) it does not, and a release wakes nothing: one
+// goroutine hand-off fewer per request. p.mu must be held.
+func (p *Pool) loopWaitsLocked() bool {
+	s := &p.sched
+	return s.QueueLen() > 0 || s.Closing() || s.Swapping() || s.Loaded() == "" ||
+		p.reload.step != reloadNone || len(p.sleepers) > 0
+}
+
+// grant is what a waiter receives: a lease or the reason it has none.
+type grant struct {
+	lease *Lease
+	err   error
+}
+
+// QueueError is a refusal because the queue is full or the wait was too long;
+// RetryAfter estimates when a retry could succeed.
+type QueueError struct {
+	Err        error
+	RetryAfter time.Duration
+}
+
+func (e *QueueError) Error() string { return e.Err.Error() }
+func (e *QueueError) Unwrap() error { return e.Err }
+
+// Acquire waits until prof is ready in this pool and the scheduler admits the
+// request, then returns its lease. It returns early with ctx's error when the
+// client goes away (leaving the queue at once), a *QueueError when the queue is
+// full or the wait exceeds maxQueueWait (the profile's, else the pool's), or a
+// *LoadError when the engine fails to load.
+func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile) (*Lease, error) {
+	return p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority}, prof)
+}
+
+// Load has prof loaded in this pool through the scheduler: the explicit load
+// waits its turn and drains the pool like a request for prof, but holds no
+// lease. It returns once prof is ready (at once if it already is and the gate
+// is open), or with Acquire's errors; a client that goes away withdraws it.
+func (p *Pool) Load(ctx context.Context, prof *profile.Profile) error {
+	_, err := p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority, Intent: true}, prof)
+	return err
+}
+
+// Unload has this pool's engine stopped through the scheduler: it waits its
+// turn and drains the pool like a swap, and returns once the pool is empty
+// (at once if it is), or with Acquire's errors; a stop that fails returns the
+// stop's error.
+func (p *Pool) Unload(ctx context.Context) error {
+	_, err := p.enqueue(ctx, &Waiter{Intent: true}, nil)
+	return err
+}
+
+// enqueue hands w to the scheduler and waits for its grant. prof is w's
+// profile (nil for an unload); the wait is bounded by its maxQueueWait.
+func (p *Pool) enqueue(ctx context.Context, w *Waiter, prof *profile.Profile) (*Lease, error) {
+	w.Arrived = p.opts.Now()
+	w.done = make(chan grant, 1)
+	p.mu.Lock()
+	if p.refused != nil {
+		p.mu.Unlock()
+		return nil, p.refused
+	}
+	if prof != nil && !p.servesLocked(prof.ID) {
+		p.mu.Unlock()
+		return nil, ErrProfileRemoved // a reload took it away on the request's way here
+	}
+	if prof != nil && p.sched.Loaded() != prof.ID {
+		if err := p.backoff.refusal(p.cfg.Lookup(prof.ID), w.Arrived); err != nil {
+			p.mu.Unlock()
+			return nil, err
+		}
+	}
+	admitted, err := p.sched.Arrive(w)
+	var lease *Lease
+	if admitted && !w.Intent {
+		lease = p.leaseLocked(prof, 0)
+	}
+	maxWait := p.spec.MaxQueueWait.Duration
+	if prof != nil {
+		maxWait = prof.QueueWait(p.spec)
+	}
+	retry := p.retryAfterLocked()
+	p.mu.Unlock()
+	if err != nil {
+		return nil, &QueueError{Err: err, RetryAfter: retry}
+	}
+	if admitted {
+		return lease, nil
+	}
+	p.wake()
+
+	var timeout <-chan time.Time
+	if maxWait > 0 {
+		t := time.NewTimer(maxWait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case g := <-w.done:
+		return g.lease, g.err
+	case <-ctx.Done():
+		return nil, p.leave(w, ctx.Err())
+	case <-timeout:
+		p.mu.Lock()
+		retry := p.retryAfterLocked()
+		p.mu.Unlock()
+		return nil, p.leave(w, &QueueError{Err: ErrQueueTimeout, RetryAfter: retry})
+	}
+}
+
+// leave takes w out of the queue and returns err; if w was granted a lease in
+// the meantime, the lease is released.
+func (p *Pool) leave(w *Waiter, err error) error {
+	p.mu.Lock()
+	removed := p.sched.Cancel(w)
+	p.mu.Unlock()
+	if removed {
+		p.wake()
+		return err
+	}
+	if g := <-w.done; g.lease != nil {
+		g.lease.Release()
+	}
+	return err
+}
+
+// leaseLocked makes a lease on the current engine; p.mu must be held and the
+// scheduler must have counted it in flight.
+func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
+	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, Waited: waited, p: p}
+}
+
+// retryAfterLocked estimates how long until a queued request could be served:
+// one swap per distinct profile waiting, plus the residency. p.mu must be held.
+func (p *Pool) retryAfterLocked() time.Duration {
+	swap := p.lastSwap
+	if swap == 0 {
+		swap = 10 * time.Second
+	}
+	waiting, _ := p.sched.Waiting()
+	return p.sched.Policy.residency(p.sched.Loaded()) + time.Duration(len(waiting)+1)*swap
+}
+
+func (p *Pool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// answer hands each waiter its grant: a lease on the current engine, or err.
+// p.mu must be held.
+func (p *Pool) answerLocked(ws []*Waiter, err error) {
+	now := p.opts.Now()
+	for _, w := range ws {
+		switch {
+		case err != nil:
+			w.done <- grant{err: err}
+		case w.Intent:
+			w.done <- grant{} // done; an intent holds no lease
+		default:
+			w.done <- grant{lease: p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))}
+		}
+	}
+}
+
+// refuse stops admissions: queued and new requests get err (or the error of
+// an earlier refusal).
+func (p *Pool) refuse(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuseLocked(err)
+}
+
+func (p *Pool) refuseLocked(err error) {
+	if p.refused == nil {
+		p.refused = err
+	}
+	p.answerLocked(p.sched.Drop(""), p.refused)
+}

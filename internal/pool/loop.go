@@ -1,0 +1,333 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/poold/poold/internal/profile"
+)
+
+// run is the pool's loop: it preloads the default, then acts on the scheduler's
+// decisions until ctx ends, and then stops the engine.
+func (p *Pool) run(ctx context.Context) {
+	defer close(p.done)
+	p.mu.Lock()
+	if def := p.cfg.Lookup(p.spec.Default); def != nil && p.sched.QueueLen() == 0 {
+		retired := p.beginLocked(def.ID)
+		p.mu.Unlock()
+		p.swap(ctx, def, retired)
+	} else {
+		p.mu.Unlock()
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		if sl, why := p.staleSleeperLocked(); sl != nil {
+			p.mu.Unlock()
+			p.stopSleeper(sl, why)
+			continue
+		}
+		if step := p.reloadStepLocked(); step != nil {
+			p.mu.Unlock()
+			if !step(ctx) {
+				break
+			}
+			continue
+		}
+		d := p.sched.Next(p.opts.Now())
+		p.answerLocked(d.Admit, nil)
+		var next *profile.Profile
+		retired := false
+		if d.Load != "" {
+			next = p.cfg.Lookup(d.Load)
+			if err := p.backoff.refusal(next, p.opts.Now()); err != nil {
+				// Those who waited for it are told now, not at the backoff's end.
+				p.answerLocked(p.sched.Drop(d.Load), err)
+				next = nil
+			} else {
+				retired = p.beginLocked(d.Load)
+			}
+		} else if d.Unload {
+			p.beginLocked("")
+		} else if p.sched.Closing() && p.state == StateReady {
+			p.setStateLocked(StateDraining)
+		} else if !p.sched.Closing() && p.state == StateDraining && p.reload.step != reloadRetire {
+			p.setStateLocked(StateReady) // the gate reopened: those waiting for others left
+		}
+		var exited <-chan struct{}
+		if p.eng != nil {
+			exited = p.eng.exited
+		}
+		p.mu.Unlock()
+		if next != nil {
+			p.swap(ctx, next, retired)
+			continue
+		}
+		if d.Unload {
+			p.unload()
+			continue
+		}
+		var recheck <-chan time.Time
+		if !d.Recheck.IsZero() {
+			timer.Reset(max(d.Recheck.Sub(p.opts.Now()), time.Millisecond))
+			recheck = timer.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-p.kick:
+		case <-recheck:
+		case <-exited:
+			p.engineExited()
+		}
+	}
+	p.shutdown()
+}
+
+// engineExited handles an engine that ended on its own while serving.
+func (p *Pool) engineExited() {
+	p.mu.Lock()
+	e := p.eng
+	p.eng = nil
+	p.sched.Lost()
+	p.setStateLocked(StateFailed)
+	p.mu.Unlock()
+	err := e.failure() // waits for its last lines: outside the lock
+	p.mu.Lock()
+	p.lastErr = err
+	wait := p.backoff.failed(e.profile, err, p.opts.Now())
+	p.mu.Unlock()
+	p.log.Error("engine exited", "profile", e.profile.ID, "err", err, "restart_backoff", wait)
+	// Reap what is left of its group (grandchildren may survive their parent).
+	if _, stopErr := p.stopGroup(e, 0); stopErr != nil {
+		p.log.Error("cleaning up engine", "profile", e.profile.ID, "err", stopErr)
+	}
+	p.observeExit(e.profile.ID, "crashed")
+}
+
+// beginLocked records that a swap to id ("" for an unload) starts. The engine
+// swapped out goes now, so a reload's pending retire or preload step is taken
+// here, under the same lock as the scheduler's Begin; retired reports whether
+// a reload had retired that engine (it is stopped, never put to sleep).
+// p.mu must be held.
+func (p *Pool) beginLocked(id string) (retired bool) {
+	p.sched.Begin(id)
+	switch p.reload.step {
+	case reloadRetire:
+		retired = true
+		p.reload = pendingReload{}
+	case reloadPreload:
+		p.reload = pendingReload{}
+	}
+	return retired
+}
+
+// swap replaces the pool's engine with one serving prof, under the swap
+// contract. beginLocked has recorded the swap (retired is what it returned)
+// and no lease is open.
+func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
+	begin := p.opts.Now()
+	phases := make(map[string]time.Duration, 4)
+	p.mu.Lock()
+	old := p.eng
+	if !p.drainedAt.IsZero() {
+		phases["drain"] = begin.Sub(p.drainedAt)
+	}
+	p.drainedAt = time.Time{}
+	// Taken out first, so that making room for old's sleep cannot evict it.
+	sl := p.takeSleeperLocked(prof.ID)
+	from := ""
+	if old != nil {
+		from = old.profile.ID
+		p.setStateLocked(StateStopping)
+	}
+	spec := p.spec
+	p.mu.Unlock()
+
+	if old != nil && p.sleepOut(ctx, old, retired) {
+		phases["sleep"] = p.opts.Now().Sub(begin)
+	} else if old != nil {
+		t := p.opts.Now()
+		release, err := p.stopEngine(old)
+		if err != nil {
+			if sl != nil {
+				p.stopSleeper(sl, "swap failed")
+			}
+			p.failSwap(prof, from, phases, err)
+			return
+		}
+		phases["stop"] = p.opts.Now().Sub(t) - release
+		if release > 0 {
+			phases["vram_release"] = release
+		}
+	}
+
+	p.makeGPURoom(prof, spec.GPUs)
+	p.mu.Lock()
+	p.setStateLocked(StateStarting)
+	if sl != nil {
+		p.eng = sl.eng
+	}
+	p.mu.Unlock()
+	kind := KindCold
+	if sl != nil && p.wakeSleeper(ctx, sl, from, phases) {
+		kind = KindWake
+	}
+	// An engine that could not bind its port (taken between freePort and the
+	// engine's bind) is started again on another, a bounded number of times.
+	for attempt := 1; kind == KindCold; attempt++ {
+		t := p.opts.Now()
+		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
+		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.http, p.log)
+		if err != nil {
+			p.failSwap(prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
+			return
+		}
+		p.opts.Ledger.add(p.name, e)
+		p.mu.Lock()
+		p.eng = e
+		p.mu.Unlock()
+		phases["start"] = p.opts.Now().Sub(t)
+
+		t = p.opts.Now()
+		err = e.waitReady(ctx, prof.StartupTimeout.Duration)
+		if err == nil {
+			phases["ready"] = p.opts.Now().Sub(t)
+			break
+		}
+		if _, stopErr := p.stopGroup(e, prof.StopTimeout.Duration); stopErr != nil {
+			p.log.Error("stopping failed engine", "profile", prof.ID, "err", stopErr)
+		}
+		p.mu.Lock()
+		p.eng = nil
+		p.mu.Unlock()
+		p.observeExit(prof.ID, "load_failed")
+		if e.portTaken() {
+			if attempt < portAttempts {
+				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt)
+				continue
+			}
+			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
+		}
+		p.failSwap(prof, from, phases, err)
+		return
+	}
+	now := p.opts.Now()
+
+	p.mu.Lock()
+	p.lastErr = nil
+	p.readyAt = now
+	p.backoff.ready(now)
+	p.lastSwap = now.Sub(begin)
+	p.setStateLocked(StateReady)
+	p.answerLocked(p.sched.Ready(prof.ID, now), nil)
+	p.mu.Unlock()
+	p.log.Info("engine ready", "profile", prof.ID, "from", from, "kind", kind, "took", now.Sub(begin))
+	p.observeSwap(from, prof.ID, kind, "ok", phases)
+}
+
+// unload stops the pool's engine for an explicit unload and leaves the pool
+// empty. beginLocked has recorded the unload and no lease is open; a
+// profile is loaded, so there is an engine.
+func (p *Pool) unload() {
+	p.mu.Lock()
+	e := p.eng
+	p.drainedAt = time.Time{} // an unload is not a swap: no drain phase to report
+	p.setStateLocked(StateStopping)
+	p.mu.Unlock()
+	_, err := p.stopEngine(e)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.log.Error("unload failed", "profile", e.profile.ID, "err", err)
+		p.lastErr = err
+		p.setStateLocked(StateFailed)
+		p.answerLocked(p.sched.Failed(""), err)
+		return
+	}
+	p.log.Info("engine unloaded", "profile", e.profile.ID)
+	p.lastErr = nil
+	p.setStateLocked(StateEmpty)
+	p.answerLocked(p.sched.Ready("", p.opts.Now()), nil)
+}
+
+// failSwap records a failed swap and answers the profile's waiters at once.
+func (p *Pool) failSwap(prof *profile.Profile, from string, phases map[string]time.Duration, err error) {
+	p.log.Error("swap failed", "profile", prof.ID, "from", from, "err", err)
+	p.mu.Lock()
+	p.lastErr = err
+	p.setStateLocked(StateFailed)
+	p.backoff.failed(prof, err, p.opts.Now())
+	p.answerLocked(p.sched.Failed(prof.ID), &LoadError{Profile: prof.ID, Err: err})
+	p.mu.Unlock()
+	p.observeSwap(from, prof.ID, KindCold, "failed", phases)
+}
+
+// stopEngine stops e under the stop contract and forgets it. release is how
+// long the VRAM check took, zero when it did not run or gave up.
+func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
+	p.log.Info("stopping engine", "profile", e.profile.ID, "pid", e.pid)
+	release, err = p.stopGroup(e, e.profile.StopTimeout.Duration)
+	p.mu.Lock()
+	if p.eng == e {
+		p.eng = nil
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return 0, fmt.Errorf("stopping engine %q: %w", e.profile.ID, err)
+	}
+	p.observeExit(e.profile.ID, "stopped")
+	return release, nil
+}
+
+// stopGroup stops e's process group (SIGTERM, grace, SIGKILL) and then, with a
+// VRAM check configured, waits for the pool's GPUs to release its memory. A
+// check that gives up is a warning, not a failed stop: the group is gone.
+// release is how long the check took, zero when it did not run or gave up.
+func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration, err error) {
+	var released func() error
+	if p.opts.VRAM != nil {
+		released = p.opts.VRAM.Watch(p.spec.GPUs, groupMembers(e.pid))
+	}
+	if err := e.stop(grace, p.log); err != nil {
+		return 0, err
+	}
+	p.opts.Ledger.remove(e)
+	if released == nil {
+		return 0, nil
+	}
+	t := p.opts.Now()
+	if err := released(); err != nil {
+		p.log.Warn("engine's GPU memory not released", "profile", e.profile.ID, "gpus", p.spec.GPUs, "err", err)
+		if p.opts.Observer != nil {
+			p.opts.Observer.VRAMNotReleased(p.name)
+		}
+		return 0, nil
+	}
+	// At least 1ns, so that a check that ran is told from one that did not.
+	return max(p.opts.Now().Sub(t), time.Nanosecond), nil
+}
+
+// shutdown answers every waiter and stops the engine; it runs once the loop's
+// context has ended. In-flight leases are the caller's to drain before that.
+func (p *Pool) shutdown() {
+	p.refuse(ErrShutdown)
+	defer p.stopSleepers()
+	p.mu.Lock()
+	e := p.eng
+	if e != nil {
+		p.setStateLocked(StateStopping)
+	}
+	p.mu.Unlock()
+	if e == nil {
+		return
+	}
+	if _, err := p.stopEngine(e); err != nil {
+		p.log.Error("shutdown", "err", err)
+	}
+	p.mu.Lock()
+	p.sched.Lost()
+	p.setStateLocked(StateEmpty)
+	p.mu.Unlock()
+}

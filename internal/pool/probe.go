@@ -1,0 +1,192 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The HTTP calls poold makes to an engine: the readiness probe, and the
+// sleep-mode and warm-up calls.
+
+// probeTimeout bounds one readiness probe of the default probe client.
+const probeTimeout = 2 * time.Second
+
+// clients are the HTTP clients of a pool's calls to its engines.
+type clients struct {
+	probe   *http.Client // readiness probes, each with its own timeout
+	control *http.Client // sleep, wake and warm-up calls, bounded by their contexts
+}
+
+// defaultClients fills in the clients Options leaves nil.
+func defaultClients(o Options) clients {
+	c := clients{probe: o.ProbeClient, control: o.ControlClient}
+	if c.probe == nil {
+		c.probe = &http.Client{Timeout: probeTimeout}
+	}
+	if c.control == nil {
+		c.control = &http.Client{}
+	}
+	return c
+}
+
+// waitReady polls /v1/models until the profile's id is listed: every few
+// milliseconds at first, backing off to maxProbeInterval. It fails at once if the
+// engine exits, and after timeout.
+func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
+	const maxProbeInterval = 100 * time.Millisecond
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	interval := 2 * time.Millisecond
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.exited:
+			return fmt.Errorf("while loading: %w", e.failure())
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("engine %q not ready after startupTimeout %s; last output: %s", e.profile.ID, timeout, e.logs.tail(5))
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+		if e.serves(ctx) {
+			return nil
+		}
+		t.Reset(interval)
+		interval = min(interval*2, maxProbeInterval)
+	}
+}
+
+// serves reports whether the engine's /v1/models lists the profile's id.
+func (e *engine) serves(ctx context.Context) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.base()+"/v1/models", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := e.http.probe.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list) != nil {
+		return false
+	}
+	for _, m := range list.Data {
+		if m.ID == e.profile.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// warmupTimeout bounds the warm-up probe after a wake.
+const warmupTimeout = 30 * time.Second
+
+// call sends one sleep-mode request to the engine and returns the status and
+// (the start of) the body. It fails on a transport error (status 0) or a
+// status other than 2xx, naming the path and the engine's answer.
+func (e *engine) call(ctx context.Context, method, path, body string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, e.base()+path, strings.NewReader(body))
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := e.http.control.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode/100 != 2 {
+		return resp.StatusCode, b, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return resp.StatusCode, b, nil
+}
+
+// isSleeping asks the engine whether it sleeps (GET /is_sleeping).
+func (e *engine) isSleeping(ctx context.Context) (bool, error) {
+	_, b, err := e.call(ctx, http.MethodGet, "/is_sleeping", "")
+	if err != nil {
+		return false, err
+	}
+	var v struct {
+		IsSleeping *bool `json:"is_sleeping"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil || v.IsSleeping == nil {
+		return false, fmt.Errorf("GET /is_sleeping: unexpected answer %q", b)
+	}
+	return *v.IsSleeping, nil
+}
+
+// sleep puts the engine to sleep at level and confirms it with /is_sleeping.
+// The pool has drained it: vLLM's sleep aborts the requests in flight.
+func (e *engine) sleep(ctx context.Context, level int) error {
+	if _, _, err := e.call(ctx, http.MethodPost, "/sleep?level="+strconv.Itoa(level), ""); err != nil {
+		return err
+	}
+	asleep, err := e.isSleeping(ctx)
+	if err == nil && !asleep {
+		err = errors.New("GET /is_sleeping: still awake after /sleep")
+	}
+	return err
+}
+
+// wakeUp wakes a sleeping engine: /wake_up (after level 2 also reload_weights
+// and a prefix-cache reset), the readiness gate, and a 1-token warm-up probe
+// that proves it generates. timeout bounds it all.
+func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) error {
+	select {
+	case <-e.exited:
+		return fmt.Errorf("died while asleep: %w", e.failure())
+	default:
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, _, err := e.call(ctx, http.MethodPost, "/wake_up", ""); err != nil {
+		return err
+	}
+	if level == 2 {
+		if _, _, err := e.call(ctx, http.MethodPost, "/collective_rpc", `{"method":"reload_weights"}`); err != nil {
+			return err
+		}
+		if _, _, err := e.call(ctx, http.MethodPost, "/reset_prefix_cache", ""); err != nil {
+			return err
+		}
+	}
+	if err := e.waitReady(ctx, timeout); err != nil {
+		return err
+	}
+	return e.warmUp(ctx)
+}
+
+// warmUp sends a 1-token completion. Any answer but a 5xx passes: a 4xx
+// (an embedding model refusing completions, say) still comes from a live
+// model, while a sleeping engine fails with 500.
+func (e *engine) warmUp(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, warmupTimeout)
+	defer cancel()
+	id, _ := json.Marshal(e.profile.ID)
+	body := `{"model":` + string(id) + `,"prompt":"warm-up","max_tokens":1}`
+	if status, _, err := e.call(ctx, http.MethodPost, "/v1/completions", body); err != nil && (status == 0 || status >= 500) {
+		return fmt.Errorf("warm-up probe: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,203 @@
+// Package statusapi holds the wire types of the daemons' read-only JSON
+// endpoints: poold's GET /status and GET /v1/models, which fleetd and
+// `poold status` read, and fleetd's GET /status and GET /v1/models, which
+// `fleetd status` reads. Their JSON shapes are contracts (docs/design.md): a
+// field may be added, never renamed or removed.
+//
+// The package holds types only, so that a reader of these endpoints depends
+// on nothing else of the daemon that serves them.
+package statusapi
+
+import "time"
+
+// Poold is the body of poold's GET /status.
+type Poold struct {
+	Version string `json:"version"`
+	Host    string `json:"host"`
+	// Config describes the profiles file in force.
+	Config File   `json:"config"`
+	GPU    GPUs   `json:"gpu"`
+	Pools  []Pool `json:"pools"`
+}
+
+// File describes a watched settings file in force: poold's profiles file or
+// fleetd's hosts file. LastError is the reason the last reload was refused;
+// nil when it was not.
+type File struct {
+	Path      string    `json:"path"`
+	SHA256    string    `json:"sha256"`
+	LoadedAt  time.Time `json:"loadedAt"`
+	LastError *string   `json:"lastError"`
+}
+
+// GPUs says whether GPU telemetry is available, and if not, why; when it is,
+// Devices is every GPU's telemetry.
+type GPUs struct {
+	Available bool   `json:"available"`
+	Reason    string `json:"reason,omitempty"`
+	Devices   []GPU  `json:"devices,omitempty"`
+}
+
+// GPU is one GPU's telemetry at one moment. Index is the index nvidia-smi
+// shows, which is what a pool's "gpus" list names.
+type GPU struct {
+	Index            int          `json:"index"`
+	UUID             string       `json:"uuid"`
+	Name             string       `json:"name"`
+	MemoryUsedBytes  uint64       `json:"memoryUsedBytes"`
+	MemoryTotalBytes uint64       `json:"memoryTotalBytes"`
+	Utilization      float64      `json:"utilization"` // 0..1
+	TemperatureC     int          `json:"temperatureC"`
+	PowerWatts       float64      `json:"powerWatts"`
+	Processes        []GPUProcess `json:"processes"`
+}
+
+// GPUProcess is one compute process on a GPU. UsedBytes is 0 when unknown.
+type GPUProcess struct {
+	PID       int    `json:"pid"`
+	UsedBytes uint64 `json:"usedBytes"`
+}
+
+// PoolState is a pool's externally visible state.
+type PoolState string
+
+// The pool states.
+const (
+	StateEmpty    PoolState = "empty"
+	StateStarting PoolState = "starting"
+	StateReady    PoolState = "ready"
+	StateDraining PoolState = "draining"
+	StateStopping PoolState = "stopping"
+	// StateSleeping: the pool puts its engine to sleep before it wakes or
+	// starts another (sleep mode).
+	StateSleeping PoolState = "sleeping"
+	StateFailed   PoolState = "failed"
+)
+
+// Pool is one pool's entry in poold's GET /status.
+type Pool struct {
+	Name  string    `json:"name"`
+	GPUs  []int     `json:"gpus"`
+	State PoolState `json:"state"`
+	// Profile is the loaded profile's id; nil when none is loaded.
+	Profile *string `json:"profile"`
+	// SwitchingTo is the profile being loaded; nil when none.
+	SwitchingTo *string `json:"switchingTo"`
+	InFlight    int     `json:"inFlight"`
+	// Waiting counts the queued requests by profile.
+	Waiting      map[string]int `json:"waiting"`
+	OldestWaitMs int64          `json:"oldestWaitMs"`
+	// Gate is "open" when requests for the loaded profile are admitted,
+	// "closed" while the pool drains towards a swap.
+	Gate string `json:"gate"`
+	// LastUsed is when a lease was last taken or returned; zero when never.
+	LastUsed  time.Time   `json:"lastUsed"`
+	LastError *string     `json:"lastError"`
+	Since     time.Time   `json:"since"`
+	Engine    *Engine     `json:"engine"`
+	Sleeping  []Sleeper   `json:"sleeping"`
+	GPUMemory []GPUMemory `json:"gpuMemory"`
+}
+
+// Engine describes a pool's current engine process.
+type Engine struct {
+	Profile   string    `json:"profile"`
+	PID       int       `json:"pid"`
+	Port      int       `json:"port"`
+	StartedAt time.Time `json:"startedAt"`
+	// ReadyAt is when it passed the readiness gate; nil while it loads.
+	ReadyAt *time.Time `json:"readyAt"`
+}
+
+// Sleeper describes a sleeping engine (docs/sleep-mode.md).
+type Sleeper struct {
+	Profile string    `json:"profile"`
+	Level   int       `json:"level"`
+	Since   time.Time `json:"since"` // when it fell asleep
+	// HostBytes is the host RAM it holds (its weights at level 1; 0 at
+	// level 2 or when the weight size is unknown).
+	HostBytes int64 `json:"hostBytes"`
+	PID       int   `json:"pid"`
+	Port      int   `json:"port"`
+}
+
+// GPUMemory is one GPU's memory, when known.
+type GPUMemory struct {
+	Index      int    `json:"index"`
+	UsedBytes  uint64 `json:"usedBytes"`
+	TotalBytes uint64 `json:"totalBytes"`
+}
+
+// ModelObject is the OpenAI model object that begins every entry of
+// GET /v1/models. Root is the canonical profile id the name resolves to.
+type ModelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	Root    string `json:"root"`
+}
+
+// Model is one entry of poold's GET /v1/models: the OpenAI model object plus
+// poold's view of where it runs.
+type Model struct {
+	ModelObject
+	// State is "ready" where it serves now, "loading" while it starts, else
+	// "available".
+	State string `json:"state"`
+	// Pools are the pools it may run on; empty means every pool.
+	Pools []string `json:"pools"`
+}
+
+// ModelList is the body of GET /v1/models.
+type ModelList[M any] struct {
+	Object string `json:"object"`
+	Data   []M    `json:"data"`
+}
+
+// Fleetd is the body of fleetd's GET /status: the hosts file and every host
+// with its last polled pools.
+type Fleetd struct {
+	Version   string `json:"version"`
+	HostsFile File   `json:"hostsFile"`
+	Hosts     []Host `json:"hosts"`
+}
+
+// Host is one host in fleetd's GET /status.
+type Host struct {
+	Name   string            `json:"name"`
+	URL    string            `json:"url"`
+	Source string            `json:"source"` // "file" or "dns:NAME"
+	Labels map[string]string `json:"labels"`
+	Weight int               `json:"weight"`
+	// Healthy: requests are routed to it (polled, not ejected).
+	Healthy   bool `json:"healthy"`
+	Reachable bool `json:"reachable"` // the last poll succeeded
+	Ejected   bool `json:"ejected"`
+	// PollFailures and ForwardFailures count failures in a row.
+	PollFailures    int        `json:"pollFailures"`
+	ForwardFailures int        `json:"forwardFailures"`
+	LastPoll        *time.Time `json:"lastPoll"`
+	PollLatencyMs   float64    `json:"pollLatencyMs"`
+	LastError       *string    `json:"lastError"`
+	Version         string     `json:"version"`
+	Pools           []Pool     `json:"pools"`
+}
+
+// FleetModel is one entry of fleetd's GET /v1/models: the OpenAI model
+// object plus where it can run.
+type FleetModel struct {
+	ModelObject
+	// State is the best state among the hosts: ready, loading, sleeping or
+	// available.
+	State string      `json:"state"`
+	Hosts []ModelHost `json:"hosts"`
+}
+
+// ModelHost is one host that can serve a model, in fleetd's GET /v1/models.
+type ModelHost struct {
+	Name string `json:"name"`
+	// State is what the host says: "ready", "loading" or "available".
+	State string   `json:"state"`
+	Pools []string `json:"pools"`
+}

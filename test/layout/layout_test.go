@@ -1,0 +1,87 @@
+// Package layout checks the package map of docs/architecture.md: which of
+// our packages each package may import, and what fleetd's binary links.
+package layout
+
+import (
+	"encoding/json"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/poold/poold/"
+
+// allowed lists, for each package, the packages of this module it may
+// import (as in docs/architecture.md's table). A package missing from the
+// table fails the test: a new package gets a row here and there.
+var allowed = map[string][]string{
+	"internal/statusapi": nil,
+	"internal/openai":    nil,
+	"internal/upstream":  nil,
+	"internal/watch":     nil,
+	"internal/placement": nil,
+	"internal/profile":   nil,
+	"internal/enginesim": nil,
+	"internal/cli":       nil,
+	"internal/gpu":       {"internal/statusapi"},
+	"internal/pool":      {"internal/profile", "internal/placement", "internal/statusapi"},
+	"internal/metrics":   {"internal/pool", "internal/gpu", "internal/statusapi"},
+	"internal/proxy":     {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics"},
+	"internal/fleet":     {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement"},
+}
+
+type pkg struct {
+	ImportPath string
+	Imports    []string
+	Deps       []string
+}
+
+func list(t *testing.T, args ...string) []pkg {
+	t.Helper()
+	out, err := exec.Command("go", append([]string{"list", "-json"}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("go list %v: %v", args, err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for dec.More() {
+		var p pkg
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func TestImports(t *testing.T) {
+	for _, p := range list(t, "../../internal/...") {
+		name := strings.TrimPrefix(p.ImportPath, module)
+		ok, known := allowed[name]
+		if !known {
+			t.Errorf("%s is not in the package map (docs/architecture.md and this test)", name)
+			continue
+		}
+		for _, imp := range p.Imports {
+			if dep, ours := strings.CutPrefix(imp, module); ours && !slices.Contains(ok, dep) {
+				t.Errorf("%s imports %s, which the package map does not allow", name, dep)
+			}
+		}
+	}
+}
+
+// fleetd links none of poold's pool, metrics and gpu packages, nor NVML.
+func TestFleetdDependencies(t *testing.T) {
+	pkgs := list(t, "../../cmd/fleetd")
+	if len(pkgs) != 1 {
+		t.Fatalf("go list gave %d packages", len(pkgs))
+	}
+	for _, dep := range pkgs[0].Deps {
+		for _, banned := range []string{module + "internal/pool", module + "internal/metrics", module + "internal/gpu", module + "internal/proxy", "github.com/NVIDIA/go-nvml"} {
+			if dep == banned || strings.HasPrefix(dep, banned+"/") {
+				t.Errorf("fleetd depends on %s", dep)
+			}
+		}
+	}
+}
