@@ -89,7 +89,7 @@ func TestCheckWarnings(t *testing.T) {
 	}
 	want := file + `: warnings:
 profiles[0] "embed": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models
-profiles[0] "embed": the default command's vllm: engine binary "vllm" does not resolve on this host: exec: "vllm": executable file not found in $PATH
+profiles[0] "embed": engine binary "vllm" (the default command) does not resolve on this host: exec: "vllm": executable file not found in $PATH
 profiles[0] "embed": model "/nowhere/bge-m3": no such file or directory on this host
 `
 	if stdout.String() != file+": ok\n" || stderr.String() != want {

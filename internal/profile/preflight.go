@@ -73,12 +73,13 @@ func (p *Profile) Preflight(h Host) []error {
 		}
 	}
 	if h.LookPath != nil {
-		bin, where := "vllm", "the default command's vllm"
+		bin, where := "vllm", "engine binary \"vllm\" (the default command)"
 		if p.Command != nil {
-			bin, where = strings.ReplaceAll(p.Command[0], "{poold}", h.Self), "command[0]"
+			bin = strings.ReplaceAll(p.Command[0], "{poold}", h.Self)
+			where = fmt.Sprintf("command[0]: engine binary %q", bin)
 		}
 		if _, err := h.LookPath(bin); err != nil {
-			errs = append(errs, fmt.Errorf("%s: engine binary %q does not resolve on this host: %w", where, bin, err))
+			errs = append(errs, fmt.Errorf("%s does not resolve on this host: %w", where, err))
 		}
 	}
 	if h.Stat != nil && isLocalPath(p.Model) {

@@ -45,11 +45,11 @@ func TestWarnings(t *testing.T) {
 	got := c.Warnings(fakeHost([]string{"/usr/local/bin/poold"}, []string{"./models/llama"}))
 	want := []string{
 		`profiles[0] "embed": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models`,
-		`profiles[0] "embed": the default command's vllm: engine binary "vllm" does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
+		`profiles[0] "embed": engine binary "vllm" (the default command) does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
 		`profiles[0] "embed": model "/srv/models/bge-m3": no such file or directory on this host`,
 		`profiles[1] "chat": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models`,
 		`profiles[1] "chat": args[1]: vLLM no longer accepts --num-scheduler-steps; drop it: multi-step scheduling is gone`,
-		`profiles[1] "chat": the default command's vllm: engine binary "vllm" does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
+		`profiles[1] "chat": engine binary "vllm" (the default command) does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
 		// A command's own flags are checked; its unused args are not.
 		`profiles[2] "local": command[5]: vLLM no longer accepts --device; drop it: vLLM detects the platform, and CUDA_VISIBLE_DEVICES picks the GPUs`,
 		`profiles[2] "local": command[0]: engine binary "/opt/vllm/bin/vllm" does not resolve on this host: exec: "/opt/vllm/bin/vllm": executable file not found in $PATH`,
