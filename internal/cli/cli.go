@@ -1,5 +1,7 @@
 // Package cli is the command line that poold and fleetd share: subcommands
-// with their help and version, and the parsing of each command's flags.
+// with their help and version, the parsing of each command's flags, the
+// daemons' settings from flags, the environment and a YAML file
+// (settings.go), and the status command (status.go).
 //
 // Both binaries exit 0 on success (help and version included), 1 when the
 // command fails, and 2 on a usage error: an unknown command or flag, a bad

@@ -96,8 +96,8 @@ func LoadSettings(fl *pflag.FlagSet, args []string, src Sources) (*Settings, err
 	return s, errors.Join(errs...)
 }
 
-// EnvName is the environment variable of the flag name under prefix.
-func EnvName(prefix, name string) string {
+// envName is the environment variable of the flag name under prefix.
+func envName(prefix, name string) string {
 	return prefix + "_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
@@ -108,7 +108,7 @@ func (s *Settings) sourcesOf(f *pflag.Flag, prefix string) (won string, hid []st
 	if f.Changed {
 		set = append(set, "flag --"+f.Name)
 	}
-	if env := EnvName(prefix, f.Name); os.Getenv(env) != "" {
+	if env := envName(prefix, f.Name); os.Getenv(env) != "" {
 		set = append(set, "environment "+env)
 	}
 	if s.file != "" && s.v.IsSet(f.Name) {
@@ -122,7 +122,7 @@ func (s *Settings) sourcesOf(f *pflag.Flag, prefix string) (won string, hid []st
 
 // fromEnv sets f from its environment variable, when that is set.
 func (s *Settings) fromEnv(f *pflag.Flag, prefix string) error {
-	env := EnvName(prefix, f.Name)
+	env := envName(prefix, f.Name)
 	val := os.Getenv(env)
 	if f.Changed || val == "" {
 		return nil
@@ -213,7 +213,7 @@ func (s *Settings) unknownKeys(src Sources) []error {
 		seen[top] = true
 		switch {
 		case top == src.FileFlag:
-			errs = append(errs, fmt.Errorf("settings file %s: key %q: the file is named only by --%s or %s", s.file, top, top, EnvName(src.EnvPrefix, top)))
+			errs = append(errs, fmt.Errorf("settings file %s: key %q: the file is named only by --%s or %s", s.file, top, top, envName(src.EnvPrefix, top)))
 		case s.fl.Lookup(top) == nil && !slices.Contains(src.FileOnly, top):
 			errs = append(errs, fmt.Errorf("settings file %s: unknown key %q", s.file, top))
 		}

@@ -19,9 +19,9 @@ const statusTimeout = 10 * time.Second
 // maxStatusBytes bounds the /status body read.
 const maxStatusBytes = 16 << 20
 
-// BaseURL turns a daemon's address, given as host:port or as an http(s) URL,
+// baseURL turns a daemon's address, given as host:port or as an http(s) URL,
 // into a base URL without a trailing slash.
-func BaseURL(addr string) (string, error) {
+func baseURL(addr string) (string, error) {
 	s := strings.TrimSpace(addr)
 	if !strings.Contains(s, "://") {
 		s = "http://" + s
@@ -38,8 +38,8 @@ func BaseURL(addr string) (string, error) {
 	return strings.TrimSuffix(s, "/"), nil
 }
 
-// FetchStatus returns the body of GET base/status.
-func FetchStatus(base string) ([]byte, error) {
+// fetchStatus returns the body of GET base/status.
+func fetchStatus(base string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
 	defer cancel()
 	u := base + "/status"
@@ -95,11 +95,11 @@ func (c StatusCommand[T]) Run(args []string, stdout, stderr io.Writer) int {
 	if fl.NArg() > 0 {
 		return UsageError(stderr, fl, usage, fmt.Errorf("unexpected arguments %q", fl.Args()))
 	}
-	base, err := BaseURL(*addr)
+	base, err := baseURL(*addr)
 	if err != nil {
 		return UsageError(stderr, fl, usage, fmt.Errorf("--addr: %w", err))
 	}
-	body, err := FetchStatus(base)
+	body, err := fetchStatus(base)
 	if err == nil {
 		err = c.expect(base, body)
 	}

@@ -23,9 +23,9 @@ func TestBaseURL(t *testing.T) {
 		{in: "http://", err: `address "http://": no host`},
 		{in: "127.0.0.1:port", err: `address "127.0.0.1:port": parse "http://127.0.0.1:port": invalid port ":port" after host`},
 	} {
-		got, err := BaseURL(tt.in)
+		got, err := baseURL(tt.in)
 		if got != tt.want || (err == nil) != (tt.err == "") || err != nil && err.Error() != tt.err {
-			t.Errorf("BaseURL(%q) = %q, %v; want %q, %q", tt.in, got, err, tt.want, tt.err)
+			t.Errorf("baseURL(%q) = %q, %v; want %q, %q", tt.in, got, err, tt.want, tt.err)
 		}
 	}
 }
