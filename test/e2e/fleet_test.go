@@ -242,7 +242,7 @@ func TestFleetRouting(t *testing.T) {
 	// The decisions are in the access log.
 	for _, want := range []map[string]any{
 		{"model": "b", "reason": "awake", "host": "host2", "status": 200.0},
-		{"model": "c", "reason": "idle", "host": "host3", "status": 200.0},
+		{"model": "c", "reason": "empty", "host": "host3", "status": 200.0},
 	} {
 		if !f.logged(want) {
 			t.Errorf("no access log line with %v:\n%s", want, f.stdout.String())
