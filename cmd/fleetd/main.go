@@ -11,13 +11,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime/debug"
-	"syscall"
 
 	"github.com/poold/poold/internal/cli"
 )
@@ -35,11 +32,7 @@ func program() *cli.Program {
 		Summary: "fleetd routes OpenAI-compatible requests across many hosts' poold daemons, to where each model is cheapest to serve.",
 		Version: "fleetd " + version + " (" + revision() + ")",
 		Commands: []cli.Command{
-			{Name: "serve", Args: "[flags]", Summary: "run the router (the default command)", Run: func(args []string) int {
-				ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-				defer stop()
-				return serve(ctx, args)
-			}},
+			{Name: "serve", Args: "[flags]", Summary: "run the router (the default command)", Run: cli.UntilSignal(serve)},
 			{Name: "check", Args: "FILE", Summary: "validate a hosts file",
 				Run: func(args []string) int { return check(args, os.Stdout, os.Stderr) }},
 			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running fleetd's hosts and their pools as a table",

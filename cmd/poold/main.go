@@ -12,12 +12,9 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/enginesim"
@@ -33,11 +30,7 @@ func program() *cli.Program {
 		Summary: "poold serves OpenAI-compatible requests from the engines it starts and swaps on this host's GPU pools.",
 		Version: versionString(),
 		Commands: []cli.Command{
-			{Name: "serve", Args: "[flags]", Summary: "run the daemon (the default command)", Run: func(args []string) int {
-				ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-				defer stop()
-				return serve(ctx, args)
-			}},
+			{Name: "serve", Args: "[flags]", Summary: "run the daemon (the default command)", Run: cli.UntilSignal(serve)},
 			{Name: "check", Args: "FILE", Summary: "validate a profiles file (every problem with its JSON path) and warn about what would fail on this host",
 				Run: func(args []string) int { return check(args, localHost(), os.Stdout, os.Stderr) }},
 			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running poold's pools as a table",

@@ -9,9 +9,12 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os/signal"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
@@ -124,6 +127,16 @@ func (p *Program) help(w io.Writer) {
 	if p.More != nil {
 		fmt.Fprintln(w)
 		p.More(w)
+	}
+}
+
+// UntilSignal adapts a daemon's serve function to Command.Run: its context
+// ends at the first SIGTERM or SIGINT.
+func UntilSignal(serve func(ctx context.Context, args []string) int) func(args []string) int {
+	return func(args []string) int {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return serve(ctx, args)
 	}
 }
 
