@@ -13,8 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/pool"
@@ -26,11 +28,16 @@ import (
 // serve runs the daemon until ctx ends and returns the exit code.
 func serve(ctx context.Context, args []string) int {
 	s, err := loadSettings(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		cli.PrintUsage(os.Stdout, serveFlags(), "[flags]")
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "poold: %v\n", err)
 		return 2
 	}
 	log := newLogger(s)
+	s.Loaded.Log(log)
 	if err := run(ctx, s, log); err != nil {
 		// Plain text, one problem per line: a refused profiles file lists them all.
 		fmt.Fprintf(os.Stderr, "poold: %v\n", err)

@@ -23,6 +23,7 @@ var allowed = map[string][]string{
 	"internal/placement": nil,
 	"internal/profile":   nil,
 	"internal/enginesim": nil,
+	"internal/cli":       nil,
 	"internal/gpu":       {"internal/statusapi"},
 	"internal/pool":      {"internal/profile", "internal/placement", "internal/statusapi"},
 	"internal/metrics":   {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},
