@@ -156,21 +156,47 @@ func streamError(err error) []byte {
 }
 
 // eventEnd returns the length of the first complete event in b (through its
-// terminating blank line), or -1.
+// terminating blank line), or -1. Lines end with LF, CRLF or a lone CR, as
+// the SSE format allows; a CR at the very end of b may be half of a CRLF, so
+// the search waits for the next byte before deciding on it.
 func eventEnd(b []byte) int {
 	for i := 0; i < len(b); i++ {
-		if b[i] != '\n' {
+		n := lineEnd(b, i)
+		if n == 0 {
 			continue
 		}
-		// A blank line follows this newline, with or without a carriage return.
-		if i+1 < len(b) && b[i+1] == '\n' {
-			return i + 2
+		if n < 0 {
+			return -1
 		}
-		if i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n' {
-			return i + 3
+		// A blank line: another line end right after this one.
+		if m := lineEnd(b, i+n); m != 0 {
+			if m < 0 {
+				return -1
+			}
+			return i + n + m
 		}
+		i += n - 1
 	}
 	return -1
+}
+
+// lineEnd returns the length of the line end at b[i] (1 for LF or a lone CR,
+// 2 for CRLF), 0 when b[i] ends no line, and -1 when it cannot tell yet: i is
+// past the end of b, or b[i] is a CR that b's last byte.
+func lineEnd(b []byte, i int) int {
+	switch {
+	case i >= len(b):
+		return -1
+	case b[i] == '\n':
+		return 1
+	case b[i] != '\r':
+		return 0
+	case i+1 >= len(b):
+		return -1
+	case b[i+1] == '\n':
+		return 2
+	}
+	return 1
 }
 
 var (
@@ -223,10 +249,15 @@ func hasUsage(data []byte) bool {
 
 // eventData returns the payload of an event's data line, trimmed, or nil.
 func eventData(ev []byte) []byte {
-	for line := range bytes.Lines(ev) {
-		if rest, ok := bytes.CutPrefix(line, dataPrefix); ok {
+	for len(ev) > 0 {
+		end := bytes.IndexAny(ev, "\r\n")
+		if end < 0 {
+			end = len(ev)
+		}
+		if rest, ok := bytes.CutPrefix(ev[:end], dataPrefix); ok {
 			return bytes.TrimSpace(rest)
 		}
+		ev = ev[min(end+1, len(ev)):]
 	}
 	return nil
 }

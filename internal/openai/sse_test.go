@@ -86,6 +86,9 @@ type sseCase struct {
 func sseCases() []sseCase {
 	stream := evRole + evHello + evWorld + evFinish + evUsage + evDone
 	crlf := strings.ReplaceAll(stream, "\n\n", "\r\n\r\n")
+	cr := strings.ReplaceAll(stream, "\n", "\r")
+	fields := "event: message\nid: 1\n" + strings.TrimSuffix(evHello, "\n\n")
+	mixed := strings.ReplaceAll(fields, "\n", "\r") + "\r\n\n" + strings.ReplaceAll(evUsage, "\n\n", "\r\r") + evDone
 	cont := contEvent("a", 5, 1) + contEvent("b", 5, 2) + contEvent("", 5, 3) +
 		`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}` + "\n\n" + evDone
 	noUsage := evRole + evHello + evWorld + evFinish + evDone
@@ -98,6 +101,14 @@ func sseCases() []sseCase {
 			want:  strings.ReplaceAll(evRole+evHello+evWorld+evFinish+evDone, "\n\n", "\r\n\r\n"),
 			usage: Usage{wantUsage, 4}, counted: true, events: 4, wantErr: io.EOF},
 		{name: "crlf pass through", in: crlf, want: crlf, usage: Usage{wantUsage, 4}, counted: true, events: 5, wantErr: io.EOF},
+		// The SSE format also ends lines with a lone CR.
+		{name: "cr withhold", in: cr, withhold: true,
+			want:  strings.ReplaceAll(evRole+evHello+evWorld+evFinish+evDone, "\n", "\r"),
+			usage: Usage{wantUsage, 4}, counted: true, events: 4, wantErr: io.EOF},
+		{name: "cr pass through", in: cr, want: cr, usage: Usage{wantUsage, 4}, counted: true, events: 5, wantErr: io.EOF},
+		{name: "mixed line ends withhold", in: mixed, withhold: true,
+			want:  strings.ReplaceAll(fields, "\n", "\r") + "\r\n\n" + evDone,
+			usage: Usage{wantUsage, 4}, counted: true, events: 1, wantErr: io.EOF},
 		{name: "continuous usage", in: cont, want: cont, usage: Usage{5, 3}, counted: true, events: 4, wantErr: io.EOF},
 		{name: "continuous usage withheld", in: cont, withhold: true, want: strings.TrimSuffix(cont, cont[strings.LastIndex(cont[:len(cont)-len(evDone)-2], "\n\n")+2:]) + evDone,
 			usage: Usage{5, 3}, counted: true, events: 3, wantErr: io.EOF},
