@@ -4,6 +4,7 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"slices"
@@ -54,8 +55,8 @@ type Metrics struct {
 func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revision string) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming and client class.",
-		}, []string{"pool", "model", "code_class", "stream", "client"}),
+			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming, client class and outcome (completed, upstream_aborted, client_aborted, shutdown_cut).",
+		}, []string{"pool", "model", "code_class", "stream", "client", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_request_duration_seconds", Help: "Request duration from arrival to the last byte, queueing included.", Buckets: latencyBuckets,
 		}, []string{"pool", "model", "stream"}),
@@ -202,6 +203,22 @@ func (m *Metrics) SleepVRAMNotReleased(poolName string) {
 	m.sleepVRAMHeld.WithLabelValues(poolName).Inc()
 }
 
+// Outcomes of a request (Record.Outcome): how its answer ended, whatever its
+// status.
+const (
+	// OutcomeCompleted: the answer reached the client whole.
+	OutcomeCompleted = "completed"
+	// OutcomeUpstreamAborted: the engine broke the answer off (it died
+	// mid-stream, or sent less than it promised); the client got an error
+	// event or a cut connection.
+	OutcomeUpstreamAborted = "upstream_aborted"
+	// OutcomeClientAborted: the client went away before the answer ended.
+	OutcomeClientAborted = "client_aborted"
+	// OutcomeShutdownCut: poold's shutdown cut the answer at the end of the
+	// drain.
+	OutcomeShutdownCut = "shutdown_cut"
+)
+
 // Record is everything known about one finished request. It feeds the request
 // metrics and is the access-log line. Pool and Profile are empty when the request
 // never reached a pool (bad body, unknown model).
@@ -213,13 +230,19 @@ type Record struct {
 	Client    string // the client class (never a key)
 	Status    int
 	Stream    bool
-	// Counted reports whether the engine reported usage.
-	Counted          bool
-	PromptTokens     int
-	CompletionTokens int
-	QueueWait        time.Duration
-	TTFB             time.Duration
-	Duration         time.Duration
+	// Outcome is how the answer ended (the Outcome constants); "" means
+	// OutcomeCompleted.
+	Outcome string
+	// Counted reports whether the engine reported usage. TokensEstimated
+	// reports instead that the counts are poold's estimate, for a stream
+	// that ended without usage (cut or abandoned): the chunks of generated
+	// text the client received.
+	Counted, TokensEstimated bool
+	PromptTokens             int
+	CompletionTokens         int
+	QueueWait                time.Duration
+	TTFB                     time.Duration
+	Duration                 time.Duration
 }
 
 // Observe adds a finished request to the metrics. Requests that reached no
@@ -235,7 +258,7 @@ func (m *Metrics) Observe(r *Record) {
 		pl = "none"
 	}
 	stream := strconv.FormatBool(r.Stream)
-	m.requests.WithLabelValues(pl, model, codeClass(r.Status), stream, r.Client).Inc()
+	m.requests.WithLabelValues(pl, model, codeClass(r.Status), stream, r.Client, cmp.Or(r.Outcome, OutcomeCompleted)).Inc()
 	m.duration.WithLabelValues(pl, model, stream).Observe(r.Duration.Seconds())
 	if r.Pool == "" {
 		return
@@ -244,7 +267,7 @@ func (m *Metrics) Observe(r *Record) {
 	if r.TTFB > 0 {
 		m.ttfb.WithLabelValues(pl, model).Observe(r.TTFB.Seconds())
 	}
-	if r.Counted {
+	if r.Counted || r.TokensEstimated {
 		m.promptTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.PromptTokens))
 		m.completionTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.CompletionTokens))
 	}
@@ -260,8 +283,10 @@ func (r *Record) Log(log *slog.Logger) {
 		slog.String("client", r.Client),
 		slog.Int("status", r.Status),
 		slog.Bool("stream", r.Stream),
+		slog.String("outcome", cmp.Or(r.Outcome, OutcomeCompleted)),
 		slog.Int("prompt_tokens", r.PromptTokens),
 		slog.Int("completion_tokens", r.CompletionTokens),
+		slog.Bool("tokens_estimated", r.TokensEstimated),
 		slog.Int64("queue_wait_ms", r.QueueWait.Milliseconds()),
 		slog.Int64("ttfb_ms", r.TTFB.Milliseconds()),
 		slog.Int64("duration_ms", r.Duration.Milliseconds()),

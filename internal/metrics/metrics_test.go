@@ -73,11 +73,11 @@ func TestObserveCountsTokensPerClient(t *testing.T) {
 # HELP poold_completion_tokens_total Completion tokens reported by the engines.
 # TYPE poold_completion_tokens_total counter
 poold_completion_tokens_total{client="team-a",model="qwen",pool="gpu0"} 36
-# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming and client class.
+# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming, client class and outcome (completed, upstream_aborted, client_aborted, shutdown_cut).
 # TYPE poold_requests_total counter
-poold_requests_total{client="other",code_class="4xx",model="none",pool="none",stream="false"} 1
-poold_requests_total{client="team-a",code_class="2xx",model="qwen",pool="gpu0",stream="false"} 1
-poold_requests_total{client="team-a",code_class="2xx",model="qwen",pool="gpu0",stream="true"} 1
+poold_requests_total{client="other",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"} 1
+poold_requests_total{client="team-a",code_class="2xx",model="qwen",outcome="completed",pool="gpu0",stream="false"} 1
+poold_requests_total{client="team-a",code_class="2xx",model="qwen",outcome="completed",pool="gpu0",stream="true"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_requests_total", "poold_completion_tokens_total"); err != nil {
 		t.Fatal(err)

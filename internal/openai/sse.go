@@ -47,6 +47,10 @@ type SSEReader struct {
 	usage   Usage
 	counted bool // usage was seen
 	events  int  // data events passed to the client, [DONE] excluded
+	// content counts the events passed to the client that carry generated
+	// text (content, text or tool-call arguments): about one token each.
+	content int
+	ended   bool // Read returned io.EOF: everything reached the caller
 }
 
 // sseReadSize is the free space buf offers each read from src (and its
@@ -89,6 +93,7 @@ func (s *SSEReader) Read(p []byte) (int, error) {
 				s.ready = len(s.buf)
 				break
 			}
+			s.ended = s.err == io.EOF
 			return 0, s.err
 		}
 		if cap(s.buf)-len(s.buf) < sseReadSize/4 {
@@ -116,6 +121,24 @@ func (s *SSEReader) Close() error { return s.src.Close() }
 // Usage is the token usage the stream reported, and whether it reported any.
 // Call it once the stream has been read.
 func (s *SSEReader) Usage() (Usage, bool) { return s.usage, s.counted }
+
+// ContentChunks counts the chunks passed to the client that carried
+// generated text: for a stream that ended without usage (cut or abandoned),
+// an estimate of the completion tokens the client received.
+func (s *SSEReader) ContentChunks() int { return s.content }
+
+// Ended reports whether the whole stream was read: the upstream ended it and
+// every byte was returned.
+func (s *SSEReader) Ended() bool { return s.ended }
+
+// Err is the error that ended the upstream stream before its end (the
+// engine broke it off, or an event was too large), or nil.
+func (s *SSEReader) Err() error {
+	if s.err == io.EOF {
+		return nil
+	}
+	return s.err
+}
 
 // split marks every complete event after buf[:ready] ready, or removes it when
 // it is withheld. It resumes the search for an event's end where the last one
@@ -212,6 +235,9 @@ func (s *SSEReader) keep(ev []byte) bool {
 		return true
 	}
 	s.events++
+	if hasContent(data) {
+		s.content++
+	}
 	if !hasUsage(data) {
 		return true
 	}
@@ -228,6 +254,31 @@ func (s *SSEReader) keep(ev []byte) bool {
 		return false
 	}
 	return true
+}
+
+// contentKeys are the JSON keys whose non-empty string value is generated
+// text in a chat or completion chunk.
+var contentKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"arguments"`)}
+
+// hasContent reports whether a chunk carries generated text: one of
+// contentKeys with a non-empty string value. A role-only or finish-only
+// chunk does not.
+func hasContent(data []byte) bool {
+	for _, key := range contentKeys {
+		for rest := data; ; {
+			i := bytes.Index(rest, key)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(key):]
+			v, isKey := bytes.CutPrefix(bytes.TrimLeft(rest, " \t\r\n"), []byte(":"))
+			v = bytes.TrimLeft(v, " \t\r\n")
+			if isKey && len(v) > 1 && v[0] == '"' && v[1] != '"' {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // hasUsage reports whether data may hold a usage object: a "usage" key whose
@@ -268,6 +319,8 @@ type TailReader struct {
 	src     io.ReadCloser
 	onFirst func()
 	tail    []byte
+	err     error // src's error other than io.EOF
+	ended   bool  // src returned io.EOF
 }
 
 const tailSize = 16 * 1024
@@ -280,6 +333,12 @@ func NewTailReader(src io.ReadCloser, onFirst func()) *TailReader {
 
 func (t *TailReader) Read(p []byte) (int, error) {
 	n, err := t.src.Read(p)
+	switch {
+	case err == io.EOF:
+		t.ended = true
+	case err != nil:
+		t.err = err
+	}
 	if n > 0 {
 		if t.onFirst != nil {
 			t.onFirst()
@@ -294,6 +353,13 @@ func (t *TailReader) Read(p []byte) (int, error) {
 }
 
 func (t *TailReader) Close() error { return t.src.Close() }
+
+// Err is the error that ended the body before its end (an engine that
+// promised more bytes than it sent, say), or nil.
+func (t *TailReader) Err() error { return t.err }
+
+// Ended reports whether the whole body was read.
+func (t *TailReader) Ended() bool { return t.ended }
 
 // Usage finds the last "usage" member holding an object in the tail. Later
 // occurrences of the string "usage" that are not a key (a decoded token in

@@ -429,3 +429,46 @@ func TestTailReader(t *testing.T) {
 		})
 	}
 }
+
+// A stream the engine breaks off tells why, and how many chunks with
+// generated text the client received: the estimate of its completion tokens.
+func TestSSEReaderCutStream(t *testing.T) {
+	in := evRole + evHello + evWorld + `data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments": "{\"x\""}}]}}]}` + "\n\n" +
+		`data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}` + "\n\n"
+	cut := errors.New("connection reset by engine")
+	s := NewSSEReader(&scriptReader{parts: [][]byte{[]byte(in)}, err: cut}, true, nil)
+	out, err := io.ReadAll(s)
+	if err != cut {
+		t.Fatalf("read error %v, want %v", err, cut)
+	}
+	if !bytes.Contains(out, []byte("engine_stream_failed")) {
+		t.Fatalf("no error event in %q", out)
+	}
+	if _, counted := s.Usage(); counted {
+		t.Fatal("usage counted on a stream without usage")
+	}
+	if n := s.ContentChunks(); n != 3 {
+		t.Fatalf("ContentChunks = %d, want 3 (two texts and a tool call's arguments; not the role or empty chunks)", n)
+	}
+	if s.Err() != cut {
+		t.Fatalf("Err = %v, want %v", s.Err(), cut)
+	}
+
+	whole := NewSSEReader(io.NopCloser(strings.NewReader(evRole+evHello+evUsage+evDone)), true, nil)
+	if _, err := io.ReadAll(whole); err != nil || whole.Err() != nil {
+		t.Fatalf("a whole stream: read %v, Err %v", err, whole.Err())
+	}
+}
+
+// A JSON body cut short (an engine that promised more than it sent) is
+// reported by the TailReader.
+func TestTailReaderCut(t *testing.T) {
+	tr := NewTailReader(&scriptReader{parts: [][]byte{[]byte(`{"usage":`)}, err: io.ErrUnexpectedEOF}, nil)
+	if _, err := io.ReadAll(tr); err != io.ErrUnexpectedEOF || tr.Err() != io.ErrUnexpectedEOF {
+		t.Fatalf("read %v, Err %v", err, tr.Err())
+	}
+	whole := NewTailReader(io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":1}}`)), nil)
+	if _, err := io.ReadAll(whole); err != nil || whole.Err() != nil {
+		t.Fatalf("a whole body: read %v, Err %v", err, whole.Err())
+	}
+}

@@ -132,6 +132,25 @@ type exchangeKey struct{}
 
 func (x *exchange) markFirst() { x.first = time.Now() }
 
+// outcome says how the exchange ended (metrics.Outcome*), given the status
+// recorded and whether the client has gone.
+func (x *exchange) outcome(status int, clientGone bool) string {
+	ended, upErr := true, error(nil)
+	switch {
+	case x.sse != nil:
+		ended, upErr = x.sse.Ended(), x.sse.Err()
+	case x.tail != nil:
+		ended, upErr = x.tail.Ended(), x.tail.Err()
+	}
+	switch {
+	case status == 499 || clientGone && !ended:
+		return metrics.OutcomeClientAborted
+	case upErr != nil:
+		return metrics.OutcomeUpstreamAborted
+	}
+	return metrics.OutcomeCompleted
+}
+
 func (x *exchange) usage() (openai.Usage, bool) {
 	switch {
 	case x.sse != nil:
@@ -160,8 +179,12 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if !x.first.IsZero() {
 			rec.TTFB = x.first.Sub(start)
 		}
+		rec.Outcome = x.outcome(rec.Status, r.Context().Err() != nil)
 		if u, ok := x.usage(); ok {
 			rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
+		} else if x.sse != nil && rec.Outcome != metrics.OutcomeCompleted {
+			// Cut or abandoned before the usage chunk: what the client got.
+			rec.TokensEstimated, rec.CompletionTokens = true, x.sse.ContentChunks()
 		}
 		h.finish(rec)
 	}()
