@@ -24,7 +24,8 @@ else
   missing promtool "apt-get install prometheus"
 fi
 
-# The systemd units (verified against freshly built binaries).
+# The systemd units: verified against freshly built binaries, and each unit's
+# `systemd-analyze security` exposure within its bound.
 if command -v systemd-analyze >/dev/null; then
   ./scripts/verify-units.sh
 else
