@@ -18,6 +18,14 @@ const audioBytesPerSecond = 32000
 // transcription's prompt holds.
 var decoderPrompt = []int{50258, 50259, 50360, 50364}
 
+func (s *Server) handleTranscription(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	s.handleAudio(w, r, info, "transcribe")
+}
+
+func (s *Server) handleTranslation(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	s.handleAudio(w, r, info, "translate")
+}
+
 // handleAudio serves /v1/audio/transcriptions (task "transcribe") and
 // /v1/audio/translations ("translate"): a multipart form with model, file,
 // and optional prompt, response_format (json, text or verbose_json), stream,

@@ -93,6 +93,14 @@ func (t *toolCall) piece(i, completion int) string {
 	return string(b)
 }
 
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	s.handleGenerate(w, r, info, true)
+}
+
+func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request, info *reqInfo) {
+	s.handleGenerate(w, r, info, false)
+}
+
 func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *reqInfo, chat bool) {
 	var req genRequest
 	if !readBody(w, r, info, &req) {

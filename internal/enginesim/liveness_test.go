@@ -2,7 +2,6 @@ package enginesim
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -92,19 +91,13 @@ func TestAPIKey(t *testing.T) {
 		{"GET", "/metrics", "", http.StatusOK},
 		{"POST", "/tokenize", "", http.StatusOK},
 	} {
-		req, _ := http.NewRequest(tc.method, ts.URL+tc.path, strings.NewReader(`{"prompt":"x"}`))
+		header := map[string]string{}
 		if tc.auth != "" {
-			req.Header.Set("Authorization", tc.auth)
+			header["Authorization"] = tc.auth
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var b bytes.Buffer
-		_, _ = b.ReadFrom(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != tc.status || (tc.status == http.StatusUnauthorized && b.String() != `{"error":"Unauthorized"}`) {
-			t.Errorf("%s %s %q: %d %s, want %d", tc.method, tc.path, tc.auth, resp.StatusCode, b.String(), tc.status)
+		resp, b := doHeader(t, tc.method, ts.URL+tc.path, `{"prompt":"x"}`, header)
+		if resp.StatusCode != tc.status || (tc.status == http.StatusUnauthorized && string(b) != `{"error":"Unauthorized"}`) {
+			t.Errorf("%s %s %q: %d %s, want %d", tc.method, tc.path, tc.auth, resp.StatusCode, b, tc.status)
 		}
 	}
 }
@@ -124,16 +117,8 @@ func TestRequestID(t *testing.T) {
 		var logs syncBuffer
 		ts := httptest.NewServer(NewHandler(cfg, slog.New(slog.NewTextHandler(&logs, nil))))
 		for path, prefix := range map[string]string{"/v1/chat/completions": "chatcmpl-", "/v1/completions": "cmpl-"} {
-			req, _ := http.NewRequest("POST", ts.URL+path, strings.NewReader(`{"prompt":"x","messages":[],"max_tokens":1}`))
-			req.Header.Set("X-Request-Id", "req-42")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var b bytes.Buffer
-			_, _ = b.ReadFrom(resp.Body)
-			resp.Body.Close()
-			if id := decode(t, b.Bytes())["id"]; id != prefix+"req-42" {
+			resp, b := doHeader(t, "POST", ts.URL+path, `{"prompt":"x","messages":[],"max_tokens":1}`, map[string]string{"X-Request-Id": "req-42"})
+			if id := decode(t, b)["id"]; id != prefix+"req-42" {
 				t.Errorf("%s: id %v, want %sreq-42", path, id, prefix)
 			}
 			if got := resp.Header.Get("X-Request-Id"); (got == "req-42") != headers {

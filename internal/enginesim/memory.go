@@ -50,21 +50,13 @@ func (m *gpuMemory) want(total uint64, weights, kv bool) uint64 {
 // start runs vLLM's start-up check and claims total × utilization on every
 // GPU; its error is vLLM's ValueError.
 func (m *gpuMemory) start() error {
-	return m.dir.Update(m.pid, func(use []simgpu.Usage) (map[int]uint64, error) {
-		claim := make(map[int]uint64)
-		for local, idx := range m.devices {
-			u, err := m.gpu(use, idx)
-			if err != nil {
-				return nil, err
-			}
-			need := m.full(u.TotalBytes)
-			if u.FreeBytes() < need {
-				return nil, &vllmError{ErrGPUMemory, fmt.Sprintf("ValueError: Free memory on device cuda:%d (%.2f/%.2f GiB) on startup is less than desired GPU memory utilization (%g, %.2f GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
-					local, gibs(u.FreeBytes()), gibs(u.TotalBytes), m.util, gibs(need))}
-			}
-			claim[idx] = need
+	return m.update(func(local int, u simgpu.Usage, _ uint64) (uint64, error) {
+		need := m.full(u.TotalBytes)
+		if u.FreeBytes() < need {
+			return 0, &vllmError{ErrGPUMemory, fmt.Sprintf("ValueError: Free memory on device cuda:%d (%.2f/%.2f GiB) on startup is less than desired GPU memory utilization (%g, %.2f GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+				local, gibs(u.FreeBytes()), gibs(u.TotalBytes), m.util, gibs(need))}
 		}
-		return claim, nil
+		return need, nil
 	})
 }
 
@@ -72,33 +64,39 @@ func (m *gpuMemory) start() error {
 // or not. Shrinking always succeeds; growing fails as torch's out-of-memory
 // error when a GPU lacks the room.
 func (m *gpuMemory) set(weights, kv bool) error {
-	return m.dir.Update(m.pid, func(use []simgpu.Usage) (map[int]uint64, error) {
-		claim := make(map[int]uint64)
-		for local, idx := range m.devices {
-			u, err := m.gpu(use, idx)
-			if err != nil {
-				return nil, err
-			}
-			var mine uint64
-			if i := slices.IndexFunc(u.Holders, func(h simgpu.Holder) bool { return h.PID == m.pid }); i >= 0 {
-				mine = u.Holders[i].Bytes
-			}
-			want := m.want(u.TotalBytes, weights, kv)
-			if want > mine && want-mine > u.FreeBytes() {
-				return nil, fmt.Errorf("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity of %.2f GiB of which %.2f GiB is free.",
-					gibs(want-mine), local, gibs(u.TotalBytes), gibs(u.FreeBytes()))
-			}
-			claim[idx] = want
+	return m.update(func(local int, u simgpu.Usage, mine uint64) (uint64, error) {
+		want := m.want(u.TotalBytes, weights, kv)
+		if want > mine && want-mine > u.FreeBytes() {
+			return 0, fmt.Errorf("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity of %.2f GiB of which %.2f GiB is free.",
+				gibs(want-mine), local, gibs(u.TotalBytes), gibs(u.FreeBytes()))
 		}
-		return claim, nil
+		return want, nil
 	})
 }
 
-func (m *gpuMemory) gpu(use []simgpu.Usage, idx int) (simgpu.Usage, error) {
-	if i := slices.IndexFunc(use, func(u simgpu.Usage) bool { return u.Index == idx }); i >= 0 {
-		return use[i], nil
-	}
-	return simgpu.Usage{}, fmt.Errorf("RuntimeError: CUDA error: invalid device ordinal (no simulated gpu %d in %s)", idx, m.dir.Path())
+// update sets the claim on each of the engine's GPUs to what claim returns
+// for it, given its local index (cuda:N), its usage and what the engine holds
+// on it now; the first error leaves the claim as it was.
+func (m *gpuMemory) update(claim func(local int, u simgpu.Usage, mine uint64) (uint64, error)) error {
+	return m.dir.Update(m.pid, func(use []simgpu.Usage) (map[int]uint64, error) {
+		want := make(map[int]uint64)
+		for local, idx := range m.devices {
+			i := slices.IndexFunc(use, func(u simgpu.Usage) bool { return u.Index == idx })
+			if i < 0 {
+				return nil, fmt.Errorf("RuntimeError: CUDA error: invalid device ordinal (no simulated gpu %d in %s)", idx, m.dir.Path())
+			}
+			var mine uint64
+			if j := slices.IndexFunc(use[i].Holders, func(h simgpu.Holder) bool { return h.PID == m.pid }); j >= 0 {
+				mine = use[i].Holders[j].Bytes
+			}
+			n, err := claim(local, use[i], mine)
+			if err != nil {
+				return nil, err
+			}
+			want[idx] = n
+		}
+		return want, nil
+	})
 }
 
 // release drops the claim.

@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -71,27 +72,39 @@ type listResponse[T any] struct {
 	Usage   usageInfo `json:"usage"`
 }
 
-// readInput reads a pooling request (model and input) into v and returns its
-// input, or ok false after answering 400 or 404.
-func (s *Server) readInput(w http.ResponseWriter, r *http.Request, info *reqInfo, v any, model **string, raw *json.RawMessage) (input, bool) {
-	if !readBody(w, r, info, v) {
-		return input{}, false
+// readInput reads a request with a model and an input (embeddings, pooling,
+// classify), or answers 400 or 404 and returns ok false.
+func (s *Server) readInput(w http.ResponseWriter, r *http.Request, info *reqInfo) (req embeddingRequest, in input, ok bool) {
+	if !readBody(w, r, info, &req) {
+		return req, in, false
 	}
-	if *raw == nil {
+	if req.Input == nil {
 		badRequest(w, info, "Field required: input")
-		return input{}, false
+		return req, in, false
 	}
-	in, err := parseInput(*raw)
+	in, err := parseInput(req.Input)
 	if err != nil {
 		badRequest(w, info, fmt.Sprintf("input: %v", err))
-		return input{}, false
+		return req, in, false
 	}
-	return in, s.resolveModel(w, info, *model)
+	return req, in, s.resolveModel(w, info, req.Model)
+}
+
+// poolEach runs a pooling request and answers a list with one datum per
+// input item.
+func poolEach[T any](s *Server, w http.ResponseWriter, r *http.Request, info *reqInfo, in input, idPrefix string, datum func(i int, item []int) T) {
+	ids := in.all()
+	s.runPooling(w, r, info, ids, func() any {
+		resp := listResponse[T]{ID: idPrefix + info.id, Object: "list", Created: time.Now().Unix(), Model: s.model, Usage: poolingUsage(len(ids))}
+		for i, item := range in.items {
+			resp.Data = append(resp.Data, datum(i, item))
+		}
+		return resp
+	})
 }
 
 func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request, info *reqInfo) {
-	var req embeddingRequest
-	in, ok := s.readInput(w, r, info, &req, &req.Model, &req.Input)
+	req, in, ok := s.readInput(w, r, info)
 	if !ok {
 		return
 	}
@@ -106,22 +119,17 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request, info *
 			return
 		}
 	}
-	ids := in.all()
-	s.runPooling(w, r, info, ids, func() any {
-		resp := listResponse[embeddingData]{ID: "embd-" + info.id, Object: "list", Created: time.Now().Unix(), Model: s.model, Usage: poolingUsage(len(ids))}
-		for i, item := range in.items {
-			vec := vector(item, i)
-			d := embeddingData{Index: i, Object: "embedding", Embedding: vec}
-			if b64 {
-				raw := make([]byte, 4*len(vec))
-				for j, f := range vec {
-					binary.LittleEndian.PutUint32(raw[4*j:], math.Float32bits(f))
-				}
-				d.Embedding = base64.StdEncoding.EncodeToString(raw)
+	poolEach(s, w, r, info, in, "embd-", func(i int, item []int) embeddingData {
+		vec := vector(item, i)
+		d := embeddingData{Index: i, Object: "embedding", Embedding: vec}
+		if b64 {
+			raw := make([]byte, 4*len(vec))
+			for j, f := range vec {
+				binary.LittleEndian.PutUint32(raw[4*j:], math.Float32bits(f))
 			}
-			resp.Data = append(resp.Data, d)
+			d.Embedding = base64.StdEncoding.EncodeToString(raw)
 		}
-		return resp
+		return d
 	})
 }
 
@@ -133,19 +141,11 @@ type poolingData struct {
 
 // handlePooling serves /pooling: the model's raw pooled output per input.
 func (s *Server) handlePooling(w http.ResponseWriter, r *http.Request, info *reqInfo) {
-	var req embeddingRequest
-	in, ok := s.readInput(w, r, info, &req, &req.Model, &req.Input)
-	if !ok {
-		return
+	if _, in, ok := s.readInput(w, r, info); ok {
+		poolEach(s, w, r, info, in, "pool-", func(i int, item []int) poolingData {
+			return poolingData{Index: i, Object: "pooling", Data: vector(item, i)}
+		})
 	}
-	ids := in.all()
-	s.runPooling(w, r, info, ids, func() any {
-		resp := listResponse[poolingData]{ID: "pool-" + info.id, Object: "list", Created: time.Now().Unix(), Model: s.model, Usage: poolingUsage(len(ids))}
-		for i, item := range in.items {
-			resp.Data = append(resp.Data, poolingData{Index: i, Object: "pooling", Data: vector(item, i)})
-		}
-		return resp
-	})
 }
 
 type classifyData struct {
@@ -157,24 +157,16 @@ type classifyData struct {
 
 // handleClassify serves /classify: two classes, LABEL_0 and LABEL_1.
 func (s *Server) handleClassify(w http.ResponseWriter, r *http.Request, info *reqInfo) {
-	var req embeddingRequest
-	in, ok := s.readInput(w, r, info, &req, &req.Model, &req.Input)
-	if !ok {
-		return
-	}
-	ids := in.all()
-	s.runPooling(w, r, info, ids, func() any {
-		resp := listResponse[classifyData]{ID: "classify-" + info.id, Object: "list", Created: time.Now().Unix(), Model: s.model, Usage: poolingUsage(len(ids))}
-		for i, item := range in.items {
+	if _, in, ok := s.readInput(w, r, info); ok {
+		poolEach(s, w, r, info, in, "classify-", func(i int, item []int) classifyData {
 			p := score(item, nil)
 			label := "LABEL_0"
 			if p < 0.5 {
 				label = "LABEL_1"
 			}
-			resp.Data = append(resp.Data, classifyData{Index: i, Label: label, Probs: []float64{p, 1 - p}, NumClasses: 2})
-		}
-		return resp
-	})
+			return classifyData{Index: i, Label: label, Probs: []float64{p, 1 - p}, NumClasses: 2}
+		})
+	}
 }
 
 type scoreRequest struct {
@@ -272,22 +264,12 @@ func (s *Server) handleRerank(w http.ResponseWriter, r *http.Request, info *reqI
 		for i, d := range req.Documents {
 			resp.Results = append(resp.Results, rerankResult{Index: i, Document: map[string]string{"text": d}, RelevanceScore: score(query, tokenize(d))})
 		}
-		slices.SortStableFunc(resp.Results, func(a, b rerankResult) int { return -cmpFloat(a.RelevanceScore, b.RelevanceScore) })
+		slices.SortStableFunc(resp.Results, func(a, b rerankResult) int { return cmp.Compare(b.RelevanceScore, a.RelevanceScore) })
 		if req.TopN != nil && *req.TopN > 0 && *req.TopN < len(resp.Results) {
 			resp.Results = resp.Results[:*req.TopN]
 		}
 		return resp
 	})
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 type tokenizeRequest struct {

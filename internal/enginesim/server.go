@@ -132,8 +132,8 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 	}
 	switch s.kind {
 	case generative:
-		s.routes["/v1/chat/completions"] = func(w http.ResponseWriter, r *http.Request, info *reqInfo) { s.handleGenerate(w, r, info, true) }
-		s.routes["/v1/completions"] = func(w http.ResponseWriter, r *http.Request, info *reqInfo) { s.handleGenerate(w, r, info, false) }
+		s.routes["/v1/chat/completions"] = s.handleChat
+		s.routes["/v1/completions"] = s.handleCompletion
 	case pooling:
 		s.routes["/v1/embeddings"] = s.handleEmbeddings
 		s.routes["/pooling"] = s.handlePooling
@@ -145,8 +145,8 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 			s.routes[p] = s.handleRerank
 		}
 	case transcription:
-		s.routes["/v1/audio/transcriptions"] = func(w http.ResponseWriter, r *http.Request, info *reqInfo) { s.handleAudio(w, r, info, "transcribe") }
-		s.routes["/v1/audio/translations"] = func(w http.ResponseWriter, r *http.Request, info *reqInfo) { s.handleAudio(w, r, info, "translate") }
+		s.routes["/v1/audio/transcriptions"] = s.handleTranscription
+		s.routes["/v1/audio/translations"] = s.handleTranslation
 	}
 	s.metrics.setSleepState(0)
 	return s

@@ -53,11 +53,20 @@ func (s *syncBuffer) String() string {
 
 func do(t *testing.T, method, url, body string) (*http.Response, []byte) {
 	t.Helper()
+	return doHeader(t, method, url, body, nil)
+}
+
+// doHeader is do with extra request headers.
+func doHeader(t *testing.T, method, url, body string, header map[string]string) (*http.Response, []byte) {
+	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
