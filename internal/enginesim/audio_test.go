@@ -3,7 +3,6 @@ package enginesim
 import (
 	"bytes"
 	"context"
-	"io"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -40,16 +39,7 @@ func postForm(t *testing.T, url string, fields map[string]string, size int) (*ht
 		_, _ = fw.Write(make([]byte, size))
 	}
 	mw.Close()
-	resp, err := http.Post(url, mw.FormDataContentType(), &body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, b
+	return doHeader(t, http.MethodPost, url, body.String(), map[string]string{"Content-Type": mw.FormDataContentType()})
 }
 
 func TestTranscription(t *testing.T) {
