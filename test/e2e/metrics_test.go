@@ -232,8 +232,8 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 		wantPrompt += r.prompt
 		wantGen += r.completion
 	}
-	checkSeries(t, engine, "vllm:prompt_tokens_total", fmt.Sprintf(`{model_name="a"} %d`, wantPrompt))
-	checkSeries(t, engine, "vllm:generation_tokens_total", fmt.Sprintf(`{model_name="a"} %d`, wantGen))
+	checkSeries(t, engine, "vllm:prompt_tokens_total", fmt.Sprintf(`{engine="0",model_name="a"} %d`, wantPrompt))
+	checkSeries(t, engine, "vllm:generation_tokens_total", fmt.Sprintf(`{engine="0",model_name="a"} %d`, wantGen))
 
 	// An unknown model.
 	if code, _, body := d.send(ctx, "/v1/chat/completions", chatBody("nope", false, 1), nil); code != http.StatusNotFound {
