@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -158,20 +160,28 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 	<-servingCtx.Done()
 	log.Info("shutting down: draining requests", "timeout", s.ShutdownTimeout)
+	h.Drain() // /health answers 503: balancers stop sending
 	notify.stopping()
-	waitReloads()
-	pools.Refuse()
 	drainCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
+	stopHurry := hurryOnSecondSignal(log, cancel, pools)
+	defer stopHurry()
+	waitReloads()
+	pools.Refuse()
 	// The listener stays open until the requests in flight are done, so that
 	// new ones get a 503 shutting_down rather than a refused connection; no
 	// connection is kept alive, so that clients reconnect elsewhere.
 	srv.SetKeepAlivesEnabled(false)
 	if !waitDrained(drainCtx, h) {
-		log.Warn("drain bound reached with requests in flight", "timeout", s.ShutdownTimeout)
+		log.Warn("drain bound reached with requests in flight: cutting them", "timeout", s.ShutdownTimeout)
+		// Streams get a shutting_down error event, requests still waiting
+		// for their engine a 503; a moment for those answers to leave.
+		h.Cut()
 	}
-	if err := srv.Shutdown(drainCtx); err != nil {
-		log.Warn("drain timed out; closing remaining connections", "err", err)
+	cutCtx, cancelCut := context.WithTimeout(context.Background(), cutGrace)
+	defer cancelCut()
+	if err := srv.Shutdown(cutCtx); err != nil {
+		log.Warn("requests still open after the cut; closing their connections", "err", err)
 		_ = srv.Close()
 	}
 	servErr := serving.Wait()
@@ -183,6 +193,33 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	log.Info("poold stopped")
 	return nil
+}
+
+// cutGrace bounds the wait for the answers of requests cut at the end of the
+// drain to reach their clients.
+const cutGrace = 5 * time.Second
+
+// hurryOnSecondSignal makes a second SIGTERM or SIGINT during a shutdown
+// skip the rest of it: endDrain ends the drain at once (requests in flight
+// are cut) and the pools' engine stops SIGKILL without waiting their grace.
+// The returned function stops watching; call it when the shutdown is over.
+func hurryOnSecondSignal(log *slog.Logger, endDrain context.CancelFunc, pools *pool.Set) (stop func()) {
+	second := make(chan os.Signal, 1)
+	signal.Notify(second, syscall.SIGTERM, syscall.SIGINT)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-second:
+			log.Warn("second signal: skipping the drain; cutting requests and killing engines now", "signal", sig.String())
+			endDrain()
+			pools.Hurry()
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(second)
+		close(done)
+	}
 }
 
 // gpuStatus is the "gpu" part of /status: every GPU's telemetry, or why there

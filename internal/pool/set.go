@@ -26,6 +26,8 @@ type Set struct {
 	// request for profile and its arrival at p.
 	placed func(profile string, p *Pool)
 
+	hurryOnce sync.Once // closes opts.hurry
+
 	mu  sync.Mutex      // guards ctx; serialises Run and Apply
 	ctx context.Context // the pools' parent context, set by Run; nil before
 	wg  sync.WaitGroup  // counts running pool loops, removed pools' included
@@ -41,6 +43,7 @@ type poolList struct {
 func NewSet(cfg *profile.Config, opts Options) *Set {
 	opts.host = new(hostSleep)
 	opts.spawn = processSpawner()
+	opts.hurry = make(chan struct{})
 	hc := defaultClients(opts) // shared by every pool of the set
 	opts.ProbeClient, opts.ControlClient = hc.probe, hc.control
 	s := &Set{opts: opts}
@@ -163,6 +166,13 @@ func (p *Pool) candidate(id string) placement.Candidate {
 		Waiting:    s.QueueLen(),
 		LastUsed:   s.LastUsed(),
 	}, id, now, s.Policy.IdleGrace)
+}
+
+// Hurry cuts short the SIGTERM grace of every engine stop from now on,
+// under way or to come: the stops SIGKILL at once (a second signal at
+// shutdown). It may be called more than once.
+func (s *Set) Hurry() {
+	s.hurryOnce.Do(func() { close(s.opts.hurry) })
 }
 
 // Refuse makes every pool answer new and queued requests with ErrShutdown;

@@ -81,7 +81,14 @@ func (h *Handler) PoolStatus() []statusapi.Pool {
 	return out
 }
 
+// serveHealth is poold's liveness: 200, or 503 once a shutdown drains.
 func (h *Handler) serveHealth(w http.ResponseWriter, r *http.Request) {
+	if h.draining.Load() {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]string{"status": "draining"})
+		return
+	}
 	writeJSON(w, map[string]string{"status": "ok"})
 }
 
