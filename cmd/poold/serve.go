@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,9 +18,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
@@ -90,6 +93,9 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return err
 	}
 	defer closeAccess()
+	access := newAccessQueue(accessOut, int(s.AccessLogBuffer), log)
+	defer access.Close(accessFlush)
+	reg.MustRegister(metrics.AccessLogDropped(access.Dropped))
 
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
@@ -100,7 +106,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	h = proxy.New(cfg, pools, proxy.Options{
 		MaxBodyBytes: s.MaxBodyBytes,
 		Logger:       log,
-		AccessLog:    slog.New(slog.NewJSONHandler(&lossWriter{w: accessOut, log: log}, nil)).With("component", "access"),
+		AccessLog:    slog.New(slog.NewJSONHandler(access, nil)).With("component", "access"),
 		Metrics:      reqMetrics,
 		Clients:      s.Clients,
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
@@ -108,6 +114,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		AdminToken:        s.AdminToken,
 		// Reliability: a hung engine answers 504 after this.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
+		Degraded: func() []string {
+			if access.DroppedWithin(accessDropWindow) {
+				return []string{"access log lines are being dropped: its destination does not keep up"}
+			}
+			return nil
+		},
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version: version,
@@ -233,4 +245,25 @@ func gpuStatus(p gpu.Provider) statusapi.GPUs {
 		return statusapi.GPUs{Reason: err.Error()}
 	}
 	return statusapi.GPUs{Available: true, Devices: devs}
+}
+
+// The access log's queue: lines are flushed for at most accessFlush at
+// exit, and /health reports the daemon degraded while lines were dropped
+// within accessDropWindow.
+const (
+	accessFlush      = 5 * time.Second
+	accessDropWindow = time.Minute
+)
+
+// newAccessQueue puts the access log's destination behind a queue that never
+// blocks a request (a FIFO nobody reads, a full disk): lines that do not fit
+// are dropped, counted (poold_access_log_dropped_lines_total) and warned
+// about at most every 10 s.
+func newAccessQueue(dst io.Writer, maxBytes int, log *slog.Logger) *logqueue.Writer {
+	var q *logqueue.Writer
+	warn := &rate.Sometimes{Interval: 10 * time.Second}
+	q = logqueue.New(dst, maxBytes, func(err error) {
+		warn.Do(func() { log.Warn("access log lines dropped", "dropped_total", q.Dropped(), "err", err) })
+	})
+	return q
 }

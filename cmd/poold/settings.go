@@ -13,6 +13,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
@@ -39,8 +40,10 @@ type settings struct {
 	// line of admin-token-file.
 	AdminToken string
 	// AccessLog is where the JSON access log goes: "stdout", "stderr" or a
-	// file path (appended to).
-	AccessLog string
+	// file path (appended to). AccessLogBuffer bounds, in bytes, the lines
+	// held while that destination is slow.
+	AccessLog       string
+	AccessLogBuffer int64
 	// Clients classifies requests for the client label; built from the settings
 	// file's `clients` section (nil when it has none).
 	Clients *metrics.Clients
@@ -91,6 +94,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
 	fl.String("admin-token-file", "", "file holding the admin token")
 	fl.String("access-log", "stdout", "where the JSON access log goes: stdout, stderr or a file path")
+	cli.BytesFlag(fl, "access-log-buffer", logqueue.DefaultMaxBytes, "access-log lines held while the destination is slow; lines beyond are dropped and counted, never waited for")
 	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
@@ -123,6 +127,7 @@ func loadSettings(args []string) (settings, error) {
 	s.ShutdownTimeout = v.Duration("shutdown-timeout")
 	s.KeepAliveInterval = v.Duration("keepalive-interval")
 	s.AccessLog = v.String("access-log")
+	s.AccessLogBuffer = v.Bytes("access-log-buffer")
 	s.VRAMReleaseTimeout = v.Duration("vram-release-timeout")
 	s.StateDir = v.String("state-dir")
 	s.Watch = v.Bool("watch")
@@ -145,6 +150,9 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.AccessLog == "" {
 		errs = append(errs, errors.New("access-log: must be stdout, stderr or a file path"))
+	}
+	if s.AccessLogBuffer <= 0 {
+		errs = append(errs, fmt.Errorf("access-log-buffer: must be positive, not %d", s.AccessLogBuffer))
 	}
 	if s.StateDir == "" {
 		errs = append(errs, errors.New("state-dir: must not be empty"))

@@ -37,6 +37,9 @@ type Options struct {
 	AccessLog    *slog.Logger
 	Metrics      *metrics.Metrics
 	Clients      *metrics.Clients
+	// Degraded, if not nil, lists why the daemon serves in a degraded state
+	// (nil or empty: it does not); /health shows them.
+	Degraded func() []string
 	// Status fills the daemon-wide part of GET /status.
 	Status func() statusapi.Poold
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE

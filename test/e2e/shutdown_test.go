@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -134,5 +138,66 @@ func TestSecondSignalSkipsTheDrain(t *testing.T) {
 	}
 	if left := groupAlive(ready.Engine.PID); len(left) > 0 {
 		t.Errorf("engine group survived: %v", left)
+	}
+}
+
+// An access log whose destination blocks (a FIFO nobody reads) costs lines,
+// never requests: every request is answered, the lost lines are counted, and
+// /health reports the daemon degraded.
+func TestBlockedAccessLogDoesNotHang(t *testing.T) {
+	tag := t.Name()
+	fifo := filepath.Join(t.TempDir(), "access.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A reader that never reads: poold's open succeeds, its writes block
+	// once the pipe's buffer is full.
+	r, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}}, []sim{{ID: "m"}}, nil),
+		"--access-log", fifo, "--access-log-buffer", "16KiB")
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	// Far more lines than a pipe holds (64 KiB), with long request ids.
+	id := strings.Repeat("x", 120)
+	for i := range 600 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(chatBody("m", false, 1)))
+		req.Header.Set("X-Request-Id", fmt.Sprintf("%s-%d", id, i))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			t.Fatalf("request %d with the access log blocked: %v", i, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+	dropped := d.metricValue("poold_access_log_dropped_lines_total")
+	if dropped < 1 {
+		t.Fatalf("poold_access_log_dropped_lines_total = %v, want lines dropped", dropped)
+	}
+	resp, err := http.Get(d.url + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h struct {
+		Status  string   `json:"status"`
+		Reasons []string `json:"reasons"`
+	}
+	json.NewDecoder(resp.Body).Decode(&h)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || h.Status != "degraded" || len(h.Reasons) == 0 || !strings.Contains(h.Reasons[0], "access log") {
+		t.Fatalf("/health with the access log dropping lines: %d %+v", resp.StatusCode, h)
+	}
+	t.Logf("600 requests answered; %v access-log lines dropped", dropped)
+	if !strings.Contains(d.stderr.String(), "access log lines dropped") {
+		t.Error("no warning about the dropped lines in the log")
 	}
 }
