@@ -104,11 +104,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		reqMetrics = m
 	}
 	h = proxy.New(cfg, pools, proxy.Options{
-		MaxBodyBytes: s.MaxBodyBytes,
-		Logger:       log,
-		AccessLog:    slog.New(slog.NewJSONHandler(access, nil)).With("component", "access"),
-		Metrics:      reqMetrics,
-		Clients:      s.Clients,
+		MaxBodyBytes:   s.MaxBodyBytes,
+		QueueBodyBytes: s.QueueBodyBudget,
+		Logger:         log,
+		AccessLog:      slog.New(slog.NewJSONHandler(access, nil)).With("component", "access"),
+		Metrics:        reqMetrics,
+		Clients:        s.Clients,
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,
 		AdminToken:        s.AdminToken,

@@ -17,6 +17,7 @@ import (
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/proxy"
 )
 
 // defaultSettingsFile is read when it exists and no --config is given.
@@ -26,11 +27,14 @@ const defaultSettingsFile = "/etc/poold/poold.yaml"
 // Precedence, highest first: flags, POOLD_* environment variables, the settings
 // file, defaults.
 type settings struct {
-	Listen          string
-	Profiles        string
-	LogLevel        slog.Level
-	LogFormat       string
-	MaxBodyBytes    int64
+	Listen       string
+	Profiles     string
+	LogLevel     slog.Level
+	LogFormat    string
+	MaxBodyBytes int64
+	// QueueBodyBudget bounds the bodies that requests waiting for a lease
+	// hold together, host-wide.
+	QueueBodyBudget int64
 	ShutdownTimeout time.Duration
 	// KeepAliveInterval is how often a stream waiting for a swap gets an SSE
 	// comment line; zero disables them.
@@ -89,6 +93,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
 	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
+	cli.BytesFlag(fl, "queue-body-budget", proxy.DefaultQueueBodyBytes, "request bodies that requests waiting for a model may hold together, host-wide (503 queue_budget past it)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("keepalive-interval", 10*time.Second, "interval of the SSE comments sent to a stream waiting for a swap; 0 disables them")
 	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
@@ -124,6 +129,7 @@ func loadSettings(args []string) (settings, error) {
 	s.Profiles = v.String("profiles")
 	s.LogFormat = v.String("log-format")
 	s.MaxBodyBytes = v.Bytes("max-body-bytes")
+	s.QueueBodyBudget = v.Bytes("queue-body-budget")
 	s.ShutdownTimeout = v.Duration("shutdown-timeout")
 	s.KeepAliveInterval = v.Duration("keepalive-interval")
 	s.AccessLog = v.String("access-log")
@@ -181,6 +187,9 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.Profiles == "" {
 		errs = append(errs, errors.New("profiles: a profiles file is required (--profiles or POOLD_PROFILES)"))
+	}
+	if s.QueueBodyBudget <= 0 {
+		errs = append(errs, fmt.Errorf("queue-body-budget: must be positive, not %d", s.QueueBodyBudget))
 	}
 	if s.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("max-body-bytes: must be positive, not %d", s.MaxBodyBytes))

@@ -70,8 +70,11 @@ func (e *QueueError) Unwrap() error { return e.Err }
 // client goes away (leaving the queue at once), a *QueueError when the queue is
 // full or the wait exceeds maxQueueWait (the profile's, else the pool's), or a
 // *LoadError when the engine fails to load.
-func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile) (*Lease, error) {
-	return p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority}, prof)
+//
+// hold, if not nil, is the Waiter's Hold: asked whether the request may
+// queue when it cannot be admitted at once.
+func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile, hold func() bool) (*Lease, error) {
+	return p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority, Hold: hold}, prof)
 }
 
 // Load has prof loaded in this pool through the scheduler: the explicit load
@@ -129,6 +132,11 @@ func (p *Pool) arrive(w *Waiter, prof *profile.Profile) (arrival, error) {
 			p.mu.Unlock()
 			return arrival{}, err
 		}
+	}
+	if w.Hold != nil && !p.sched.Admits(w) && !w.Hold() {
+		retry := p.retryAfterLocked()
+		p.mu.Unlock()
+		return arrival{}, &QueueError{Err: ErrQueueBudget, RetryAfter: retry}
 	}
 	admitted, err := p.sched.Arrive(w)
 	a := arrival{w: w, admitted: admitted, maxWait: p.spec.MaxQueueWait.Duration}

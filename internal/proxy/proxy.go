@@ -37,6 +37,11 @@ type Options struct {
 	AccessLog    *slog.Logger
 	Metrics      *metrics.Metrics
 	Clients      *metrics.Clients
+	// QueueBodyBytes bounds the request bodies that the requests waiting
+	// for a lease hold together, host-wide; past it a request that would
+	// wait gets 503 queue_budget. Zero: DefaultQueueBodyBytes; negative:
+	// no bound.
+	QueueBodyBytes int64
 	// Degraded, if not nil, lists why the daemon serves in a degraded state
 	// (nil or empty: it does not); /health shows them.
 	Degraded func() []string
@@ -66,6 +71,8 @@ type Handler struct {
 	// created is the "created" time of every /v1/models entry: when the
 	// profiles were loaded.
 	created int64
+	// bodies bounds the bodies held by requests waiting for a lease.
+	bodies bodyBudget
 	// draining, once set by Drain, makes /health answer 503.
 	draining atomic.Bool
 	// cut ends, by Cut, the requests still forwarded at the end of a
@@ -83,11 +90,15 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = openai.DefaultMaxBodyBytes
 	}
+	if opts.QueueBodyBytes == 0 {
+		opts.QueueBodyBytes = DefaultQueueBodyBytes
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
 	h.cut, h.cutAll = context.WithCancel(context.Background())
+	h.bodies.max = opts.QueueBodyBytes
 	h.cfg.Store(cfg)
 	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout}
 	h.rp = &httputil.ReverseProxy{
@@ -233,16 +244,20 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Profile = prof.ID
 
+	// A request that must wait holds its body against the host's budget.
+	hold, unqueue, done := h.bodies.request(int64(len(body)))
+	defer done()
 	var lease *pool.Lease
 	var err error
 	if req.Stream && h.opts.KeepAliveInterval > 0 {
 		k := &keepAlive{ResponseWriter: w}
 		defer k.finish()
 		w = k
-		lease, err = h.acquireKeepAlive(k, r, prof, start)
+		lease, err = h.acquireKeepAlive(k, r, prof, start, hold)
 	} else {
-		lease, err = h.pools.Acquire(r.Context(), prof, r.PathValue("pool"))
+		lease, err = h.pools.Acquire(r.Context(), prof, r.PathValue("pool"), hold)
 	}
+	unqueue()
 	if err != nil {
 		rec.Status = h.acquireError(w, r, prof, err)
 		return
@@ -285,6 +300,8 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		switch {
 		case errors.Is(err, pool.ErrQueueTimeout):
 			code = "queue_timeout"
+		case errors.Is(err, pool.ErrQueueBudget):
+			code = "queue_budget"
 		case errors.Is(err, pool.ErrBackoff):
 			code = "engine_backoff"
 		}
