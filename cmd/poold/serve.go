@@ -115,6 +115,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		AdminToken:        s.AdminToken,
 		// Reliability: a hung engine answers 504 after this.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
+		StreamIdleTimeout:     s.StreamIdleTimeout,
 		Degraded: func() []string {
 			if access.DroppedWithin(accessDropWindow) {
 				return []string{"access log lines are being dropped: its destination does not keep up"}

@@ -68,8 +68,10 @@ type settings struct {
 	// MaxHeaderBytes caps the headers' size. RestartBackoff and
 	// MaxRestartBackoff space out restarts of a failing engine.
 	UpstreamHeaderTimeout, ReadTimeout, ReadHeaderTimeout time.Duration
-	MaxHeaderBytes                                        int
-	RestartBackoff, MaxRestartBackoff                     time.Duration
+	// StreamIdleTimeout bounds an engine's silence within an answer (0: none).
+	StreamIdleTimeout                 time.Duration
+	MaxHeaderBytes                    int
+	RestartBackoff, MaxRestartBackoff time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
 	APIKeys *openai.APIKeys
@@ -105,6 +107,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
 	fl.Duration("upstream-header-timeout", 10*time.Minute, "how long an engine may take to start answering a request (504 after); 0 waits as long as the client")
+	fl.Duration("stream-idle-timeout", 2*time.Minute, "how long an engine may send nothing in the middle of an answer before the answer ends (engine_timeout) and the engine is restarted; 0: no bound")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
@@ -164,6 +167,7 @@ func loadSettings(args []string) (settings, error) {
 		errs = append(errs, errors.New("state-dir: must not be empty"))
 	}
 	s.UpstreamHeaderTimeout = v.Duration("upstream-header-timeout")
+	s.StreamIdleTimeout = v.Duration("stream-idle-timeout")
 	s.ReadTimeout = v.Duration("read-timeout")
 	s.ReadHeaderTimeout = v.Duration("read-header-timeout")
 	s.MaxHeaderBytes = int(v.Bytes("max-header-bytes"))

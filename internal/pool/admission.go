@@ -21,8 +21,17 @@ type Lease struct {
 	Waited time.Duration
 
 	p    *Pool
+	eng  *engine // the engine the lease is on
 	once sync.Once
 }
+
+// Fail reports that the engine behind the lease failed while it served the
+// request, though its process lives on (it stalled: it sent nothing for the
+// stream idle timeout). The pool stops that engine at once, whatever else
+// it serves, with err in its lastError, and the next request starts a fresh
+// one. Calls after the first, or once the engine is gone, do nothing; the
+// lease must still be released.
+func (l *Lease) Fail(err error) { l.p.engineFailed(l.eng, err) }
 
 // Release returns the lease to its pool.
 func (l *Lease) Release() {
@@ -46,7 +55,7 @@ func (l *Lease) Release() {
 func (p *Pool) loopWaitsLocked() bool {
 	s := &p.sched
 	return s.QueueLen() > 0 || s.Closing() || s.Swapping() || s.Loaded() == "" ||
-		p.reload.step != reloadNone || len(p.sleepers) > 0
+		p.reload.step != reloadNone || len(p.sleepers) > 0 || p.failed != nil
 }
 
 // grant is what a waiter receives: a lease or the reason it has none.
@@ -200,7 +209,7 @@ func (p *Pool) leave(w *Waiter, err error) error {
 // leaseLocked makes a lease on the current engine; p.mu must be held and the
 // scheduler must have counted it in flight.
 func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
-	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, Waited: waited, p: p}
+	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, Waited: waited, p: p, eng: p.eng}
 }
 
 // retryAfterLocked estimates how long until a queued request could be served:

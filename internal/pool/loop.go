@@ -29,6 +29,11 @@ func (p *Pool) run(ctx context.Context) {
 			p.stopSleeper(sl, why)
 			continue
 		}
+		if p.failed != nil {
+			p.mu.Unlock()
+			p.stopFailed()
+			continue
+		}
 		if step := p.reloadStepLocked(); step != nil {
 			p.mu.Unlock()
 			if !step(ctx) {
@@ -83,6 +88,48 @@ func (p *Pool) run(ctx context.Context) {
 		}
 	}
 	p.shutdown()
+}
+
+// engineFailed records that engine e, serving, failed with err (Lease.Fail)
+// and wakes the run loop to stop it.
+func (p *Pool) engineFailed(e *engine, err error) {
+	p.mu.Lock()
+	if p.eng != e || p.failed != nil || p.sched.Loaded() != e.profile.ID {
+		p.mu.Unlock()
+		return // gone already, or already failing
+	}
+	p.failed = err
+	// No new lease on it: requests for its profile queue for a fresh one.
+	p.sched.Lost()
+	p.setStateLocked(StateFailed)
+	p.lastErr = err
+	p.mu.Unlock()
+	p.log.Error("engine failed while serving; stopping it", "profile", e.profile.ID, "pid", e.pid, "err", err)
+	p.wake()
+}
+
+// stopFailed stops the engine that failed while serving (engineFailed),
+// leases still open or not: it serves them nothing any more.
+func (p *Pool) stopFailed() {
+	p.mu.Lock()
+	e, err := p.eng, p.failed
+	p.failed = nil
+	if e == nil { // it exited meanwhile: engineExited dealt with it
+		p.mu.Unlock()
+		return
+	}
+	wait := p.backoff.failed(e.profile, err, p.opts.Now())
+	p.mu.Unlock()
+	if _, stopErr := p.stopGroup(e, e.profile.StopTimeout.Duration); stopErr != nil {
+		p.log.Error("stopping the failed engine", "profile", e.profile.ID, "err", stopErr)
+	}
+	p.mu.Lock()
+	if p.eng == e {
+		p.eng = nil
+	}
+	p.mu.Unlock()
+	p.log.Info("failed engine stopped", "profile", e.profile.ID, "restart_backoff", wait)
+	p.observeExit(e.profile.ID, "crashed")
 }
 
 // engineExited handles an engine that ended on its own while serving.
@@ -154,7 +201,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			if sl != nil {
 				p.stopSleeper(sl, "swap failed")
 			}
-			p.failSwap(prof, from, phases, err)
+			p.failSwap(ctx, prof, from, phases, err)
 			return
 		}
 		phases["stop"] = p.opts.Now().Sub(t) - release
@@ -181,7 +228,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
 		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.http, p.opts.hurry, p.log)
 		if err != nil {
-			p.failSwap(prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
+			p.failSwap(ctx, prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
 		}
 		p.opts.Ledger.add(p.name, e)
@@ -195,6 +242,13 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		if err == nil {
 			phases["ready"] = p.opts.Now().Sub(t)
 			break
+		}
+		if !isClosed(e.exited) {
+			// Alive but not ready (startupTimeout, or poold stopping): those
+			// who wait are told now, not after the engine's stop grace.
+			p.failSwap(ctx, prof, from, phases, err)
+			p.stopUnready(e)
+			return
 		}
 		if _, stopErr := p.stopGroup(e, prof.StopTimeout.Duration); stopErr != nil {
 			p.log.Error("stopping failed engine", "profile", prof.ID, "err", stopErr)
@@ -210,7 +264,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			}
 			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
 		}
-		p.failSwap(prof, from, phases, err)
+		p.failSwap(ctx, prof, from, phases, err)
 		return
 	}
 	now := p.opts.Now()
@@ -252,9 +306,28 @@ func (p *Pool) unload() {
 	p.answerLocked(p.sched.Ready("", p.opts.Now()), nil)
 }
 
+// stopUnready stops an engine that did not become ready, once its waiters
+// have been answered, and forgets it.
+func (p *Pool) stopUnready(e *engine) {
+	if _, err := p.stopGroup(e, e.profile.StopTimeout.Duration); err != nil {
+		p.log.Error("stopping the engine that was not ready", "profile", e.profile.ID, "err", err)
+	}
+	p.mu.Lock()
+	if p.eng == e {
+		p.eng = nil
+	}
+	p.mu.Unlock()
+	p.observeExit(e.profile.ID, "load_failed")
+}
+
 // failSwap records a failed swap and answers the profile's waiters at once.
-func (p *Pool) failSwap(prof *profile.Profile, from string, phases map[string]time.Duration, err error) {
-	p.log.Error("swap failed", "profile", prof.ID, "from", from, "err", err)
+func (p *Pool) failSwap(ctx context.Context, prof *profile.Profile, from string, phases map[string]time.Duration, err error) {
+	if ctx.Err() != nil {
+		// Not a failure: poold is stopping, or the pool was removed.
+		p.log.Info("swap abandoned: the pool is stopping", "profile", prof.ID, "from", from)
+	} else {
+		p.log.Error("swap failed", "profile", prof.ID, "from", from, "err", err)
+	}
 	p.mu.Lock()
 	p.lastErr = err
 	p.setStateLocked(StateFailed)

@@ -148,6 +148,9 @@ type Pool struct {
 	backoff   restartBackoff // spaces out the restarts of a failing profile
 	// reload is what a profiles reload left for the run loop (reload.go).
 	reload pendingReload
+	// failed is why the engine serving failed though its process lives
+	// (Lease.Fail), for the run loop to stop it; nil when it did not.
+	failed error
 }
 
 func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {

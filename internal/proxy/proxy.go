@@ -56,6 +56,11 @@ type Options struct {
 	// UpstreamHeaderTimeout bounds the wait for an engine's response headers
 	// (504 after it); zero waits as long as the client does.
 	UpstreamHeaderTimeout time.Duration
+	// StreamIdleTimeout bounds the silence of an engine's answer, between
+	// the bytes of its body: past it the answer ends (a stream with an
+	// engine_timeout error event) and the engine, stalled, is restarted.
+	// Zero: no bound.
+	StreamIdleTimeout time.Duration
 }
 
 // Handler serves the OpenAI API and the operations endpoints.
@@ -100,7 +105,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	h.cut, h.cutAll = context.WithCancel(context.Background())
 	h.bodies.max = opts.QueueBodyBytes
 	h.cfg.Store(cfg)
-	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout}
+	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout, BodyIdleTimeout: opts.StreamIdleTimeout}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewriteOut,
 		Transport:      h.tr,
@@ -361,7 +366,7 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 // streams where poold asked for usage, withhold the usage-only chunk.
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
-	resp.Body = &cutBody{ReadCloser: resp.Body, ctx: x.ctx}
+	resp.Body = &engineBody{ReadCloser: resp.Body, x: x}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		resp.Body = x.sse
@@ -422,17 +427,25 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // another poold (or this one, restarted) may serve by then.
 const shutdownRetry = 5 * time.Second
 
-// cutBody is an engine's response body that, cut by a shutdown, fails with
-// the stream error that tells the client so (see openai.StreamError).
-type cutBody struct {
+// engineBody is an engine's response body. When it fails because poold's
+// shutdown cut it, or because the engine stalled (nothing for the stream
+// idle timeout: the engine is then reported failed to its pool), it fails
+// with the stream error that tells the client why (see openai.StreamError).
+type engineBody struct {
 	io.ReadCloser
-	ctx context.Context
+	x *exchange
 }
 
-func (b *cutBody) Read(p []byte) (int, error) {
+func (b *engineBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && context.Cause(b.ctx) == errShutdownCut {
+	switch {
+	case err == nil || err == io.EOF:
+	case context.Cause(b.x.ctx) == errShutdownCut:
 		err = &openai.StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: errShutdownCut.Error()}
+	case errors.Is(err, upstream.ErrBodyIdle):
+		b.x.lease.Fail(fmt.Errorf("engine stalled while serving: %w", err))
+		err = &openai.StreamError{Status: http.StatusGatewayTimeout, Code: "engine_timeout",
+			Message: fmt.Sprintf("the engine for %q stalled: %v; it is being restarted", b.x.lease.Profile.ID, err)}
 	}
 	return n, err
 }

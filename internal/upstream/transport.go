@@ -52,9 +52,13 @@ type Transport struct {
 	// HeaderTimeout bounds the wait for the response headers once the
 	// request is written; zero: none. It fails with a net.Error whose
 	// Timeout() is true.
-	HeaderTimeout  time.Duration
-	IdleTimeout    time.Duration
-	MaxIdlePerHost int
+	HeaderTimeout time.Duration
+	// BodyIdleTimeout bounds the wait for each read of a response body: an
+	// upstream that sends nothing for that long (a stalled engine) fails the
+	// body with an error wrapping ErrBodyIdle. Zero: no bound.
+	BodyIdleTimeout time.Duration
+	IdleTimeout     time.Duration
+	MaxIdlePerHost  int
 
 	mu   sync.Mutex           // guards idle, sweep and closed
 	idle map[string][]*upConn // by host:port, the most recently used last
@@ -63,6 +67,10 @@ type Transport struct {
 	// closed is set by Close: no connection is kept idle any more.
 	closed bool
 }
+
+// ErrBodyIdle is wrapped by the error of a response body whose upstream sent
+// nothing for Transport.BodyIdleTimeout.
+var ErrBodyIdle = errors.New("the upstream stalled: no byte within the body idle timeout")
 
 // sweepEvery is how often idle connections are checked: no goroutine watches
 // them between requests, and one whose upstream went away (an engine that
@@ -193,6 +201,12 @@ func (b *upBody) Read(p []byte) (int, error) {
 	if b.c == nil {
 		return 0, io.EOF
 	}
+	if d := b.t.BodyIdleTimeout; d > 0 {
+		_ = b.c.SetReadDeadline(time.Now().Add(d))
+		if b.ctx.Err() != nil { // the cancel may have run before the line above
+			_ = b.c.SetDeadline(aLongTimeAgo)
+		}
+	}
 	n, err := b.body.Read(p)
 	switch {
 	case err == io.EOF:
@@ -201,6 +215,8 @@ func (b *upBody) Read(p []byte) (int, error) {
 		b.release(false)
 		if b.ctx.Err() != nil {
 			err = b.ctx.Err()
+		} else if isTimeout(err) {
+			err = fmt.Errorf("%w: nothing for %s", ErrBodyIdle, b.t.BodyIdleTimeout)
 		}
 	}
 	return n, err

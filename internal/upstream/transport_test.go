@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -426,5 +427,49 @@ func TestTransportClose(t *testing.T) {
 	}
 	if n := conns.Load(); n != 2 {
 		t.Fatalf("%d connections, want 2", n)
+	}
+}
+
+// A body whose upstream sends nothing for BodyIdleTimeout fails with
+// ErrBodyIdle; one that keeps sending, however slowly, does not.
+func TestTransportBodyIdleTimeout(t *testing.T) {
+	stall := make(chan struct{})
+	defer close(stall)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 5 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			if r.URL.Query().Get("stall") == "" {
+				time.Sleep(20 * time.Millisecond) // slower than nothing, faster than the bound
+			}
+		}
+		if r.URL.Query().Get("stall") != "" {
+			select {
+			case <-stall:
+			case <-r.Context().Done():
+			}
+		}
+	}))
+	defer srv.Close()
+	tr := &Transport{BodyIdleTimeout: 2 * time.Second}
+	defer tr.Close()
+
+	resp, err := post(t, tr, srv.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bodyOf(t, resp); !strings.Contains(got, "data: 4") {
+		t.Fatalf("a slow but steady body: %q", got)
+	}
+
+	resp, err = post(t, tr, srv.URL+"/?stall=1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(err, ErrBodyIdle) || !strings.Contains(string(b), "data: 4") {
+		t.Fatalf("a stalled body: read %q, err %v; want the events then ErrBodyIdle", b, err)
 	}
 }
