@@ -97,7 +97,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	defer access.Close(accessFlush)
 	reg.MustRegister(metrics.AccessLogDropped(access.Dropped))
 
-	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger,
+	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(),
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {

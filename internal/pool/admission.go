@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -125,6 +126,9 @@ type arrival struct {
 // arrive hands w to the scheduler without waiting. prof is w's profile (nil
 // for an unload).
 func (p *Pool) arrive(w *Waiter, prof *profile.Profile) (arrival, error) {
+	if err := p.preflight(prof); err != nil {
+		return arrival{}, err
+	}
 	w.Arrived = p.opts.Now()
 	w.done = make(chan grant, 1)
 	p.mu.Lock()
@@ -259,4 +263,38 @@ func (p *Pool) refuseLocked(err error) {
 		p.refused = err
 	}
 	p.answerLocked(p.sched.Drop(""), p.refused)
+}
+
+// PreflightError is why a profile's engine would not start on this host,
+// found before the pool drained anything for it.
+type PreflightError struct{ Problems []error }
+
+func (e *PreflightError) Error() string {
+	msgs := make([]string, len(e.Problems))
+	for i, err := range e.Problems {
+		msgs[i] = err.Error()
+	}
+	return "the engine would not start on this host: " + strings.Join(msgs, "; ")
+}
+
+// preflight checks, against Options.Host, that prof's engine could start,
+// when serving prof would take a cold start here (it is not loaded, loading,
+// queued for or asleep in the pool). It returns a *LoadError wrapping a
+// *PreflightError when it could not. The check runs outside the pool's
+// mutex: it looks at the file system.
+func (p *Pool) preflight(prof *profile.Profile) error {
+	if prof == nil || p.opts.Host.LookPath == nil && p.opts.Host.Stat == nil {
+		return nil
+	}
+	p.mu.Lock()
+	s := &p.sched
+	cold := s.Loaded() != prof.ID && s.Target() != prof.ID && !s.Queued(prof.ID) && !p.hasSleeperLocked(prof.ID)
+	p.mu.Unlock()
+	if !cold {
+		return nil
+	}
+	if problems := prof.Preflight(p.opts.Host); len(problems) > 0 {
+		return &LoadError{Profile: prof.ID, Err: &PreflightError{Problems: problems}}
+	}
+	return nil
 }

@@ -333,6 +333,11 @@ func (p *Pool) failSwap(ctx context.Context, prof *profile.Profile, from string,
 	p.setStateLocked(StateFailed)
 	p.backoff.failed(prof, err, p.opts.Now())
 	p.answerLocked(p.sched.Failed(prof.ID), &LoadError{Profile: prof.ID, Err: err})
+	// Left empty by the failure, the pool goes back to its default once
+	// nothing else is wanted, rather than sit empty.
+	if def := p.cfg.Lookup(p.spec.Default); def != nil && def.ID != prof.ID && p.reload.step == reloadNone && ctx.Err() == nil {
+		p.reload = pendingReload{step: reloadPreload, next: def.ID}
+	}
 	p.mu.Unlock()
 	p.observeSwap(from, prof.ID, KindCold, "failed", phases)
 }

@@ -105,6 +105,12 @@ type Options struct {
 	spawn spawner
 	// hurry is closed by Set.Hurry; set by NewSet (nil, outside a Set: never).
 	hurry chan struct{}
+	// Host, when its functions are set, is what a cold start is checked
+	// against before anything is drained for it (the engine binary
+	// resolves, a local model path exists, no flag vLLM has removed): a
+	// request for a profile that fails the check gets a *LoadError at once
+	// and the pool's engine stays. The zero value checks nothing.
+	Host profile.Host
 	// ProbeClient sends the engines' readiness probes; nil means one whose
 	// requests time out after 2 s. ControlClient sends the sleep-mode and
 	// warm-up calls, each bounded by its own context; nil means a plain

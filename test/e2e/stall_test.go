@@ -68,3 +68,34 @@ func TestUnreadyEngineAnswersAtStartupTimeout(t *testing.T) {
 	// signal makes poold kill it and exit now.
 	d.stopHurried()
 }
+
+// A profile whose engine binary does not exist on this host fails its
+// requests at once with 502, before the pool drains anything: the loaded
+// engine keeps serving. A profile that passes that check but fails to load
+// leaves the pool to return to its default.
+func TestPreflightKeepsTheLoadedEngine(t *testing.T) {
+	tag := t.Name()
+	profiles := profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "good", Extra: map[string]any{"minResidency": "0s"}}},
+		[]sim{{ID: "good"}, {ID: "broken", Flags: []string{"--sim-fail-load"}},
+			{ID: "missing", Extra: map[string]any{"command": []string{"no-such-engine-binary-" + tag, "serve", "--port", "{port}"}}}}, nil)
+	d := startPoold(t, tag, profiles)
+	good := d.waitPool("p0", 20*time.Second, "good ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "good" })
+
+	code, _, body, err := d.post(context.Background(), "/v1/chat/completions", chatBody("missing", false, 1))
+	if err != nil || code != http.StatusBadGateway || !strings.Contains(string(body), "does not resolve") {
+		t.Fatalf("a request for a profile whose engine binary is missing: %d %v %s", code, err, body)
+	}
+	if p := d.pool("p0"); p.State != "ready" || p.Profile != "good" || p.Engine == nil || p.Engine.PID != good.Engine.PID {
+		t.Fatalf("the failed preflight touched the pool: %+v", p)
+	}
+	if v := d.metricValue(`poold_swaps_total{from="good",pool="p0",result="failed",to="missing"}`); v > 0 {
+		t.Fatalf("a swap to the missing profile was attempted")
+	}
+
+	code, _, body, err = d.post(context.Background(), "/v1/chat/completions", chatBody("broken", false, 1))
+	if err != nil || code != http.StatusBadGateway {
+		t.Fatalf("a request for a profile that fails to load: %d %v %s", code, err, body)
+	}
+	d.waitPool("p0", 30*time.Second, "back to its default", func(p poolView) bool { return p.State == "ready" && p.Profile == "good" })
+}
