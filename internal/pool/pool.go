@@ -191,7 +191,8 @@ func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
 func policyFor(spec *profile.PoolSpec, cfg *profile.Config) Policy {
 	pol := Policy{
 		MinResidency: spec.MinResidency.Duration,
-		IdleGrace:    DefaultIdleGrace,
+		IdleGrace:    DefaultGraceFloor,
+		LearnGrace:   true,
 		PriorityAge:  DefaultPriorityAge,
 		MaxQueue:     spec.MaxQueue,
 	}
