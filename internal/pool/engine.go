@@ -33,7 +33,7 @@ type engine struct {
 	target    *url.URL // http://127.0.0.1:port, shared read-only by every lease
 	pid       int      // also the process group id
 	startedAt time.Time
-	argv, env []string // the command line, and the environment poold added
+	argv, env []string // the command line and the environment (engineEnv), but the token
 	// token is POOLD_ENGINE_TOKEN in the environment of the engine and its
 	// descendants, which tells them from unrelated processes after a crash.
 	token string
@@ -57,10 +57,10 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		return nil, fmt.Errorf("choosing a port: %w", err)
 	}
 	argv := prof.Argv(port, spec, self)
-	env := prof.Environ(spec)
+	env := engineEnv(prof, spec)
 	token := rand.Text()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(append(os.Environ(), env...), tokenEnv+"="+token)
+	cmd.Env = append(slices.Clip(env), tokenEnv+"="+token)
 	if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
 		return nil, err
 	}
@@ -107,7 +107,13 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 // runs reports whether e runs prof on spec as prof would be started now: the
 // same command line and environment.
 func (e *engine) runs(prof *profile.Profile, spec *profile.PoolSpec, self string) bool {
-	return slices.Equal(e.argv, prof.Argv(e.port, spec, self)) && slices.Equal(e.env, prof.Environ(spec))
+	return slices.Equal(e.argv, prof.Argv(e.port, spec, self)) && slices.Equal(e.env, engineEnv(prof, spec))
+}
+
+// engineEnv is the environment prof's engine starts with on spec, but its
+// token: what it inherits of poold's environment, then what the profile sets.
+func engineEnv(prof *profile.Profile, spec *profile.PoolSpec) []string {
+	return append(prof.Inherited(os.Environ()), prof.Environ(spec)...)
 }
 
 // base is the engine's loopback URL.

@@ -193,12 +193,13 @@ var (
 	}
 	defaultsFields = []field{
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"env", kEnv},
-		{"minResidency", kDuration}, {"maxQueue", kInt}, {"maxQueueWait", kDuration},
-		{"sleepMemoryBudget", kInt},
+		{"passEnv", kStrings}, {"minResidency", kDuration}, {"maxQueue", kInt},
+		{"maxQueueWait", kDuration}, {"sleepMemoryBudget", kInt},
 	}
 	profileFields = []field{
 		{"id", kString}, {"aliases", kStrings}, {"model", kString}, {"pools", kStrings},
-		{"maxModelLen", kInt}, {"args", kStrings}, {"env", kEnv}, {"command", kStrings},
+		{"maxModelLen", kInt}, {"args", kStrings}, {"env", kEnv}, {"passEnv", kStrings},
+		{"command", kStrings},
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"priority", kInt},
 		{"minResidency", kDuration}, {"maxQueueWait", kDuration},
 		{"sleep", kSleep}, {"weightBytes", kInt},

@@ -153,6 +153,13 @@ func startPoold(t *testing.T, tag string, profiles []byte, args ...string) *daem
 // launch starts poold without waiting for it to serve.
 func launch(t *testing.T, tag string, profiles []byte, args ...string) *daemon {
 	t.Helper()
+	return launchEnv(t, tag, profiles, nil, args...)
+}
+
+// launchEnv starts poold with env added to the test's environment, without
+// waiting for it to serve.
+func launchEnv(t *testing.T, tag string, profiles []byte, env []string, args ...string) *daemon {
+	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "profiles.json")
 	if err := os.WriteFile(path, profiles, 0o644); err != nil {
@@ -164,6 +171,9 @@ func launch(t *testing.T, tag string, profiles []byte, args ...string) *daemon {
 		"--state-dir", filepath.Join(dir, "state")}, args...)
 	d.cmd = exec.Command(pooldBin, all...)
 	d.cmd.Stdout, d.cmd.Stderr = d.stdout, d.stderr
+	if env != nil {
+		d.cmd.Env = append(os.Environ(), env...)
+	}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +178,38 @@ func TestAPIKeys(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("GET /v1/models without a key: %d", resp.StatusCode)
+	}
+}
+
+// An engine inherits only an allowlist of poold's environment, what its
+// profile sets, and what its profile names in passEnv: poold's API keys and
+// admin token (POOLD_*), unrelated secrets and VLLM_API_KEY never reach it.
+func TestEngineEnvironmentAllowlisted(t *testing.T) {
+	tag := t.Name()
+	d := launchEnv(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{{ID: "m", Extra: map[string]any{"passEnv": []string{"MY_VAR"}}}}, nil),
+		[]string{"POOLD_API_KEYS=sk-env-secret", "POOLD_ADMIN_TOKEN=admin-env-secret", "UNLISTED_SECRET=other-env-secret",
+			"VLLM_API_KEY=engine-env-secret", "HF_HOME=/tmp/hf-e2e", "MY_VAR=passed-on-purpose"})
+	d.waitHealthy()
+	p := d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.Engine.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.Contains(kv, "secret") || (strings.HasPrefix(k, "POOLD_") && k != "POOLD_ENGINE_TOKEN" && k != "POOLD_E2E_TAG") {
+			t.Errorf("the engine inherited %s", kv)
+		}
+	}
+	for _, want := range []string{"HF_HOME=/tmp/hf-e2e", "MY_VAR=passed-on-purpose", "POOLD_E2E_TAG=" + runTag(tag), "CUDA_VISIBLE_DEVICES=0"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("the engine's environment lacks %s: %q", want, env)
+		}
+	}
+	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "PATH=") }) {
+		t.Errorf("the engine's environment lacks PATH: %q", env)
 	}
 }
