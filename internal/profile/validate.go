@@ -58,6 +58,8 @@ func (c *Config) validatePools(byName map[string]int) []error {
 			v.add("name", "required")
 		case !validPoolName(p.Name):
 			v.add(fmt.Sprintf("name %q", p.Name), "must match [A-Za-z0-9._-]+")
+		case p.Name == "." || p.Name == "..":
+			v.add(fmt.Sprintf("name %q", p.Name), "must not be a dot-segment (it is a URL path segment)")
 		case slices.ContainsFunc(c.Pools[:i], func(q *PoolSpec) bool { return q.Name == p.Name }):
 			v.add("", "duplicate pool name")
 		}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -211,5 +212,75 @@ func TestEngineEnvironmentAllowlisted(t *testing.T) {
 	}
 	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "PATH=") }) {
 		t.Errorf("the engine's environment lacks PATH: %q", env)
+	}
+}
+
+// Only inference routes reach an engine: paths that an engine normalising
+// them would read as its control endpoints (dot-segments, encoded or not,
+// encoded slashes) and every path that is not an inference route get poold's
+// own 404 before any swap, and the engine never sees them; vLLM's un-prefixed
+// inference routes and pinned paths are forwarded as they are.
+func TestOnlyInferenceRoutesReachEngines(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "a"}},
+		[]sim{{ID: "a"}, {ID: "b"}}, nil))
+	before := d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	for _, path := range []string{
+		"/v1/%2e%2e/sleep?level=1",
+		"/v1/..%2fcollective_rpc",
+		"/pools/p0/v1/..%2fsleep",
+		"/v1/chat/completions%2f..%2f..%2fcollective_rpc",
+		"/v1/foo", "/v1/load_lora_adapter", "/sleep?level=1", "/wake_up", "/collective_rpc",
+		"/reset_prefix_cache", "/pools/p0/sleep", "/v1/chat/completions/", "/v1/chat%2Fcompletions",
+	} {
+		code, _, body, err := d.post(t.Context(), path, chatBody("b", false, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := apiError(t, body); code != http.StatusNotFound || e.Error.Code != "unknown_route" {
+			t.Errorf("POST %s: %d %s, want 404 unknown_route", path, code, body)
+		}
+	}
+	if p := d.pool("p0"); p.State != "ready" || p.Profile != "a" || p.Engine == nil || p.Engine.PID != before.Engine.PID {
+		t.Fatalf("after the refused paths the pool is %+v, want still a on pid %d (no swap)", p, before.Engine.PID)
+	}
+	// vLLM's un-prefixed routes are forwarded as such (the simulator has no
+	// /tokenize and answers its own 404), pinned paths too.
+	if code, _, body, err := d.post(t.Context(), "/tokenize", `{"model":"a","prompt":"hi"}`); err != nil || code != http.StatusNotFound || !strings.Contains(string(body), "Not Found") {
+		t.Fatalf("POST /tokenize: %d %s %v, want the engine's own 404", code, body, err)
+	}
+	if code, _, body, err := d.post(t.Context(), "/pools/p0/v1/chat/completions", chatBody("a", false, 1)); err != nil || code != http.StatusOK {
+		t.Fatalf("pinned chat: %d %s %v", code, body, err)
+	}
+	seen := enginePaths(t, d, "/v1/chat/completions")
+	for p := range seen {
+		if p != "/v1/models" && p != "/v1/chat/completions" && p != "/tokenize" {
+			t.Errorf("the engine received POST %s", p)
+		}
+	}
+	if !seen["/tokenize"] {
+		t.Errorf("the engine never received /tokenize: %v", seen)
+	}
+}
+
+// enginePaths waits until the engines' request log lines (in poold's log)
+// show last, and returns every path they show.
+func enginePaths(t *testing.T, d *daemon, last string) map[string]bool {
+	t.Helper()
+	re := regexp.MustCompile(`msg=request [^\n]*? path=([^\s"\\]+)`)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		seen := map[string]bool{}
+		for _, m := range re.FindAllStringSubmatch(d.stderr.String(), -1) {
+			seen[m[1]] = true
+		}
+		if seen[last] || time.Now().After(deadline) {
+			if !seen[last] {
+				t.Fatalf("no engine request log line for %s: %v", last, seen)
+			}
+			return seen
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
