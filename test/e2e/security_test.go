@@ -284,3 +284,28 @@ func enginePaths(t *testing.T, d *daemon, last string) map[string]bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A body that names its model twice, or in another case ("MODEL", which a
+// case-insensitive engine would read), is refused with a 400 naming the key:
+// poold never routes on one model while the engine serves another.
+func TestAmbiguousModelRefused(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "a"}},
+		[]sim{{ID: "a", Aliases: []string{"a-alias"}}, {ID: "b"}}, nil))
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	for body, param := range map[string]string{
+		`{"model":"a-alias","MODEL":"b","messages":[{"role":"user","content":"hi"}]}`: "MODEL",
+		`{"Model":"b","model":"a","messages":[{"role":"user","content":"hi"}]}`:       "Model",
+		`{"model":"a","model":"b","messages":[{"role":"user","content":"hi"}]}`:       "model",
+	} {
+		code, _, resp, err := d.post(t.Context(), "/v1/chat/completions", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := apiError(t, resp)
+		if code != http.StatusBadRequest || e.Error.Param == nil || *e.Error.Param != param || !strings.Contains(e.Error.Message, `"`+param+`"`) {
+			t.Errorf("%s: %d %s, want 400 naming %q", body, code, resp, param)
+		}
+	}
+}
