@@ -184,6 +184,11 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	r.SetPathValue("pool", rt.pool)
 	x.path = rt.path
+	if ok, why := forwardedHeaders(r.Header); !ok {
+		rec.Status = http.StatusRequestHeaderFieldsTooLarge
+		openai.WriteError(w, rec.Status, "headers_too_large", "", why)
+		return
+	}
 
 	body, req, status := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
 	if status != 0 {
@@ -285,7 +290,8 @@ func (h *Handler) unknownModel(name string) string {
 }
 
 // rewriteOut builds the upstream request: the engine's URL, the rewritten body,
-// and no client credentials (engines are not meant to see API keys).
+// and the client's headers but those poold owns (its credentials among them:
+// engines are not meant to see API keys) and the hop-by-hop ones.
 func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	x := pr.In.Context().Value(exchangeKey{}).(*exchange)
 	out := pr.Out
@@ -295,9 +301,7 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	out.URL.RawPath = ""
 	out.Host = ""
 	upstream.SetBody(out, x.body)
-	out.Header.Del("Authorization")
-	out.Header.Del("X-Api-Key")
-	out.Header.Del("Accept-Encoding")
+	dropOwned(out.Header)
 }
 
 // modifyResponse wraps the engine's response body to count tokens and, for

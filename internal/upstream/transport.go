@@ -7,6 +7,7 @@ package upstream
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +25,15 @@ const (
 	DefaultDialTimeout    = 5 * time.Second
 	DefaultIdleTimeout    = 90 * time.Second
 	DefaultMaxIdlePerHost = 1024
+	// DefaultMaxResponseHeaderBytes bounds a response's header block (and
+	// any interim 1xx answers before it). net/http's Transport allows 10 MiB;
+	// no engine or poold answer needs more than a few KiB.
+	DefaultMaxResponseHeaderBytes = 1 << 20
 )
+
+// ErrResponseHeaderTooLarge is the error (wrapped) of a response whose
+// header block exceeds the Transport's MaxResponseHeaderBytes.
+var ErrResponseHeaderTooLarge = errors.New("response header block too large")
 
 // Transport is the http.RoundTripper of every forwarded request: plain
 // HTTP/1.1 to an upstream on loopback (an engine for poold, a poold for
@@ -46,7 +55,8 @@ const (
 // The zero Transport is ready to use: dials time out after
 // DefaultDialTimeout, idle connections are closed after DefaultIdleTimeout,
 // DefaultMaxIdlePerHost are kept per host, and response headers are awaited
-// as long as the request's context allows.
+// as long as the request's context allows, and may hold up to
+// DefaultMaxResponseHeaderBytes.
 type Transport struct {
 	DialTimeout time.Duration
 	// HeaderTimeout bounds the wait for the response headers once the
@@ -55,6 +65,9 @@ type Transport struct {
 	HeaderTimeout  time.Duration
 	IdleTimeout    time.Duration
 	MaxIdlePerHost int
+	// MaxResponseHeaderBytes bounds the bytes read before a response's body;
+	// past it the exchange fails with ErrResponseHeaderTooLarge.
+	MaxResponseHeaderBytes int64
 
 	mu   sync.Mutex           // guards idle, sweep and closed
 	idle map[string][]*upConn // by host:port, the most recently used last
@@ -73,8 +86,29 @@ const sweepEvery = time.Second
 // upConn is one connection to an upstream with its read buffer.
 type upConn struct {
 	net.Conn
-	br        *bufio.Reader
+	br        *bufio.Reader // reads through limitedConn
 	idleSince time.Time
+	// left is how many more bytes br may read from the connection while a
+	// response's headers are read; negative: no bound (a body is read).
+	left int64
+}
+
+// limitedConn is an upConn's Conn, read within the upConn's bound.
+type limitedConn struct{ c *upConn }
+
+func (l limitedConn) Read(p []byte) (int, error) {
+	c := l.c
+	if c.left == 0 {
+		return 0, ErrResponseHeaderTooLarge
+	}
+	if c.left > 0 && int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.Conn.Read(p)
+	if c.left > 0 {
+		c.left -= int64(n)
+	}
+	return n, err
 }
 
 // A long-past deadline unblocks every read and write on a connection.
@@ -153,11 +187,15 @@ func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *h
 	if t.HeaderTimeout > 0 {
 		_ = c.SetReadDeadline(time.Now().Add(t.HeaderTimeout))
 	}
+	c.left = cmp.Or(t.MaxResponseHeaderBytes, DefaultMaxResponseHeaderBytes)
 	for {
 		if _, err = c.br.Peek(1); err != nil {
 			return nil, resp == nil && !isTimeout(err), fmt.Errorf("reading the response from %s: %w", addr, err)
 		}
 		resp, err = http.ReadResponse(c.br, req)
+		if errors.Is(err, ErrResponseHeaderTooLarge) {
+			return nil, false, fmt.Errorf("reading the response from %s: %w: more than %d bytes", addr, err, cmp.Or(t.MaxResponseHeaderBytes, DefaultMaxResponseHeaderBytes))
+		}
 		if err != nil {
 			return nil, false, fmt.Errorf("reading the response from %s: %w", addr, err)
 		}
@@ -167,6 +205,7 @@ func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *h
 			break
 		}
 	}
+	c.left = -1
 	if t.HeaderTimeout > 0 {
 		_ = c.SetReadDeadline(time.Time{})
 		if ctx.Err() != nil { // the cancel may have run before the line above
@@ -257,7 +296,9 @@ func (t *Transport) conn(ctx context.Context, addr string, fresh bool) (c *upCon
 		return nil, false, err
 	}
 	// A 1 KiB read buffer keeps idle streams cheap; larger reads bypass it.
-	return &upConn{Conn: nc, br: bufio.NewReaderSize(nc, 1<<10)}, false, nil
+	c = &upConn{Conn: nc, left: -1}
+	c.br = bufio.NewReaderSize(limitedConn{c}, 1<<10)
+	return c, false, nil
 }
 
 // put adds c to addr's idle connections, or closes it when addr already

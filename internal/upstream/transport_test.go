@@ -428,3 +428,40 @@ func TestTransportClose(t *testing.T) {
 		t.Fatalf("%d connections, want 2", n)
 	}
 }
+
+// A response whose header block passes MaxResponseHeaderBytes fails with
+// ErrResponseHeaderTooLarge (and its connection is not kept); one within it
+// is read whole.
+func TestTransportResponseHeaderLimit(t *testing.T) {
+	url := rawServer(t, func(n int, c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			size, _ := strconv.Atoi(req.URL.Query().Get("size"))
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Filler: "+strings.Repeat("f", size)+"\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	tr := &Transport{MaxResponseHeaderBytes: 4 << 10}
+	defer tr.Close()
+	resp, err := post(t, tr, url+"/?size=3000", "")
+	if err != nil {
+		t.Fatalf("a 3000-byte header under a 4 KiB bound: %v", err)
+	}
+	if got := bodyOf(t, resp); got != "ok" || len(resp.Header.Get("X-Filler")) != 3000 {
+		t.Fatalf("body %q, header of %d bytes", got, len(resp.Header.Get("X-Filler")))
+	}
+	_, err = post(t, tr, url+"/?size=5000", "")
+	if !errors.Is(err, ErrResponseHeaderTooLarge) {
+		t.Fatalf("a 5000-byte header under a 4 KiB bound: %v", err)
+	}
+	// The default bound is 1 MiB.
+	tr = &Transport{}
+	defer tr.Close()
+	if _, err := post(t, tr, url+"/?size="+strconv.Itoa(2<<20), ""); !errors.Is(err, ErrResponseHeaderTooLarge) {
+		t.Fatalf("a 2 MiB header under the default bound: %v", err)
+	}
+}

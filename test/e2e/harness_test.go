@@ -26,6 +26,9 @@ import (
 var pooldBin, fleetdBin string
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(helperEngineEnv); mode != "" {
+		os.Exit(runHelperEngine(mode, os.Args[1:]))
+	}
 	dir, err := os.MkdirTemp("", "poold-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -307,5 +308,76 @@ func TestAmbiguousModelRefused(t *testing.T) {
 		if code != http.StatusBadRequest || e.Error.Param == nil || *e.Error.Param != param || !strings.Contains(e.Error.Message, `"`+param+`"`) {
 			t.Errorf("%s: %d %s, want 400 naming %q", body, code, resp, param)
 		}
+	}
+}
+
+// Headers: poold forwards a bounded set of the client's headers (431 past the
+// bounds, before any engine sees the request), never its credentials,
+// cookies, proxy or hop-by-hop headers; an engine's response headers are
+// bounded too (a clear 502 past 1 MiB).
+func TestHeadersBounded(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}, {Name: "p1", GPUs: []int{1}, Default: "big"}},
+		[]sim{{ID: "m", Pools: []string{"p0"}, Flags: []string{"--sim-log-headers"}}, helperSim(tag, "big", "big-headers")}, nil))
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	d.waitPool("p1", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	send := func(model string, hdr http.Header) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(chatBody(model, false, 1)))
+		for k, vs := range hdr {
+			req.Header[k] = vs
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	many := http.Header{}
+	for i := range 100 {
+		many.Set(fmt.Sprintf("X-Many-%d", i), "1")
+	}
+	for name, hdr := range map[string]http.Header{
+		"100 headers":     many,
+		"9 KiB of header": {"X-Big": {strings.Repeat("b", 9<<10)}},
+	} {
+		code, body := send("m", hdr)
+		if e := apiError(t, body); code != http.StatusRequestHeaderFieldsTooLarge || e.Error.Code != "headers_too_large" {
+			t.Errorf("%s: %d %s, want 431 headers_too_large", name, code, body)
+		}
+	}
+	code, body := send("m", http.Header{
+		"X-Trace-Marker": {"1"}, "Authorization": {"Bearer sk-x"}, "Cookie": {"session=1"},
+		"Connection": {"X-Hop"}, "X-Hop": {"1"}, "Proxy-Authorization": {"Basic eA=="}, "X-Forwarded-For": {"10.0.0.1"},
+	})
+	if code != http.StatusOK {
+		t.Fatalf("a request with ordinary headers: %d %s", code, body)
+	}
+	var seen []string
+	for deadline := time.Now().Add(10 * time.Second); len(seen) == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		for line := range strings.Lines(d.stderr.String()) {
+			if strings.Contains(line, "request headers") && strings.Contains(line, "path=/v1/chat/completions") {
+				seen = append(seen, line)
+			}
+		}
+	}
+	if len(seen) != 1 {
+		t.Fatalf("the engine logged %d chat requests' headers, want 1 (the refused ones never reach it): %q", len(seen), seen)
+	}
+	for _, h := range []string{"Authorization", "Cookie", "X-Hop", "Proxy-Authorization", "X-Forwarded-For", "X-Many-"} {
+		if strings.Contains(seen[0], h) {
+			t.Errorf("the engine received %s: %s", h, seen[0])
+		}
+	}
+	if !strings.Contains(seen[0], "X-Trace-Marker") {
+		t.Errorf("the engine did not receive X-Trace-Marker: %s", seen[0])
+	}
+
+	code, body = send("big", nil)
+	if e := apiError(t, body); code != http.StatusBadGateway || !strings.Contains(e.Error.Message, "response header block too large") {
+		t.Fatalf("an engine answering 2 MiB of headers: %d %s, want a 502 saying so", code, body)
 	}
 }
