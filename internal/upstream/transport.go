@@ -14,7 +14,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -34,6 +33,21 @@ const (
 // ErrResponseHeaderTooLarge is the error (wrapped) of a response whose
 // header block exceeds the Transport's MaxResponseHeaderBytes.
 var ErrResponseHeaderTooLarge = errors.New("response header block too large")
+
+// NotSentError is the error of a request of which nothing reached the
+// upstream: the dial failed, or the connection failed before the request's
+// first byte was written. Such a request can be sent again, to the same
+// upstream or another, without running twice; any other failure may come
+// after the upstream read (and acted on) the request.
+type NotSentError struct{ Err error }
+
+func (e *NotSentError) Error() string { return e.Err.Error() }
+func (e *NotSentError) Unwrap() error { return e.Err }
+
+// earlyResponseWait bounds the read of an answer that the upstream may have
+// sent before it stopped reading the request (an early 413), once writing
+// the rest failed.
+const earlyResponseWait = time.Second
 
 // Transport is the http.RoundTripper of every forwarded request: plain
 // HTTP/1.1 to an upstream on loopback (an engine for poold, a poold for
@@ -119,9 +133,13 @@ var aLongTimeAgo = time.Unix(1, 0)
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
 
 // RoundTrip sends req and returns the response headers; the body streams
-// from the connection as it is read. A kept connection that the upstream had
-// closed while it was idle is replaced by a new one once, when req can be
-// sent again (it has GetBody, or no body) and no response byte was read.
+// from the connection as it is read. A kept connection that fails before any
+// byte of req was written on it is replaced by a new one once, when req can
+// be sent again (it has GetBody, or no body); a request that was written, in
+// whole or in part, is never sent again. A failure with nothing sent (a
+// failed dial among them) is a *NotSentError. An answer the upstream sent
+// before it stopped reading the request (an early 413) is the response,
+// although writing the request failed.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" {
 		closeBody(req)
@@ -138,11 +156,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeBody(req)
 			return nil, err
 		}
-		resp, stale, err := t.exchange(ctx, addr, c, req)
+		resp, err := t.exchange(ctx, addr, c, req)
 		if err == nil {
 			return resp, nil
 		}
-		if !reused || !stale || ctx.Err() != nil || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
+		_, notSent := errors.AsType[*NotSentError](err)
+		if !reused || !notSent || ctx.Err() != nil || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
 			return nil, err
 		}
 		if req.GetBody != nil {
@@ -156,10 +175,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// exchange writes req on c and reads the response headers. stale reports a
-// failure before any response byte, which on a reused connection means the
-// upstream closed it while it was idle.
-func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *http.Request) (resp *http.Response, stale bool, err error) {
+// exchange writes req on c and reads the response headers. A failure before
+// any byte of req was written is a *NotSentError.
+func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *http.Request) (resp *http.Response, err error) {
 	// Cancelling ctx breaks every blocked read and write on c.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
 	defer func() {
@@ -173,7 +191,8 @@ func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *h
 	}()
 
 	bw := writers.Get().(*bufio.Writer)
-	bw.Reset(c)
+	cw := &countingWriter{w: c.Conn}
+	bw.Reset(cw)
 	err = req.Write(bw)
 	if err == nil {
 		err = bw.Flush()
@@ -181,31 +200,28 @@ func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *h
 	bw.Reset(nil)
 	writers.Put(bw)
 	if err != nil {
-		return nil, true, fmt.Errorf("writing the request to %s: %w", addr, err)
+		werr := fmt.Errorf("writing the request to %s: %w", addr, err)
+		if cw.n == 0 {
+			return nil, &NotSentError{werr}
+		}
+		// The upstream may have answered and stopped reading (an early 413
+		// for a body too large): then its answer is the response, read
+		// from what arrived before the connection broke.
+		_ = c.SetReadDeadline(time.Now().Add(earlyResponseWait))
+		if resp, err = t.readResponse(addr, c, req); err != nil {
+			return nil, werr
+		}
+		_ = c.SetReadDeadline(time.Time{})
+		resp.Body = &upBody{t: t, addr: addr, c: c, body: resp.Body, stop: stop, ctx: ctx}
+		return resp, nil
 	}
 
 	if t.HeaderTimeout > 0 {
 		_ = c.SetReadDeadline(time.Now().Add(t.HeaderTimeout))
 	}
-	c.left = cmp.Or(t.MaxResponseHeaderBytes, DefaultMaxResponseHeaderBytes)
-	for {
-		if _, err = c.br.Peek(1); err != nil {
-			return nil, resp == nil && !isTimeout(err), fmt.Errorf("reading the response from %s: %w", addr, err)
-		}
-		resp, err = http.ReadResponse(c.br, req)
-		if errors.Is(err, ErrResponseHeaderTooLarge) {
-			return nil, false, fmt.Errorf("reading the response from %s: %w: more than %d bytes", addr, err, cmp.Or(t.MaxResponseHeaderBytes, DefaultMaxResponseHeaderBytes))
-		}
-		if err != nil {
-			return nil, false, fmt.Errorf("reading the response from %s: %w", addr, err)
-		}
-		// An interim 1xx answer (100 Continue, 103 Early Hints) precedes the
-		// real one.
-		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
-		}
+	if resp, err = t.readResponse(addr, c, req); err != nil {
+		return nil, err
 	}
-	c.left = -1
 	if t.HeaderTimeout > 0 {
 		_ = c.SetReadDeadline(time.Time{})
 		if ctx.Err() != nil { // the cancel may have run before the line above
@@ -213,7 +229,41 @@ func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *h
 		}
 	}
 	resp.Body = &upBody{t: t, addr: addr, c: c, body: resp.Body, stop: stop, ctx: ctx, keep: !resp.Close && !req.Close}
-	return resp, false, nil
+	return resp, nil
+}
+
+// readResponse reads the response to req from c up to its body, skipping
+// interim 1xx answers, within MaxResponseHeaderBytes.
+func (t *Transport) readResponse(addr string, c *upConn, req *http.Request) (*http.Response, error) {
+	limit := cmp.Or(t.MaxResponseHeaderBytes, DefaultMaxResponseHeaderBytes)
+	c.left = limit
+	defer func() { c.left = -1 }()
+	for {
+		resp, err := http.ReadResponse(c.br, req)
+		if errors.Is(err, ErrResponseHeaderTooLarge) {
+			return nil, fmt.Errorf("reading the response from %s: %w: more than %d bytes", addr, err, limit)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the response from %s: %w", addr, err)
+		}
+		// An interim 1xx answer (100 Continue, 103 Early Hints) precedes the
+		// real one.
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, nil
+		}
+	}
+}
+
+// countingWriter counts the bytes written through it.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // upBody is a response body that returns its connection to the idle set
@@ -293,7 +343,7 @@ func (t *Transport) conn(ctx context.Context, addr string, fresh bool) (c *upCon
 	}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, false, err
+		return nil, false, &NotSentError{err}
 	}
 	// A 1 KiB read buffer keeps idle streams cheap; larger reads bypass it.
 	c = &upConn{Conn: nc, left: -1}
@@ -437,6 +487,3 @@ func closeBody(req *http.Request) {
 		req.Body.Close()
 	}
 }
-
-// isTimeout reports whether err is a deadline passing: HeaderTimeout's.
-func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }

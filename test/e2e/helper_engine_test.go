@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -39,8 +40,13 @@ func helperSim(tag, id, mode string, args ...string) sim {
 //   - "big-headers": a POST is answered with 2 MiB of response headers;
 //   - "early-413": a POST is answered 413 at once, its body unread, and the
 //     connection closed;
+//   - "drop-second": every POST is logged ("received BODY") and answered,
+//     but the second on each connection, which is read whole and then
+//     dropped unanswered with its connection;
 //   - "reuseport" FILE: waits (at most a minute) for FILE to exist, then
-//     listens with SO_REUSEPORT; a POST is answered {"served_by":"engine"}.
+//     listens with SO_REUSEPORT;
+//
+// and otherwise a POST is answered {"served_by":"engine"}.
 func runHelperEngine(mode string, args []string) int {
 	if len(args) < 2 {
 		fmt.Fprintln(os.Stderr, "helper engine: want PORT MODEL [ARGS]")
@@ -81,6 +87,18 @@ func runHelperEngine(mode string, args []string) int {
 				w.Header().Set("X-Filler-"+strconv.Itoa(i), strings.Repeat("f", 1024))
 			}
 			w.WriteHeader(http.StatusOK)
+		case "drop-second":
+			b, _ := io.ReadAll(r.Body)
+			fmt.Fprintf(os.Stderr, "received %s\n", b)
+			n := r.Context().Value(connRequests{}).(*int)
+			if *n++; *n == 2 {
+				if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					c.Close()
+				}
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"served_by":"engine"}`)
 		case "early-413":
 			c, _, err := http.NewResponseController(w).Hijack()
 			if err != nil {
@@ -94,8 +112,14 @@ func runHelperEngine(mode string, args []string) int {
 			fmt.Fprint(w, `{"served_by":"engine"}`)
 		}
 	})
-	return exitCode(http.Serve(ln, mux))
+	srv := &http.Server{Handler: mux, ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, connRequests{}, new(int))
+	}}
+	return exitCode(srv.Serve(ln))
 }
+
+// connRequests keys the count of a connection's requests in its context.
+type connRequests struct{}
 
 // modelList answers GET /v1/models listing model.
 func modelList(w http.ResponseWriter, model string) {

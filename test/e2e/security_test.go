@@ -381,3 +381,53 @@ func TestHeadersBounded(t *testing.T) {
 		t.Fatalf("an engine answering 2 MiB of headers: %d %s, want a 502 saying so", code, body)
 	}
 }
+
+// A request the engine read whole is never sent to it again: an engine that
+// drops a request it received on a kept connection gets it once, and the
+// client a 502 (a replay would run the GPU work twice). An engine's answer
+// sent before it read the whole body (an early 413) reaches the client as
+// that answer, and is logged with its status, not as a failed forward.
+func TestNoReplaysAndEarlyAnswers(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "drop"}, {Name: "p1", GPUs: []int{1}, Default: "early"}},
+		[]sim{helperSim(tag, "drop", "drop-second"), helperSim(tag, "early", "early-413")}, nil))
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	d.waitPool("p1", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	body := func(marker string) string { return `{"model":"drop","prompt":"` + marker + `"}` }
+	if code, _, b, err := d.post(t.Context(), "/v1/completions", body("first")); err != nil || code != http.StatusOK {
+		t.Fatalf("first request: %d %s %v", code, b, err)
+	}
+	// The second request goes out on the kept connection, where the engine
+	// reads it and drops it.
+	if code, _, b, err := d.post(t.Context(), "/v1/completions", body("second")); err != nil || code != http.StatusBadGateway {
+		t.Fatalf("a request the engine dropped: %d %s %v, want 502", code, b, err)
+	}
+	// A third one, on a new connection, marks the end of what the engine
+	// received for the second.
+	if code, _, b, err := d.post(t.Context(), "/v1/completions", body("third")); err != nil || code != http.StatusOK {
+		t.Fatalf("third request: %d %s %v", code, b, err)
+	}
+	var logged string
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logged, "third") && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		logged = d.stderr.String()
+	}
+	if n := strings.Count(logged, `received {\"model\":\"drop\",\"prompt\":\"second\"}`); n != 1 {
+		t.Fatalf("the engine received the dropped request %d times, want once", n)
+	}
+
+	// An early 413 for a body larger than the socket buffers can hold.
+	big := `{"model":"early","prompt":"` + strings.Repeat("x", 24<<20) + `"}`
+	code, _, b, err := d.post(t.Context(), "/v1/completions", big)
+	if err != nil || code != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "too large for this engine") {
+		t.Fatalf("an early 413: %d %.200s %v, want the engine's 413", code, b, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if strings.Contains(d.stdout.String(), `"profile":"early","client":"other","status":413`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no access log line with status 413:\n%s", d.stdout.String())
+		}
+	}
+}
