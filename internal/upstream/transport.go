@@ -246,6 +246,12 @@ func (t *Transport) readResponse(addr string, c *upConn, req *http.Request) (*ht
 		if err != nil {
 			return nil, fmt.Errorf("reading the response from %s: %w", addr, err)
 		}
+		// A status below 100 is no HTTP status: net/http's server would
+		// panic writing it on.
+		if resp.StatusCode < 100 {
+			resp.Body.Close()
+			return nil, fmt.Errorf("reading the response from %s: malformed status %d", addr, resp.StatusCode)
+		}
 		// An interim 1xx answer (100 Continue, 103 Early Hints) precedes the
 		// real one.
 		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
