@@ -49,6 +49,10 @@ type settings struct {
 	VRAMReleaseTimeout time.Duration
 	// StateDir holds the engines file and the lock (crash clean-up).
 	StateDir string
+	// Containment is how engines' processes are kept account of: "auto"
+	// (a cgroup per engine where poold's cgroup is delegated to it, else
+	// process groups), "cgroup" (required) or "process-group".
+	Containment string
 	// Watch makes poold reload the profiles file when it changes; SIGHUP
 	// reloads either way.
 	Watch bool
@@ -90,6 +94,7 @@ func loadSettings(args []string) (settings, error) {
 	fl.String("access-log", "stdout", "where the JSON access log goes: stdout, stderr or a file path")
 	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
+	fl.String("containment", pool.ModeAuto, "how engines' processes are contained: auto (a cgroup per engine when poold's cgroup is delegated to it, else process groups), cgroup or process-group")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
 	fl.Duration("upstream-header-timeout", 10*time.Minute, "how long an engine may take to start answering a request (504 after); 0 waits as long as the client")
@@ -128,6 +133,7 @@ func loadSettings(args []string) (settings, error) {
 	s.AccessLog = v.GetString("access-log")
 	s.VRAMReleaseTimeout = v.GetDuration("vram-release-timeout")
 	s.StateDir = v.GetString("state-dir")
+	s.Containment = v.GetString("containment")
 	s.Watch = v.GetBool("watch")
 	s.ReloadDebounce = v.GetDuration("reload-debounce")
 	s.Metrics = v.GetBool("metrics")
@@ -152,6 +158,11 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.StateDir == "" {
 		errs = append(errs, errors.New("state-dir: must not be empty"))
+	}
+	switch s.Containment {
+	case pool.ModeAuto, pool.ModeCgroup, pool.ModeProcessGroup:
+	default:
+		errs = append(errs, fmt.Errorf("containment: %q is not auto, cgroup or process-group", s.Containment))
 	}
 	s.UpstreamHeaderTimeout = v.GetDuration("upstream-header-timeout")
 	s.ReadTimeout = v.GetDuration("read-timeout")

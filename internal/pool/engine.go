@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/poold/poold/internal/profile"
@@ -39,6 +38,9 @@ type engine struct {
 	token string
 	// startTicks is the leader's start time (see procStat); 0 if unknown.
 	startTicks uint64
+	// cgroup is the directory of the engine's own cgroup in cgroup mode
+	// (Containment); "" in process-group mode.
+	cgroup string
 
 	http clients // its probe and control clients
 
@@ -48,10 +50,11 @@ type engine struct {
 	logs    *ring
 }
 
-// startEngine starts prof's engine for the pool on a free loopback port.
-// self is poold's own executable, substituted for {poold} in commands; hc
-// are the clients of poold's calls to it.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, hc clients, log *slog.Logger) (*engine, error) {
+// startEngine starts prof's engine for the pool on a free loopback port, in
+// a cgroup of its own in contain's cgroup mode. self is poold's own
+// executable, substituted for {poold} in commands; hc are the clients of
+// poold's calls to it.
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, contain *Containment, hc clients, log *slog.Logger) (*engine, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
@@ -64,19 +67,35 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 	if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
 		return nil, err
 	}
+	var cgroup string
+	if contain.Mode() == ModeCgroup {
+		dir, fd, err := newEngineGroup(contain.base, spec.Name, token)
+		if err != nil {
+			return nil, err
+		}
+		defer fd.Close()
+		cgroup = dir
+		cgroupAttr(cmd.SysProcAttr, fd)
+	}
 	// The engine writes into a pipe that we read ourselves, so that cmd.Wait does
 	// not wait for grandchildren that inherited the pipe.
 	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("creating log pipe: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	if err := spawn.start(cmd); err != nil {
-		r.Close()
+	if err == nil {
+		cmd.Stdout, cmd.Stderr = w, w
+		if err = spawn.start(cmd); err != nil {
+			r.Close()
+			err = fmt.Errorf("running %q: %w", argv[0], err)
+		}
 		w.Close()
-		return nil, fmt.Errorf("running %q: %w", argv[0], err)
+	} else {
+		err = fmt.Errorf("creating log pipe: %w", err)
 	}
-	w.Close()
+	if err != nil {
+		if cgroup != "" {
+			_ = removeCgroup(cgroup)
+		}
+		return nil, err
+	}
 	e := &engine{
 		profile:   prof,
 		port:      port,
@@ -86,6 +105,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		argv:      argv,
 		env:       env,
 		token:     token,
+		cgroup:    cgroup,
 		http:      hc,
 		exited:    make(chan struct{}),
 		pumped:    make(chan struct{}),
@@ -95,7 +115,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		e.startTicks = st.start
 	}
 	log = log.With("profile", prof.ID, "pid", e.pid)
-	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "))
+	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", cgroup)
 	go e.pump(r, log)
 	go func() {
 		e.exitErr = cmd.Wait()
@@ -192,27 +212,46 @@ func (s spawner) start(cmd *exec.Cmd) error {
 	return <-done
 }
 
-// killWait bounds the wait for a SIGKILLed group to vanish.
+// killWait bounds the wait for a SIGKILLed engine's processes to vanish.
 const killWait = 10 * time.Second
 
-// stop ends the engine's whole process group: SIGTERM, up to grace for the group
-// to empty, then SIGKILL. It returns only when no live process of the group
-// remains, or with an error naming the survivors.
+// stop ends all of the engine's processes (its cgroup, or its process group
+// and what left it: see Containment): SIGTERM, up to grace for them to end,
+// then SIGKILL. It returns only when no live process of the engine remains,
+// or with an error naming the survivors. In cgroup mode the group is then
+// removed.
 func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
-	pgid := e.pid
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	if waitGroupGone(pgid, grace) {
-		<-e.exited
-		return nil
-	}
-	log.Warn("engine ignored SIGTERM; sending SIGKILL", "profile", e.profile.ID, "pgid", pgid, "grace", grace)
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	if !waitGroupGone(pgid, killWait) {
-		return fmt.Errorf("process group %d still has live members %v after SIGKILL", pgid, groupMembers(pgid))
+	if err := e.tree().end(grace, log.With("profile", e.profile.ID, "pid", e.pid)); err != nil {
+		return err
 	}
 	<-e.exited
+	if e.cgroup != "" {
+		if err := removeCgroup(e.cgroup); err != nil {
+			log.Warn("removing the engine's cgroup", "profile", e.profile.ID, "cgroup", e.cgroup, "err", err)
+		}
+	}
 	return nil
 }
+
+// tree is what stopping the engine ends.
+func (e *engine) tree() tree {
+	if e.cgroup != "" {
+		t := cgroupTree(e.cgroup)
+		t.pgid = e.pid
+		return t
+	}
+	// What one scan found stays the engine's while it runs: a process whose
+	// parent died meanwhile (SIGTERMed first, say) is still known.
+	known := make(map[int]uint64)
+	return tree{
+		what:    fmt.Sprintf("process group %d", e.pid),
+		pgid:    e.pid,
+		members: func() []int { return treeMembers(e.pid, e.token, e.startTicks, true, known) },
+	}
+}
+
+// members lists the engine's live processes.
+func (e *engine) members() []int { return e.tree().members() }
 
 // portAttempts bounds the starts of one engine whose port was taken.
 const portAttempts = 3

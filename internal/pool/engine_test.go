@@ -19,7 +19,7 @@ func TestFailureWaitsForLastOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, Options{})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.http, p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.opts.Containment, p.http, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -179,7 +179,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
-		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.http, p.log)
+		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.opts.Containment, p.http, p.log)
 		if err != nil {
 			p.failSwap(prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
@@ -281,14 +281,15 @@ func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
 	return release, nil
 }
 
-// stopGroup stops e's process group (SIGTERM, grace, SIGKILL) and then, with a
-// VRAM check configured, waits for the pool's GPUs to release its memory. A
-// check that gives up is a warning, not a failed stop: the group is gone.
+// stopGroup stops all of e's processes (SIGTERM, grace, SIGKILL) and then,
+// with a VRAM check configured, waits for the pool's GPUs to release its
+// memory. A check that gives up is a warning, not a failed stop: the
+// processes are gone.
 // release is how long the check took, zero when it did not run or gave up.
 func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration, err error) {
 	var released func() error
 	if p.opts.VRAM != nil {
-		released = p.opts.VRAM.Watch(p.spec.GPUs, groupMembers(e.pid))
+		released = p.opts.VRAM.Watch(p.spec.GPUs, e.members())
 	}
 	if err := e.stop(grace, p.log); err != nil {
 		return 0, err

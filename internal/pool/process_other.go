@@ -4,6 +4,7 @@ package pool
 
 import (
 	"errors"
+	"os"
 	"syscall"
 	"time"
 )
@@ -31,3 +32,27 @@ func procStat(int) (stat, error) { return stat{}, errNotLinux }
 
 // liveOf finds no process: no engine ran here.
 func liveOf([]int) []int { return nil }
+
+// treeMembers finds no process: no engine ran here.
+func treeMembers(int, string, uint64, bool, map[int]uint64) []int { return nil }
+
+// delegatedCgroup refuses: cgroups are Linux's.
+func delegatedCgroup() (string, error) { return "", errNotLinux }
+
+// newEngineGroup is never called: there is no cgroup mode here.
+func newEngineGroup(string, string, string) (string, *os.File, error) { return "", nil, errNotLinux }
+
+// cgroupAttr is never called: there is no cgroup mode here.
+func cgroupAttr(*syscall.SysProcAttr, *os.File) {}
+
+// cgroupProcs finds no process: there are no cgroups here.
+func cgroupProcs(string) []int { return nil }
+
+// killCgroup has nothing to kill: there are no cgroups here.
+func killCgroup(string) {}
+
+// removeCgroup has nothing to remove: there are no cgroups here.
+func removeCgroup(string) error { return nil }
+
+// engineGroups finds none: there are no cgroups here.
+func engineGroups(string) []string { return nil }

@@ -156,12 +156,13 @@ func startPoold(t *testing.T, tag string, profiles []byte, args ...string) *daem
 // launch starts poold without waiting for it to serve.
 func launch(t *testing.T, tag string, profiles []byte, args ...string) *daemon {
 	t.Helper()
-	return launchEnv(t, tag, profiles, nil, args...)
+	return launchWith(t, tag, profiles, nil, args...)
 }
 
-// launchEnv starts poold with env added to the test's environment, without
-// waiting for it to serve.
-func launchEnv(t *testing.T, tag string, profiles []byte, env []string, args ...string) *daemon {
+// launchWith starts poold without waiting for it to serve, after setup (if
+// not nil) has adjusted its command: its environment, its process
+// attributes.
+func launchWith(t *testing.T, tag string, profiles []byte, setup func(*exec.Cmd), args ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "profiles.json")
@@ -174,8 +175,8 @@ func launchEnv(t *testing.T, tag string, profiles []byte, env []string, args ...
 		"--state-dir", filepath.Join(dir, "state")}, args...)
 	d.cmd = exec.Command(pooldBin, all...)
 	d.cmd.Stdout, d.cmd.Stderr = d.stdout, d.stderr
-	if env != nil {
-		d.cmd.Env = append(os.Environ(), env...)
+	if setup != nil {
+		setup(d.cmd)
 	}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -188,11 +189,13 @@ func TestAPIKeys(t *testing.T) {
 // admin token (POOLD_*), unrelated secrets and VLLM_API_KEY never reach it.
 func TestEngineEnvironmentAllowlisted(t *testing.T) {
 	tag := t.Name()
-	d := launchEnv(t, tag, profilesJSON(tag,
+	d := launchWith(t, tag, profilesJSON(tag,
 		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
 		[]sim{{ID: "m", Extra: map[string]any{"passEnv": []string{"MY_VAR"}}}}, nil),
-		[]string{"POOLD_API_KEYS=sk-env-secret", "POOLD_ADMIN_TOKEN=admin-env-secret", "UNLISTED_SECRET=other-env-secret",
-			"VLLM_API_KEY=engine-env-secret", "HF_HOME=/tmp/hf-e2e", "MY_VAR=passed-on-purpose"})
+		func(cmd *exec.Cmd) {
+			cmd.Env = append(os.Environ(), "POOLD_API_KEYS=sk-env-secret", "POOLD_ADMIN_TOKEN=admin-env-secret", "UNLISTED_SECRET=other-env-secret",
+				"VLLM_API_KEY=engine-env-secret", "HF_HOME=/tmp/hf-e2e", "MY_VAR=passed-on-purpose")
+		})
 	d.waitHealthy()
 	p := d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.Engine.PID))
