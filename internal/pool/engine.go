@@ -256,19 +256,6 @@ func (e *engine) members() []int { return e.tree().members() }
 // portAttempts bounds the starts of one engine whose port was taken.
 const portAttempts = 3
 
-// portTaken reports whether the engine exited because its port was in use.
-// Call it once the engine's group is stopped: it waits (bounded) for the
-// engine's last output lines.
-func (e *engine) portTaken() bool {
-	select {
-	case <-e.exited:
-	default:
-		return false
-	}
-	e.awaitOutput()
-	return e.logs.contains("address already in use")
-}
-
 // freePort asks the kernel for a free loopback port.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -296,16 +283,11 @@ func (r *ring) add(line string) {
 	r.lines = append(r.lines, line)
 }
 
-// contains reports whether a kept line contains s.
-func (r *ring) contains(s string) bool {
+// snapshot returns a copy of the kept lines.
+func (r *ring) snapshot() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, l := range r.lines {
-		if strings.Contains(l, s) {
-			return true
-		}
-	}
-	return false
+	return slices.Clone(r.lines)
 }
 
 // tail returns the last n lines joined by " | ", or "(none)".

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -175,7 +176,9 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		kind = KindWake
 	}
 	// An engine that could not bind its port (taken between freePort and the
-	// engine's bind) is started again on another, a bounded number of times.
+	// engine's bind), or that shares it with another process, is started
+	// again on another, a bounded number of times.
+	var exposed error // listeners beyond loopback that did not fail the start
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
@@ -193,6 +196,9 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		t = p.opts.Now()
 		err = e.waitReady(ctx, prof.StartupTimeout.Duration)
 		if err == nil {
+			exposed, err = p.checkSockets(e, spec.AllowNonLoopback)
+		}
+		if err == nil {
 			phases["ready"] = p.opts.Now().Sub(t)
 			break
 		}
@@ -203,9 +209,9 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		p.eng = nil
 		p.mu.Unlock()
 		p.observeExit(prof.ID, "load_failed")
-		if e.portTaken() {
+		if errors.Is(err, errPortShared) || e.portTaken() {
 			if attempt < portAttempts {
-				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt)
+				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt, "err", err)
 				continue
 			}
 			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
@@ -216,7 +222,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	now := p.opts.Now()
 
 	p.mu.Lock()
-	p.lastErr = nil
+	p.lastErr = exposed
 	p.readyAt = now
 	p.backoff.ready(now)
 	p.lastSwap = now.Sub(begin)

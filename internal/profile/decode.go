@@ -146,6 +146,7 @@ type kind int
 
 const (
 	kString kind = iota
+	kBool
 	kInt
 	kDuration
 	kStrings
@@ -160,6 +161,7 @@ const (
 
 var kindNames = [...]string{
 	kString:   "string",
+	kBool:     "bool",
 	kInt:      "int",
 	kDuration: "duration",
 	kStrings:  "[]string",
@@ -174,7 +176,7 @@ var kindNames = [...]string{
 
 // jsonKinds is the node kind each kind decodes from.
 var jsonKinds = [...]byte{
-	kString: 's', kInt: 'n', kDuration: 's', kStrings: '[', kInts: '[', kEnv: '{',
+	kString: 's', kBool: 'b', kInt: 'n', kDuration: 's', kStrings: '[', kInts: '[', kEnv: '{',
 	kConfig: '{', kPools: '[', kDefaults: '{', kProfiles: '[', kSleep: '{',
 }
 
@@ -189,7 +191,7 @@ var (
 	poolFields   = []field{
 		{"name", kString}, {"gpus", kInts}, {"default", kString},
 		{"minResidency", kDuration}, {"maxQueue", kInt}, {"maxQueueWait", kDuration},
-		{"maxSleeping", kInt},
+		{"maxSleeping", kInt}, {"allowNonLoopback", kBool},
 	}
 	defaultsFields = []field{
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"env", kEnv},

@@ -54,6 +54,10 @@ type PoolSpec struct {
 	// MaxSleeping bounds the sleeping engines the pool keeps besides its awake
 	// one; zero means DefaultMaxSleeping.
 	MaxSleeping int `json:"maxSleeping,omitempty"`
+	// AllowNonLoopback lets an engine that listens beyond loopback on its
+	// port serve anyway (reported in the pool's lastError); false, the
+	// default, stops it and fails the load.
+	AllowNonLoopback bool `json:"allowNonLoopback,omitempty"`
 }
 
 // Defaults are applied to every profile that leaves the field unset.

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -431,6 +432,99 @@ func TestNoReplaysAndEarlyAnswers(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no access log line with status 413:\n%s", d.stdout.String())
+		}
+	}
+}
+
+// An engine that listens beyond loopback (the simulator with --host 0.0.0.0)
+// is stopped and its load fails with a clear error, unless its pool sets
+// allowNonLoopback, where it serves with the exposure in lastError.
+func TestNonLoopbackEngineRefused(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "open"}, {Name: "p1", GPUs: []int{1}, Default: "allowed", Extra: map[string]any{"allowNonLoopback": true}}},
+		[]sim{{ID: "open", Pools: []string{"p0"}, Flags: []string{"--host", "0.0.0.0"}}, {ID: "allowed", Pools: []string{"p1"}, Flags: []string{"--host", "0.0.0.0"}}}, nil))
+	p := d.waitPool("p0", 20*time.Second, "failed", func(p poolView) bool { return p.State == "failed" })
+	if !strings.Contains(p.LastError, "listens beyond loopback") || !strings.Contains(p.LastError, "allowNonLoopback") || p.Engine != nil {
+		t.Fatalf("pool p0: %+v, want failed naming the exposure and allowNonLoopback, with no engine", p)
+	}
+	code, _, body, err := d.post(t.Context(), "/v1/chat/completions", chatBody("open", false, 1))
+	if err != nil || code != http.StatusBadGateway || !strings.Contains(string(body), "listens beyond loopback") {
+		t.Fatalf("a request for the refused engine: %d %s %v, want a 502 naming the exposure", code, body, err)
+	}
+	p = d.waitPool("p1", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	if !strings.Contains(p.LastError, "listens beyond loopback") {
+		t.Fatalf("pool p1 allows the exposure but its lastError is %q", p.LastError)
+	}
+	if !strings.Contains(d.stderr.String(), "engine listens beyond loopback") {
+		t.Fatal("the exposure is not in the log")
+	}
+}
+
+// An engine started on a port that another process also listens on with
+// SO_REUSEPORT (the kernel would split requests between them) is not taken
+// as ready: poold sees the other listener in /proc, stops the engine and
+// starts it on another port, and no request reaches the other process.
+func TestSharedPortRefused(t *testing.T) {
+	tag := t.Name()
+	armed := filepath.Join(t.TempDir(), "armed")
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{helperSim(tag, "m", "reuseport", armed)}, nil))
+	// The engine waits for the file; meanwhile this process takes its port.
+	p := d.waitPool("p0", 20*time.Second, "an engine starting", func(p poolView) bool { return p.Engine != nil })
+	shared := p.Engine.Port
+	lc := net.ListenConfig{Control: reusePort}
+	ln, err := lc.Listen(t.Context(), "tcp", fmt.Sprintf("127.0.0.1:%d", shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	squatter := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			modelList(w, "m")
+			return
+		}
+		fmt.Fprint(w, `{"served_by":"squatter"}`)
+	})}
+	go squatter.Serve(ln)
+	t.Cleanup(func() { squatter.Close() })
+	writeFile(t, armed, nil)
+
+	p = d.waitPool("p0", 30*time.Second, "ready on another port", func(p poolView) bool {
+		return p.State == "ready" && p.Engine != nil && p.Engine.Port != shared
+	})
+	if !strings.Contains(d.stderr.String(), "another process listens on the engine's port") {
+		t.Fatal("the shared port is not in the log")
+	}
+	for range 10 {
+		code, _, body, err := d.post(t.Context(), "/v1/chat/completions", chatBody("m", false, 1))
+		if err != nil || code != http.StatusOK || !strings.Contains(string(body), `"served_by":"engine"`) {
+			t.Fatalf("request: %d %s %v, want the engine's answer", code, body, err)
+		}
+	}
+}
+
+// A port clash is recognised whatever the engine's wording or case:
+// Python's "[Errno 98] Address already in use" and newer vLLM's "Port N is
+// already in use" both start the engine again on another port.
+func TestPortClashMessages(t *testing.T) {
+	tag := t.Name()
+	clash := func(msg string) []string {
+		return []string{"sh", "-c", "echo '" + msg + "' >&2; exit 1 # {port}"}
+	}
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}}},
+		[]sim{
+			{ID: "python", Extra: map[string]any{"command": clash("OSError: [Errno 98] Address already in use")}},
+			{ID: "vllm", Extra: map[string]any{"command": clash("RuntimeError: Port {port} is already in use")}},
+		}, nil))
+	for _, id := range []string{"python", "vllm"} {
+		code, _, body, err := d.post(t.Context(), "/v1/chat/completions", chatBody(id, false, 1))
+		if err != nil || code != http.StatusBadGateway {
+			t.Fatalf("%s: %d %s %v", id, code, body, err)
+		}
+		if msg := apiError(t, body).Error.Message; !strings.Contains(msg, "found its port taken 3 times in a row") {
+			t.Fatalf("%s: the clash was not recognised: %s", id, msg)
 		}
 	}
 }
