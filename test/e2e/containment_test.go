@@ -5,7 +5,6 @@ package e2e
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -104,18 +103,8 @@ func survivors(ps []proc) []string {
 // containmentMode reads /status's containment.
 func (d *daemon) containmentMode() (mode, reason string) {
 	d.t.Helper()
-	resp, err := http.Get(d.url + "/status")
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var st struct {
-		Containment struct{ Mode, Reason string }
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		d.t.Fatal(err)
-	}
-	return st.Containment.Mode, st.Containment.Reason
+	c := d.status().Containment
+	return c.Mode, c.Reason
 }
 
 // checkEscapesEnd runs the engine that escapes (with both kinds of escape

@@ -321,8 +321,12 @@ func (d *daemon) waitHealthy() {
 
 // status is the part of GET /status the tests read.
 type status struct {
-	Version string `json:"version"`
-	Pools   []struct {
+	Version     string `json:"version"`
+	Containment struct {
+		Mode   string `json:"mode"`
+		Reason string `json:"reason"`
+	} `json:"containment"`
+	Pools []struct {
 		Name         string         `json:"name"`
 		State        string         `json:"state"`
 		Profile      *string        `json:"profile"`
