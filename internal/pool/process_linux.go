@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 )
 
 // Linux process mechanics: engines in process groups with Pdeathsig, forked
@@ -40,59 +39,6 @@ func newSpawner() spawner {
 	return s
 }
 
-// waitGroupGone polls until process group pgid has no live member, or d passes.
-func waitGroupGone(pgid int, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	interval := time.Millisecond
-	for {
-		if len(groupMembers(pgid)) == 0 {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(interval)
-		interval = min(interval*2, 50*time.Millisecond)
-	}
-}
-
-// groupMembers lists the live (not zombie) processes whose process group is
-// pgid, from /proc.
-func groupMembers(pgid int) []int {
-	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
-		return nil
-	}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var pids []int
-	for _, ent := range ents {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + ent.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// Fields after the command, which is in parentheses and may hold anything:
-		// state ppid pgrp ...
-		i := strings.LastIndexByte(string(stat), ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(stat[i+1:]))
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
 // treeMembers lists, from one scan of /proc, the live processes of an engine
 // in process-group mode: the members of its process group pgid (when group is
 // set), the processes started no earlier than its leader (start, in clock
@@ -110,6 +56,7 @@ func treeMembers(pgid int, token string, start uint64, group bool, known map[int
 	marker := []byte(tokenEnv + "=" + token + "\x00")
 	in := make(map[int]bool)
 	children := make(map[int][]int)
+	starts := make(map[int]uint64) // of every live process
 	for _, ent := range ents {
 		pid, err := strconv.Atoi(ent.Name())
 		if err != nil {
@@ -120,6 +67,7 @@ func treeMembers(pgid int, token string, start uint64, group bool, known map[int
 			continue
 		}
 		children[st.ppid] = append(children[st.ppid], pid)
+		starts[pid] = st.start
 		switch was, ok := known[pid]; {
 		case ok && was == st.start:
 			in[pid] = true
@@ -150,11 +98,7 @@ func treeMembers(pgid int, token string, start uint64, group bool, known map[int
 	for pid := range in {
 		pids = append(pids, pid)
 		if known != nil {
-			if _, ok := known[pid]; !ok {
-				if st, err := procStat(pid); err == nil {
-					known[pid] = st.start
-				}
-			}
+			known[pid] = starts[pid]
 		}
 	}
 	slices.Sort(pids)

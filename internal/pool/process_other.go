@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"syscall"
-	"time"
 )
 
 // errNotLinux is why engines cannot run here.
@@ -17,12 +16,6 @@ func engineProcAttr() (*syscall.SysProcAttr, error) { return nil, errNotLinux }
 
 // processSpawner starts on the calling thread: no engine starts here anyway.
 func processSpawner() spawner { return nil }
-
-// waitGroupGone reports the group gone: no engine ran here.
-func waitGroupGone(int, time.Duration) bool { return true }
-
-// groupMembers finds no process: no engine ran here.
-func groupMembers(int) []int { return nil }
 
 // leftovers finds no process: no engine ran here.
 func leftovers(LedgerEngine) []int { return nil }
