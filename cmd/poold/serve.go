@@ -73,7 +73,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	m.Configure(cfg)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
-	ledger, err := openState(s.StateDir, log)
+	contain, err := containment(s.Containment, log)
+	if err != nil {
+		return err
+	}
+	ledger, err := openState(s.StateDir, contain, log)
 	if err != nil {
 		return err
 	}
@@ -97,7 +101,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	defer access.Close(accessFlush)
 	reg.MustRegister(metrics.AccessLogDropped(access.Dropped))
 
-	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(),
+	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
@@ -124,10 +128,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		},
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
-				Version: version,
-				Host:    host,
-				Config:  rl.status(),
-				GPU:     gpuStatus(gpus),
+				Version:     version,
+				Host:        host,
+				Config:      rl.status(),
+				GPU:         gpuStatus(gpus),
+				Containment: contain.Status(),
 			}
 		},
 	})

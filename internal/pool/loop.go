@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -222,11 +223,13 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		kind = KindWake
 	}
 	// An engine that could not bind its port (taken between freePort and the
-	// engine's bind) is started again on another, a bounded number of times.
+	// engine's bind), or that shares it with another process, is started
+	// again on another, a bounded number of times.
+	var exposed error // listeners beyond loopback that did not fail the start
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
-		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.http, p.opts.hurry, p.log)
+		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.opts.Containment, p.http, p.opts.hurry, p.log)
 		if err != nil {
 			p.failSwap(ctx, prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
@@ -239,16 +242,19 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 
 		t = p.opts.Now()
 		err = e.waitReady(ctx, prof.StartupTimeout.Duration)
-		if err == nil {
-			phases["ready"] = p.opts.Now().Sub(t)
-			break
-		}
-		if !isClosed(e.exited) {
+		if err != nil && !isClosed(e.exited) {
 			// Alive but not ready (startupTimeout, or poold stopping): those
 			// who wait are told now, not after the engine's stop grace.
 			p.failSwap(ctx, prof, from, phases, err)
 			p.stopUnready(e)
 			return
+		}
+		if err == nil {
+			exposed, err = p.checkSockets(e, spec.AllowNonLoopback)
+		}
+		if err == nil {
+			phases["ready"] = p.opts.Now().Sub(t)
+			break
 		}
 		if _, stopErr := p.stopGroup(e, prof.StopTimeout.Duration); stopErr != nil {
 			p.log.Error("stopping failed engine", "profile", prof.ID, "err", stopErr)
@@ -257,9 +263,9 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		p.eng = nil
 		p.mu.Unlock()
 		p.observeExit(prof.ID, "load_failed")
-		if e.portTaken() {
+		if errors.Is(err, errPortShared) || e.portTaken() {
 			if attempt < portAttempts {
-				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt)
+				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt, "err", err)
 				continue
 			}
 			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
@@ -270,7 +276,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	now := p.opts.Now()
 
 	p.mu.Lock()
-	p.lastErr = nil
+	p.lastErr = exposed
 	p.readyAt = now
 	p.backoff.ready(now)
 	p.lastSwap = now.Sub(begin)
@@ -359,14 +365,15 @@ func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
 	return release, nil
 }
 
-// stopGroup stops e's process group (SIGTERM, grace, SIGKILL) and then, with a
-// VRAM check configured, waits for the pool's GPUs to release its memory. A
-// check that gives up is a warning, not a failed stop: the group is gone.
+// stopGroup stops all of e's processes (SIGTERM, grace, SIGKILL) and then,
+// with a VRAM check configured, waits for the pool's GPUs to release its
+// memory. A check that gives up is a warning, not a failed stop: the
+// processes are gone.
 // release is how long the check took, zero when it did not run or gave up.
 func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration, err error) {
 	var released func() error
 	if p.opts.VRAM != nil {
-		released = p.opts.VRAM.Watch(e.gpus, groupMembers(e.pid))
+		released = p.opts.VRAM.Watch(e.gpus, e.members())
 	}
 	if err := e.stop(grace, p.log); err != nil {
 		return 0, err

@@ -96,7 +96,10 @@ type Options struct {
 	VRAM     VRAM
 	// Ledger records the engines started, for crash clean-up; nil records none.
 	Ledger *Ledger
-	Now    func() time.Time
+	// Containment is how engines' processes are kept account of; nil is
+	// process-group mode.
+	Containment *Containment
+	Now         func() time.Time
 	// host counts the host RAM held by the sleepers of all pools of a Set;
 	// set by NewSet (nil, outside a Set, is a fresh count per pool).
 	host *hostSleep
