@@ -26,6 +26,7 @@ var allowed = map[string][]string{
 	"internal/simgpu":    nil,
 	"internal/cli":       nil,
 	"internal/logqueue":  nil,
+	"internal/tenant":    nil,
 	"internal/gpu":       {"internal/statusapi", "internal/simgpu"},
 	"internal/pool":      {"internal/profile", "internal/placement", "internal/statusapi"},
 	"internal/metrics":   {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},
