@@ -120,6 +120,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done()
 		return
 	}
+	if s.cfg.FailRequests && r.Method == http.MethodPost {
+		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxBodyBytes))
+		s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request failed (--sim-fail-requests)", slog.String("path", r.URL.Path))
+		writeError(w, &reqInfo{}, http.StatusInternalServerError, "InternalServerError", "", "simulated failure (--sim-fail-requests)")
+		return
+	}
 	info := reqInfo{status: http.StatusOK}
 	if s.serveSleep(w, r, &info) {
 		s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
