@@ -25,6 +25,13 @@ type settings struct {
 	LogFormat       string
 	MaxBodyBytes    int64
 	ShutdownTimeout time.Duration
+	// ReadTimeout bounds reading a request, body included (408 after), and
+	// ReadHeaderTimeout its headers; MaxHeaderBytes caps the headers' size
+	// (431 above): the same limits as poold's.
+	ReadTimeout, ReadHeaderTimeout time.Duration
+	MaxHeaderBytes                 int
+	// RedisURL, when set, is the Redis the replicas share (rdb.Open).
+	RedisURL string
 	// APIKeys, when non-nil, is required on /v1/* before any host is asked
 	// (api-keys, api-keys-file); the client's Authorization still goes to
 	// the host as sent. Only the keys' hashes are kept.
@@ -42,14 +49,23 @@ func loadSettings(args []string) (settings, error) {
 	fl.Int64("max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit in bytes")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("poll-interval", fleet.DefaultPollInterval, "how often each host's /status and /v1/models are read")
-	fl.Duration("poll-timeout", fleet.DefaultPollTimeout, "time limit of one poll")
-	fl.Int("eject-after", fleet.DefaultEjectAfter, "failed polls, or failed forwards, in a row that eject a host until it answers again")
-	fl.Duration("max-backoff", fleet.DefaultMaxBackoff, "longest interval between the probes of an ejected host")
-	fl.Int("max-attempts", fleet.DefaultMaxAttempts, "hosts one request may be tried on (connect failure or 503 before any byte)")
+	fl.Duration("poll-timeout", fleet.DefaultPollTimeout, "time limit of one poll; a poll that times out is followed by another at once")
+	fl.Int("silent-after", fleet.DefaultSilentAfter, "polls in a row that time out that eject a host as silent")
+	fl.Bool("retry-silent", true, "cancel the requests of a host ejected as silent that have no response byte yet, and retry them on another host")
+	fl.Int("eject-after", fleet.DefaultEjectAfter, "failed polls, unanswered forwards, or failed answers of one model (5xx, cut streams) in a row that eject the host, or the model there")
+	fl.Duration("max-backoff", fleet.DefaultMaxBackoff, "longest ejection (each lasts at least poll-interval, doubling when a host keeps failing)")
+	fl.Int("max-attempts", fleet.DefaultMaxAttempts, "hosts one request may be tried on (no answer, silence, a refused key, or a refusal that started nothing)")
 	fl.String("affinity-header", fleet.DefaultAffinityHeader, "request header whose value keeps a session on one host")
 	fl.Int("affinity-bytes", fleet.DefaultAffinityBytes, "bytes of the first message that key affinity when the header is absent")
-	fl.Int("load-slack", fleet.DefaultLoadSlack, "requests by which a host may exceed the least loaded one and still win by affinity")
+	fl.Float64("affinity-epsilon", fleet.DefaultAffinityEpsilon, "a session stays on its host while the host's load is within (1+ε)× the mean")
+	fl.Int("load-slack", fleet.DefaultLoadSlack, "requests by which a host may exceed the least loaded one and still keep its sessions, whatever the mean")
 	fl.Duration("scale-out-wait", fleet.DefaultScaleOutWait, "queue wait of every awake copy above which another copy is loaded on an idle host (0 disables)")
+	fl.Duration("scale-out-cooldown", fleet.DefaultScaleOutCooldown, "least time between two scale-outs of one model by this fleetd, times a factor in [1, 2) drawn at start")
+	fl.Duration("claim-lease", fleet.DefaultClaimLease, "how long a claim of a model's new copy (cold load or scale-out) sends its model's requests to the claimed host")
+	fl.String("redis-url", "", "Redis shared by the replicas (redis://host:port[/db]): claims of new copies, so that replicas load one copy")
+	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
+	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
+	fl.Int("max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
 	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys fleetd itself requires on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.String("host-api-key-file", "", "file holding the API key fleetd presents on its polls of hosts whose poold requires keys")
@@ -68,25 +84,34 @@ func loadSettings(args []string) (settings, error) {
 	}
 
 	s := settings{
-		Listen:          v.GetString("listen"),
-		Hosts:           v.GetString("hosts"),
-		LogFormat:       v.GetString("log-format"),
-		MaxBodyBytes:    v.GetInt64("max-body-bytes"),
-		ShutdownTimeout: v.GetDuration("shutdown-timeout"),
+		Listen:            v.GetString("listen"),
+		Hosts:             v.GetString("hosts"),
+		LogFormat:         v.GetString("log-format"),
+		MaxBodyBytes:      v.GetInt64("max-body-bytes"),
+		ShutdownTimeout:   v.GetDuration("shutdown-timeout"),
+		ReadTimeout:       v.GetDuration("read-timeout"),
+		ReadHeaderTimeout: v.GetDuration("read-header-timeout"),
+		MaxHeaderBytes:    v.GetInt("max-header-bytes"),
+		RedisURL:          v.GetString("redis-url"),
 		Fleet: fleet.Options{
 			PollInterval: v.GetDuration("poll-interval"),
 			PollTimeout:  v.GetDuration("poll-timeout"),
+			SilentAfter:  v.GetInt("silent-after"),
 			EjectAfter:   v.GetInt("eject-after"),
 			MaxBackoff:   v.GetDuration("max-backoff"),
+			KeepSilent:   !v.GetBool("retry-silent"),
 		},
 		Handler: fleet.HandlerOptions{
-			MaxBodyBytes:   v.GetInt64("max-body-bytes"),
-			MaxAttempts:    v.GetInt("max-attempts"),
-			AffinityHeader: v.GetString("affinity-header"),
-			AffinityBytes:  v.GetInt("affinity-bytes"),
-			LoadSlack:      v.GetInt("load-slack"),
-			ScaleOutWait:   v.GetDuration("scale-out-wait"),
-			Version:        version,
+			MaxBodyBytes:     v.GetInt64("max-body-bytes"),
+			MaxAttempts:      v.GetInt("max-attempts"),
+			AffinityHeader:   v.GetString("affinity-header"),
+			AffinityBytes:    v.GetInt("affinity-bytes"),
+			AffinityEpsilon:  v.GetFloat64("affinity-epsilon"),
+			LoadSlack:        v.GetInt("load-slack"),
+			ScaleOutWait:     v.GetDuration("scale-out-wait"),
+			ScaleOutCooldown: v.GetDuration("scale-out-cooldown"),
+			ClaimLease:       v.GetDuration("claim-lease"),
+			Version:          version,
 		},
 	}
 	var errs []error
@@ -118,14 +143,24 @@ func loadSettings(args []string) (settings, error) {
 	}{
 		{"max-body-bytes", s.MaxBodyBytes > 0}, {"poll-interval", s.Fleet.PollInterval > 0}, {"poll-timeout", s.Fleet.PollTimeout > 0},
 		{"eject-after", s.Fleet.EjectAfter > 0}, {"max-backoff", s.Fleet.MaxBackoff > 0}, {"max-attempts", s.Handler.MaxAttempts > 0},
-		{"affinity-bytes", s.Handler.AffinityBytes > 0},
+		{"affinity-bytes", s.Handler.AffinityBytes > 0}, {"silent-after", s.Fleet.SilentAfter > 0},
+		{"scale-out-cooldown", s.Handler.ScaleOutCooldown > 0}, {"claim-lease", s.Handler.ClaimLease > 0},
+		{"max-header-bytes", s.MaxHeaderBytes > 0},
 	} {
 		if !c.ok {
 			errs = append(errs, fmt.Errorf("%s: must be positive, not %s", c.name, v.GetString(c.name)))
 		}
 	}
-	if s.ShutdownTimeout < 0 {
-		errs = append(errs, errors.New("shutdown-timeout: must not be negative"))
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"shutdown-timeout", s.ShutdownTimeout}, {"read-timeout", s.ReadTimeout}, {"read-header-timeout", s.ReadHeaderTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative", d.name))
+		}
+	}
+	if s.Handler.AffinityEpsilon < 0 {
+		errs = append(errs, errors.New("affinity-epsilon: must not be negative"))
 	}
 	if s.Handler.ScaleOutWait < 0 {
 		errs = append(errs, errors.New("scale-out-wait: must not be negative (0 disables scale-out)"))
