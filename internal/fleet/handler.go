@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -101,6 +102,10 @@ type Handler struct {
 	// (cooldown: ScaleOutCooldown times this fleetd's jitter).
 	claims, scaledOut localClaims
 	cooldown          time.Duration
+	// claiming serialises the claims that go to opts.Claims, so that the
+	// requests of a burst wait for the first one's answer from the shared
+	// store instead of following this fleetd's own guess.
+	claiming sync.Mutex
 }
 
 // NewHandler builds the handler for f.
@@ -315,6 +320,10 @@ func (h *Handler) claimCopy(ctx context.Context, order []Choice, views []HostVie
 	}
 	root := rootOf(views, c.Host)
 	key := "copy:" + root
+	if h.opts.Claims != nil {
+		h.claiming.Lock()
+		defer h.claiming.Unlock()
+	}
 	now := h.fleet.opts.Now()
 	winner, had := h.claims.claim(key, c.Host, now, h.opts.ClaimLease)
 	if !had && h.opts.Claims != nil {

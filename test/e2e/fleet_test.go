@@ -74,9 +74,14 @@ func startFleetd(t *testing.T, hosts []*daemon, args ...string) *fleetd {
 
 // fleetHost is the part of a host in fleetd's /status the tests read.
 type fleetHost struct {
-	Name    string `json:"name"`
-	Healthy bool   `json:"healthy"`
-	Ejected bool   `json:"ejected"`
+	Name       string `json:"name"`
+	Healthy    bool   `json:"healthy"`
+	Ejected    bool   `json:"ejected"`
+	EjectedFor string `json:"ejectedFor"`
+	Models     []struct {
+		Model  string `json:"model"`
+		Health string `json:"health"`
+	} `json:"models"`
 	Pools   []struct {
 		Name     string  `json:"name"`
 		State    string  `json:"state"`

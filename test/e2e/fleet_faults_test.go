@@ -1,0 +1,294 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/poold/poold/internal/rdb/rdbtest"
+)
+
+// metricSum adds up the samples of metric name at base/metrics whose labels
+// contain every one of match (such as `result="ok"`).
+func metricSum(t *testing.T, base, name string, match ...string) float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<16), 1<<20)
+	for sc.Scan() {
+		series, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !strings.HasPrefix(series, name+"{") && series != name {
+			continue
+		}
+		if !slices.ContainsFunc(match, func(m string) bool { return !strings.Contains(series, m) }) {
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", series, err)
+			}
+			sum += v
+		}
+	}
+	return sum
+}
+
+// starts is the number of engines the hosts started, fleet-wide.
+func starts(t *testing.T, hosts []*daemon) float64 {
+	n := 0.0
+	for _, h := range hosts {
+		n += metricSum(t, h.url, "poold_engine_starts_total", `result="ok"`)
+	}
+	return n
+}
+
+// A host whose engine answers every request for one model with 500 does not
+// win by failing fast: it is ejected for that model after a few failures
+// and tried again only by one request per ejection, which doubles, while it
+// still serves its other model.
+func TestFleetFailingHost(t *testing.T) {
+	var hosts []*daemon
+	for i := range 2 {
+		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
+		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"})))
+	}
+	tag := t.Name() + "-3"
+	sims := []sim{
+		{ID: "a", Pools: []string{"gpu0"}, Flags: []string{"--sim-fail-requests"}},
+		{ID: "b", Pools: []string{"gpu1"}, Flags: []string{"--sim-itl", "20ms"}},
+	}
+	hosts = append(hosts, startPoold(t, tag, profilesJSON(tag, []pool{{Name: "gpu0", GPUs: []int{0}, Default: "a"}, {Name: "gpu1", GPUs: []int{1}, Default: "b"}}, sims, nil)))
+	for _, h := range hosts {
+		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	}
+	hosts[2].waitPool("gpu1", 20*time.Second, "b ready", func(p poolView) bool { return p.State == "ready" })
+	f := startFleetd(t, hosts, "--max-backoff", "10s", "--scale-out-wait", "0")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	const total, clients = 300, 10
+	var mu sync.Mutex // guards byHost, codes
+	byHost := map[string]int{}
+	codes := map[int]int{}
+	next := make(chan int, total)
+	for i := range total {
+		next <- i
+	}
+	close(next)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for i := range next {
+				code, host, _, err := f.post(ctx, fmt.Sprintf(`{"model": "a", "max_tokens": 2, "messages": [{"role": "user", "content": "request %d"}]}`, i))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				byHost[host]++
+				codes[code]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	ok := codes[http.StatusOK]
+	t.Logf("%d requests in %s: %d succeeded (%.1f%%); answers by host %v; statuses %v", total, took.Round(time.Millisecond), ok, 100*float64(ok)/total, byHost, codes)
+	if ok < total*95/100 {
+		t.Errorf("%d of %d succeeded, want at least 95%%", ok, total)
+	}
+	// host3 got its first failures, then one trial per ejection, each
+	// ejection at least twice the last.
+	if n := byHost["host3"]; n > 12 {
+		t.Errorf("the failing host answered %d requests", n)
+	}
+	if v := metricSum(t, f.url, "fleetd_host_ejections_total", `host="host3"`, `cause="errors"`); v < 1 {
+		t.Errorf("fleetd_host_ejections_total{host3,errors} = %v", v)
+	}
+	h3 := f.hosts()["host3"]
+	i := slices.IndexFunc(h3.Models, func(m struct {
+		Model  string `json:"model"`
+		Health string `json:"health"`
+	}) bool {
+		return m.Model == "a"
+	})
+	if i < 0 || h3.Models[i].Health == "healthy" || !h3.Healthy {
+		t.Errorf("host3 in /status: %+v; want healthy, with model a ejected or on trial", h3)
+	} else {
+		t.Logf("host3: model a %s", h3.Models[i].Health)
+	}
+	// The host still serves its other model.
+	for range 5 {
+		if code, host, body, err := f.post(ctx, fmt.Sprintf(shortChat, "b")); err != nil || code != http.StatusOK || host != "host3" {
+			t.Fatalf("b: %d from %q: %s %v", code, host, body, err)
+		}
+	}
+	if strings.Contains(f.stderr.String(), `"model re-admitted on host"`) {
+		t.Error("the failing model was re-admitted")
+	}
+}
+
+// A host that refuses the client's key (401) is not counted as failing, and
+// the key's next requests go to hosts that accept it; a 401 started
+// nothing, so the request is tried on the next host at once.
+func TestFleetKeyRefused(t *testing.T) {
+	dir := t.TempDir()
+	hostKeys := dir + "/keys"
+	writeFile(t, hostKeys, []byte("sk-host-only\n"))
+	hostKey := dir + "/host-key"
+	writeFile(t, hostKey, []byte("sk-host-only\n"))
+	var hosts []*daemon
+	for i := range 3 {
+		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
+		var args []string
+		if i == 0 {
+			args = []string{"--api-keys-file", hostKeys}
+		}
+		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"}), args...))
+	}
+	for _, h := range hosts {
+		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	}
+	f := startFleetd(t, hosts, "--host-api-key-file", hostKey)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	byHost, ok := map[string]int{}, 0
+	for i := range 60 {
+		code, host, body, err := f.post(ctx, fmt.Sprintf(`{"model": "a", "max_tokens": 2, "messages": [{"role": "user", "content": "r%d"}]}`, i),
+			"Authorization", "Bearer sk-client")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code == http.StatusOK {
+			ok++
+		} else {
+			t.Logf("request %d: %d from %s: %s", i, code, host, body)
+		}
+		byHost[host]++
+	}
+	refusedAt1 := metricSum(t, f.url, "fleetd_retries_total", `host="host1"`, `cause="key"`)
+	t.Logf("60 requests with a key host1 refuses: %d succeeded; answers by host %v; host1 refused %v", ok, byHost, refusedAt1)
+	if ok != 60 || byHost["host1"] != 0 {
+		t.Errorf("%d of 60 succeeded, %d answered by host1", ok, byHost["host1"])
+	}
+	if refusedAt1 > 2 {
+		t.Errorf("host1 was asked %v times for a key it refuses", refusedAt1)
+	}
+	if h := f.hosts()["host1"]; !h.Healthy || len(h.Models) != 0 {
+		t.Errorf("host1 counted as failing: %+v", h)
+	}
+}
+
+// busyFleet is three hosts with model a awake on each, every pool busy with
+// streams of a, and a model d awake nowhere (minResidency 1s, so that a
+// pool may swap once its streams end).
+func busyFleet(t *testing.T) []*daemon {
+	var hosts []*daemon
+	for i := range 3 {
+		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
+		var sims []sim
+		for _, m := range []string{"a", "d"} {
+			sims = append(sims, sim{ID: m, Flags: []string{"--sim-load-delay", "1s", "--sim-itl", "20ms"}})
+		}
+		p := profilesJSON(tag, []pool{{Name: "gpu0", GPUs: []int{0}, Default: "a", Extra: map[string]any{"minResidency": "1s"}}}, sims, nil)
+		hosts = append(hosts, startPoold(t, tag, p))
+	}
+	for _, h := range hosts {
+		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	}
+	return hosts
+}
+
+// coldBurst keeps every pool of hosts busy with two streams of a (about 3 s
+// each, through fleetd fs[0]), then sends n concurrent requests for d, awake
+// nowhere, each with its own content (so its own affinity key), through the
+// fleetds in turn. It returns the engines started fleet-wide meanwhile and
+// the answers by host.
+func coldBurst(t *testing.T, hosts []*daemon, fs []*fleetd, n int) (float64, map[string]int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for _, f := range fs {
+		for i := range hosts {
+			f.waitHost(fmt.Sprintf("host%d", i+1), 10*time.Second, "a ready", func(h fleetHost) bool { return len(h.Pools) == 1 && h.Pools[0].State == "ready" })
+		}
+	}
+	before := starts(t, hosts)
+	var streams sync.WaitGroup
+	for i := range 2 * len(hosts) {
+		resp, rd := fs[0].openStream(ctx, "a", 150, "X-Session-Id", fmt.Sprintf("busy-%d", i))
+		streams.Go(func() {
+			defer resp.Body.Close()
+			for {
+				if _, err := rd.ReadString('\n'); err != nil {
+					return
+				}
+			}
+		})
+	}
+	for _, h := range hosts {
+		h.waitPool("gpu0", 10*time.Second, "busy", func(p poolView) bool { return p.InFlight > 0 })
+	}
+	for _, f := range fs { // every fleetd has seen every pool busy
+		for i := range hosts {
+			f.waitHost(fmt.Sprintf("host%d", i+1), 10*time.Second, "busy", func(h fleetHost) bool { return len(h.Pools) == 1 && h.Pools[0].InFlight > 0 })
+		}
+	}
+	var mu sync.Mutex // guards byHost
+	byHost := map[string]int{}
+	var wg sync.WaitGroup
+	for i := range n {
+		f := fs[i%len(fs)]
+		wg.Go(func() {
+			code, host, body, err := f.post(ctx, fmt.Sprintf(`{"model": "d", "max_tokens": 2, "messages": [{"role": "user", "content": "cold %d"}]}`, i))
+			if err != nil || code != http.StatusOK {
+				t.Errorf("d %d: %d from %q: %s %v", i, code, host, body, err)
+			}
+			mu.Lock()
+			byHost[host]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	streams.Wait()
+	return starts(t, hosts) - before, byHost
+}
+
+// A burst for a model awake nowhere, with no idle pool anywhere, loads the
+// model on one host only: the first request claims a host for the new copy
+// and the rest follow it.
+func TestFleetColdBurst(t *testing.T) {
+	hosts := busyFleet(t)
+	f := startFleetd(t, hosts, "--scale-out-wait", "0")
+	started, byHost := coldBurst(t, hosts, []*fleetd{f}, 30)
+	t.Logf("30 concurrent requests for a cold model, every pool busy: %v engine start(s) fleet-wide; answers by host %v", started, byHost)
+	if started != 1 || len(byHost) != 1 {
+		t.Fatalf("%v engine starts (answers by host %v), want exactly one", started, byHost)
+	}
+}
+
+// Two fleetd replicas sharing a real Redis claim a cold model's copy there:
+// a burst through both loads one copy.
+func TestFleetTwoReplicasRedis(t *testing.T) {
+	url := rdbtest.Start(t)
+	hosts := busyFleet(t)
+	f1 := startFleetd(t, hosts, "--scale-out-wait", "0", "--redis-url", url)
+	f2 := startFleetd(t, hosts, "--scale-out-wait", "0", "--redis-url", url)
+	started, byHost := coldBurst(t, hosts, []*fleetd{f1, f2}, 30)
+	followed := metricSum(t, f1.url, "fleetd_copy_claims_total", `result="followed"`) + metricSum(t, f2.url, "fleetd_copy_claims_total", `result="followed"`)
+	t.Logf("30 concurrent requests for a cold model through two replicas: %v engine start(s) fleet-wide; answers by host %v; claims followed %v", started, byHost, followed)
+	if started != 1 || len(byHost) != 1 {
+		t.Fatalf("%v engine starts (answers by host %v), want exactly one", started, byHost)
+	}
+}
