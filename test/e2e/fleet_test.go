@@ -82,7 +82,7 @@ type fleetHost struct {
 		Model  string `json:"model"`
 		Health string `json:"health"`
 	} `json:"models"`
-	Pools   []struct {
+	Pools []struct {
 		Name     string  `json:"name"`
 		State    string  `json:"state"`
 		Profile  *string `json:"profile"`
