@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -290,5 +292,210 @@ func TestFleetTwoReplicasRedis(t *testing.T) {
 	t.Logf("30 concurrent requests for a cold model through two replicas: %v engine start(s) fleet-wide; answers by host %v; claims followed %v", started, byHost, followed)
 	if started != 1 || len(byHost) != 1 {
 		t.Fatalf("%v engine starts (answers by host %v), want exactly one", started, byHost)
+	}
+}
+
+// A host SIGSTOPped under load is found silent and ejected within 3 s with
+// the default poll settings; its requests that had no answer yet are
+// cancelled there and retried elsewhere, so no client waits more than 5 s.
+// After SIGCONT it is re-admitted.
+func TestFleetSilentHost(t *testing.T) {
+	var hosts []*daemon
+	for i := range 3 {
+		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
+		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"})))
+	}
+	for _, h := range hosts {
+		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	}
+	// fleetd's own defaults for silence (the harness polls faster).
+	f := startFleetd(t, hosts, "--poll-interval", "1s", "--poll-timeout", "750ms", "--silent-after", "2", "--scale-out-wait", "0")
+	victim := hosts[1]
+	defer victim.cmd.Process.Signal(syscall.SIGCONT) // whatever happens
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	load, stopLoad := context.WithCancel(ctx)
+	var mu sync.Mutex // guards the figures below
+	var worst time.Duration
+	served, failed := 0, 0
+	var wg sync.WaitGroup
+	for c := range 8 {
+		wg.Go(func() {
+			for i := 0; load.Err() == nil; i++ {
+				start := time.Now()
+				code, _, _, err := f.post(ctx, fmt.Sprintf(`{"model": "a", "max_tokens": 2, "messages": [{"role": "user", "content": "client %d request %d"}]}`, c, i))
+				took := time.Since(start)
+				mu.Lock()
+				worst = max(worst, took)
+				if err == nil && code == http.StatusOK {
+					served++
+				} else {
+					failed++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	// Under load for a moment, then stop host2 for 20 s.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		mu.Lock()
+		n := served
+		mu.Unlock()
+		if n >= 50 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	var unhealthyAfter time.Duration
+	for deadline := stopped.Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		h := f.hosts()["host2"]
+		if !h.Healthy && unhealthyAfter == 0 {
+			unhealthyAfter = time.Since(stopped)
+		}
+		if h.Ejected {
+			break
+		}
+	}
+	ejectedAfter := time.Since(stopped)
+	pause := time.NewTimer(20*time.Second - time.Since(stopped))
+	<-pause.C
+	if err := victim.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopLoad()
+	wg.Wait()
+	retried := metricSum(t, f.url, "fleetd_retries_total", `host="host2"`, `cause="silent"`)
+	t.Logf("host2 stopped 20s under load: shown not healthy after %s, ejected after %s; %d requests served, %d failed, longest wait %s, %v retried after the silence",
+		unhealthyAfter.Round(time.Millisecond), ejectedAfter.Round(time.Millisecond), served, failed, worst.Round(time.Millisecond), retried)
+	if ejectedAfter > 3*time.Second {
+		t.Errorf("ejected after %s, want within 3s", ejectedAfter)
+	}
+	if worst > 5*time.Second || failed > 0 {
+		t.Errorf("a client waited %s (%d failed), want no wait over 5s and no failure", worst, failed)
+	}
+	if v := metricSum(t, f.url, "fleetd_host_ejections_total", `host="host2"`, `cause="silent"`); v != 1 {
+		t.Errorf("fleetd_host_ejections_total{host2,silent} = %v", v)
+	}
+	f.waitHost("host2", 20*time.Second, "re-admitted", func(h fleetHost) bool { return h.Healthy && !h.Ejected })
+}
+
+// fleetd answers a body trickled in past its read timeout with 408, as
+// poold does, instead of holding the connection.
+func TestFleetReadTimeout(t *testing.T) {
+	tag := t.Name()
+	h := startPoold(t, tag, hostProfiles(tag, "a", []string{"a"}))
+	h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	f := startFleetd(t, []*daemon{h}, "--read-timeout", "1s")
+	c, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := fmt.Sprintf(shortChat, "a")
+	start := time.Now()
+	if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: fleetd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body)); err != nil {
+		t.Fatal(err)
+	}
+	// One byte every 200 ms: the whole body would take far longer than 1 s.
+	answered := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		answered <- line
+	}()
+	var line string
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+trickle:
+	for i := 0; i < len(body); i++ {
+		select {
+		case line = <-answered:
+			break trickle
+		case <-tick.C:
+			_, _ = c.Write([]byte{body[i]})
+		}
+	}
+	if line == "" {
+		select {
+		case line = <-answered:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	took := time.Since(start)
+	t.Logf("a body trickled at 5 bytes/s with --read-timeout 1s: %q after %s", strings.TrimSpace(line), took.Round(time.Millisecond))
+	if !strings.Contains(line, " 408 ") || took > 10*time.Second {
+		t.Fatalf("answer %q after %s, want 408 soon after 1s", line, took)
+	}
+}
+
+// Between two polls, requests that ended still count: fleetd tracks its own
+// forwards as deltas on top of the last poll, so a host whose streams just
+// ended is seen idle at once, not as busy as the poll said.
+func TestFleetDeltasBetweenPolls(t *testing.T) {
+	var hosts []*daemon
+	for i := range 3 {
+		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
+		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"})))
+	}
+	for _, h := range hosts {
+		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	}
+	// Strictly by load (no affinity slack), and polls far apart.
+	f := startFleetd(t, hosts, "--poll-interval", "4s", "--affinity-epsilon", "0", "--load-slack", "0", "--scale-out-wait", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	// 30 long streams, opened one by one: 10 on each host.
+	type open struct {
+		cancel context.CancelFunc
+		host   string
+	}
+	var streams []open
+	perHost := map[string]int{}
+	for i := range 30 {
+		sctx, scancel := context.WithCancel(ctx)
+		resp, _ := f.openStream(sctx, "a", 2000, "X-Session-Id", fmt.Sprintf("long-%d", i))
+		defer resp.Body.Close()
+		host := resp.Header.Get("X-Fleet-Host")
+		streams = append(streams, open{scancel, host})
+		perHost[host]++
+	}
+	if len(perHost) != 3 || perHost["host1"] != 10 {
+		t.Fatalf("streams by host %v, want 10 each", perHost)
+	}
+	// Wait for a poll of every host that saw them.
+	for i := range hosts {
+		f.waitHost(fmt.Sprintf("host%d", i+1), 15*time.Second, "10 in flight polled", func(h fleetHost) bool { return len(h.Pools) == 1 && h.Pools[0].InFlight == 10 })
+	}
+	// host1's streams end; the next poll is seconds away.
+	for _, s := range streams {
+		if s.host == "host1" {
+			s.cancel()
+		}
+	}
+	hosts[0].waitPool("gpu0", 5*time.Second, "host1 idle", func(p poolView) bool { return p.InFlight == 0 })
+	byHost := map[string]int{}
+	var mu sync.Mutex // guards byHost
+	var wg sync.WaitGroup
+	for i := range 9 {
+		wg.Go(func() {
+			code, host, body, err := f.post(ctx, fmt.Sprintf(`{"model": "a", "max_tokens": 2, "messages": [{"role": "user", "content": "wave %d"}]}`, i))
+			if err != nil || code != http.StatusOK {
+				t.Errorf("%d %s %v", code, body, err)
+			}
+			mu.Lock()
+			byHost[host]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	polled := f.hosts()["host1"].Pools[0].InFlight
+	t.Logf("a wave of 9 after host1's 10 streams ended, before its next poll: by host %v (fleetd's last poll of host1 says %d in flight)", byHost, polled)
+	if byHost["host1"] != 9 {
+		t.Fatalf("the wave went %v; want all of it on host1, the idle one", byHost)
 	}
 }
