@@ -499,3 +499,157 @@ func TestFleetDeltasBetweenPolls(t *testing.T) {
 		t.Fatalf("the wave went %v; want all of it on host1, the idle one", byHost)
 	}
 }
+
+// A host whose streams are 10× slower is measured (fleetd times the gaps
+// between stream chunks) and served only when the fast hosts are ten times
+// as busy; a session that hashed to it moves to a fast host.
+func TestFleetSlowHost(t *testing.T) {
+	var hosts []*daemon
+	for i := range 3 {
+		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
+		itl := "20ms"
+		if i == 2 {
+			itl = "200ms"
+		}
+		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"}, "--sim-itl", itl)))
+	}
+	for _, h := range hosts {
+		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	}
+	f := startFleetd(t, hosts, "--scale-out-wait", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	stream := func(key string) string {
+		t.Helper()
+		resp, rd := f.openStream(ctx, "a", 5, "X-Session-Id", key)
+		defer resp.Body.Close()
+		for {
+			if _, err := rd.ReadString('\n'); err != nil {
+				break
+			}
+		}
+		return resp.Header.Get("X-Fleet-Host")
+	}
+	// Find a session that hashes to the slow host while its speed is not
+	// known yet, and let every host serve a stream, which measures it.
+	slowKey := ""
+	served := map[string]bool{}
+	for i := 0; i < 40 && (slowKey == "" || len(served) < 3); i++ {
+		key := fmt.Sprintf("probe-%d", i)
+		host := stream(key)
+		served[host] = true
+		if host == "host3" && slowKey == "" {
+			slowKey = key
+		}
+	}
+	if slowKey == "" || len(served) < 3 {
+		t.Fatalf("40 sessions went to %v only", served)
+	}
+	stayed := 0
+	for range 15 {
+		if stream(slowKey) == "host3" {
+			stayed++
+		}
+	}
+	// Three concurrent closed-loop clients, 60 streams.
+	var mu sync.Mutex // guards byHost
+	byHost := map[string]int{}
+	var wg sync.WaitGroup
+	for c := range 3 {
+		wg.Go(func() {
+			for i := range 20 {
+				host := stream(fmt.Sprintf("client-%d-%d", c, i))
+				mu.Lock()
+				byHost[host]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("host3 10x slower: its session stayed %d of 15 times; 60 streams from 3 clients by host %v", stayed, byHost)
+	if stayed > 1 {
+		t.Errorf("the session of the slow host stayed there %d of 15 times", stayed)
+	}
+	if byHost["host3"] > 2 {
+		t.Errorf("the slow host served %d of 60 streams", byHost["host3"])
+	}
+}
+
+// Bounded-load affinity: with 20 concurrent sessions on three equal hosts,
+// a session stays on its host unless that host is above (1+ε)× the mean.
+func TestFleetAffinityUnderLoad(t *testing.T) {
+	var hosts []*daemon
+	for i := range 3 {
+		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
+		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"})))
+	}
+	for _, h := range hosts {
+		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	}
+	f := startFleetd(t, hosts, "--scale-out-wait", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	const sessions, rounds = 20, 10
+	var mu sync.Mutex // guards seen
+	seen := map[string]map[string]int{}
+	var wg sync.WaitGroup
+	for s := range sessions {
+		key := fmt.Sprintf("session-%d", s)
+		seen[key] = map[string]int{}
+		wg.Go(func() {
+			for range rounds {
+				code, host, body, err := f.post(ctx, `{"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}`, "X-Session-Id", key)
+				if err != nil || code != http.StatusOK {
+					t.Errorf("%d %s %v", code, body, err)
+					return
+				}
+				mu.Lock()
+				seen[key][host]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	home, moved := 0, 0
+	for _, hosts := range seen {
+		best := 0
+		for _, n := range hosts {
+			best = max(best, n)
+		}
+		home += best
+		if len(hosts) > 1 {
+			moved++
+		}
+	}
+	t.Logf("%d sessions × %d requests, concurrently, on 3 equal hosts: %d of %d requests on their session's usual host; %d sessions ever moved",
+		sessions, rounds, home, sessions*rounds, moved)
+	if home < sessions*rounds*8/10 {
+		t.Fatalf("only %d of %d requests stayed on their session's host", home, sessions*rounds)
+	}
+}
+
+// An empty pool comes before a pool that holds an idle model, across hosts
+// and whatever the weights: a cold model loads on the empty host and the
+// warm model stays.
+func TestFleetEmptyBeforeIdle(t *testing.T) {
+	models := []string{"a", "b"}
+	h1 := startPoold(t, t.Name()+"-1", hostProfiles(t.Name()+"-1", "a", models))
+	h2 := startPoold(t, t.Name()+"-2", hostProfiles(t.Name()+"-2", "", models))
+	h1.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	// host1 weighs twice as much as host2.
+	f := startFleetdWeighted(t, []*daemon{h1, h2}, []int{2, 1}, "--scale-out-wait", "0")
+	f.waitHost("host1", 10*time.Second, "a ready", func(h fleetHost) bool { return len(h.Pools) == 1 && h.Pools[0].State == "ready" })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code, host, body, err := f.post(ctx, fmt.Sprintf(shortChat, "b"))
+	t.Logf("b, awake nowhere, with a idle on host1 (weight 2) and host2 empty: %d from %s", code, host)
+	if err != nil || code != http.StatusOK || host != "host2" {
+		t.Fatalf("b: %d from %q: %s %v", code, host, body, err)
+	}
+	if p := h1.pool("gpu0"); p.Profile != "a" || p.SwitchingTo != "" {
+		t.Fatalf("host1's idle model was evicted: %+v", p)
+	}
+	if !f.logged(map[string]any{"model": "b", "reason": "empty", "host": "host2"}) {
+		t.Fatalf("no access log line with reason empty:\n%s", f.stdout.String())
+	}
+}
