@@ -30,7 +30,8 @@ const (
 )
 
 // ejection is the ejected-until state of a host, or of a model on a host.
-// An ejection lasts at least base (the poll interval); one that comes
+// An ejection lasts at least base (the poll interval, unless the maximum is
+// lower); one that comes
 // within twice the last one's length of the re-admission doubles it, up to
 // a maximum, so that a flapping host stays out longer. The zero value is
 // not ejected.
@@ -43,7 +44,7 @@ type ejection struct {
 
 // eject starts an ejection at now; again (a failed trial) doubles it at once.
 func (e *ejection) eject(now time.Time, base, maxLen time.Duration, cause string, again bool) {
-	l := base
+	l := min(base, maxLen)
 	if e.length > 0 && (again || now.Sub(e.readmitted) < 2*e.length) {
 		l = min(max(2*e.length, base), maxLen)
 	}
