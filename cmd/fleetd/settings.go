@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"github.com/spf13/viper"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
 	"github.com/poold/poold/internal/openai"
 )
@@ -38,15 +38,18 @@ type settings struct {
 	APIKeys *openai.APIKeys
 	Fleet   fleet.Options
 	Handler fleet.HandlerOptions
+	// Loaded says where the settings came from, for the start-up log.
+	Loaded *cli.Settings
 }
 
-func loadSettings(args []string) (settings, error) {
-	fl := pflag.NewFlagSet("fleetd", pflag.ContinueOnError)
+// serveFlags defines serve's flags.
+func serveFlags() *pflag.FlagSet {
+	fl := cli.NewFlagSet("fleetd serve")
 	fl.String("listen", "127.0.0.1:8090", "address to serve the API on")
 	fl.String("hosts", "", "hosts JSON file (required)")
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
-	fl.Int64("max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit in bytes")
+	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("poll-interval", fleet.DefaultPollInterval, "how often each host's /status and /v1/models are read")
 	fl.Duration("poll-timeout", fleet.DefaultPollTimeout, "time limit of one poll; a poll that times out is followed by another at once")
@@ -56,7 +59,7 @@ func loadSettings(args []string) (settings, error) {
 	fl.Duration("max-backoff", fleet.DefaultMaxBackoff, "longest ejection (each lasts at least poll-interval, doubling when a host keeps failing)")
 	fl.Int("max-attempts", fleet.DefaultMaxAttempts, "hosts one request may be tried on (no answer, silence, a refused key, or a refusal that started nothing)")
 	fl.String("affinity-header", fleet.DefaultAffinityHeader, "request header whose value keeps a session on one host")
-	fl.Int("affinity-bytes", fleet.DefaultAffinityBytes, "bytes of the first message that key affinity when the header is absent")
+	cli.BytesFlag(fl, "affinity-bytes", fleet.DefaultAffinityBytes, "bytes of the first message that key affinity when the header is absent")
 	fl.Float64("affinity-epsilon", fleet.DefaultAffinityEpsilon, "a session stays on its host while the host's load is within (1+ε)× the mean")
 	fl.Int("load-slack", fleet.DefaultLoadSlack, "requests by which a host may exceed the least loaded one and still keep its sessions, whatever the mean")
 	fl.Duration("scale-out-wait", fleet.DefaultScaleOutWait, "queue wait of every awake copy above which another copy is loaded on an idle host (0 disables)")
@@ -65,61 +68,57 @@ func loadSettings(args []string) (settings, error) {
 	fl.String("redis-url", "", "Redis shared by the replicas (redis://host:port[/db]): claims of new copies, so that replicas load one copy")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
-	fl.Int("max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
+	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
 	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys fleetd itself requires on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.String("host-api-key-file", "", "file holding the API key fleetd presents on its polls of hosts whose poold requires keys")
-	if err := fl.Parse(args); err != nil {
-		return settings{}, err
-	}
-	if fl.NArg() > 0 {
-		return settings{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fl.Args(), " "))
-	}
-	v := viper.New()
-	v.SetEnvPrefix("FLEETD")
-	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
-	v.AutomaticEnv()
-	if err := v.BindPFlags(fl); err != nil {
-		return settings{}, err
-	}
+	return fl
+}
 
+// loadSettings parses serve's flags and merges them with the environment.
+// -h or --help returns pflag.ErrHelp.
+func loadSettings(args []string) (settings, error) {
+	v, err := cli.LoadSettings(serveFlags(), args, cli.Sources{EnvPrefix: "FLEETD"})
+	if err != nil {
+		return settings{}, err
+	}
 	s := settings{
-		Listen:            v.GetString("listen"),
-		Hosts:             v.GetString("hosts"),
-		LogFormat:         v.GetString("log-format"),
-		MaxBodyBytes:      v.GetInt64("max-body-bytes"),
-		ShutdownTimeout:   v.GetDuration("shutdown-timeout"),
-		ReadTimeout:       v.GetDuration("read-timeout"),
-		ReadHeaderTimeout: v.GetDuration("read-header-timeout"),
-		MaxHeaderBytes:    v.GetInt("max-header-bytes"),
-		RedisURL:          v.GetString("redis-url"),
+		Listen:            v.String("listen"),
+		Hosts:             v.String("hosts"),
+		LogFormat:         v.String("log-format"),
+		MaxBodyBytes:      v.Bytes("max-body-bytes"),
+		ShutdownTimeout:   v.Duration("shutdown-timeout"),
+		ReadTimeout:       v.Duration("read-timeout"),
+		ReadHeaderTimeout: v.Duration("read-header-timeout"),
+		MaxHeaderBytes:    int(v.Bytes("max-header-bytes")),
+		RedisURL:          v.String("redis-url"),
 		Fleet: fleet.Options{
-			PollInterval: v.GetDuration("poll-interval"),
-			PollTimeout:  v.GetDuration("poll-timeout"),
-			SilentAfter:  v.GetInt("silent-after"),
-			EjectAfter:   v.GetInt("eject-after"),
-			MaxBackoff:   v.GetDuration("max-backoff"),
-			KeepSilent:   !v.GetBool("retry-silent"),
+			PollInterval: v.Duration("poll-interval"),
+			PollTimeout:  v.Duration("poll-timeout"),
+			SilentAfter:  v.Int("silent-after"),
+			EjectAfter:   v.Int("eject-after"),
+			MaxBackoff:   v.Duration("max-backoff"),
+			KeepSilent:   !v.Bool("retry-silent"),
 		},
 		Handler: fleet.HandlerOptions{
-			MaxBodyBytes:     v.GetInt64("max-body-bytes"),
-			MaxAttempts:      v.GetInt("max-attempts"),
-			AffinityHeader:   v.GetString("affinity-header"),
-			AffinityBytes:    v.GetInt("affinity-bytes"),
-			AffinityEpsilon:  v.GetFloat64("affinity-epsilon"),
-			LoadSlack:        v.GetInt("load-slack"),
-			ScaleOutWait:     v.GetDuration("scale-out-wait"),
-			ScaleOutCooldown: v.GetDuration("scale-out-cooldown"),
-			ClaimLease:       v.GetDuration("claim-lease"),
+			MaxBodyBytes:     v.Bytes("max-body-bytes"),
+			MaxAttempts:      v.Int("max-attempts"),
+			AffinityHeader:   v.String("affinity-header"),
+			AffinityBytes:    int(v.Bytes("affinity-bytes")),
+			AffinityEpsilon:  v.Float64("affinity-epsilon"),
+			LoadSlack:        v.Int("load-slack"),
+			ScaleOutWait:     v.Duration("scale-out-wait"),
+			ScaleOutCooldown: v.Duration("scale-out-cooldown"),
+			ClaimLease:       v.Duration("claim-lease"),
 			Version:          version,
 		},
+		Loaded: v,
 	}
 	var errs []error
-	var err error
-	if s.APIKeys, err = openai.LoadAPIKeys(v.GetStringSlice("api-keys"), v.GetString("api-keys-file")); err != nil {
+	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
 		errs = append(errs, err)
 	}
-	if file := v.GetString("host-api-key-file"); file != "" {
+	if file := v.String("host-api-key-file"); file != "" {
 		b, err := os.ReadFile(file)
 		switch s.Fleet.PollKey = strings.TrimSpace(string(b)); {
 		case err != nil:
@@ -128,7 +127,7 @@ func loadSettings(args []string) (settings, error) {
 			errs = append(errs, fmt.Errorf("host-api-key-file: %q holds no key", file))
 		}
 	}
-	if err := s.LogLevel.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
+	if err := s.LogLevel.UnmarshalText([]byte(v.String("log-level"))); err != nil {
 		errs = append(errs, fmt.Errorf("log-level: %w", err))
 	}
 	if s.LogFormat != "json" && s.LogFormat != "text" {
@@ -148,7 +147,7 @@ func loadSettings(args []string) (settings, error) {
 		{"max-header-bytes", s.MaxHeaderBytes > 0},
 	} {
 		if !c.ok {
-			errs = append(errs, fmt.Errorf("%s: must be positive, not %s", c.name, v.GetString(c.name)))
+			errs = append(errs, fmt.Errorf("%s: must be positive", c.name))
 		}
 	}
 	for _, d := range []struct {

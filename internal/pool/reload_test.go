@@ -301,3 +301,45 @@ func TestApplyRefusesWaitersOfARemovedProfile(t *testing.T) {
 		t.Fatalf("queued request for the removed profile: %v, want ErrProfileRemoved", err)
 	}
 }
+
+// An engine keeps the GPUs it was started with: when a reload moves its pool
+// to other GPUs, the stop of the retired engine checks the GPUs it ran on;
+// and a reload's write of the pool's spec races with no swap (-race).
+func TestApplyNewGPUsStopChecksTheOldOnes(t *testing.T) {
+	cfg := reloadConfig(t, `{"name": "a", "gpus": [0], "default": "x"}`, simProfile("x", []string{"a"}))
+	moved := reloadConfig(t, `{"name": "a", "gpus": [1], "default": "x"}`, simProfile("x", []string{"a"}))
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vram := &fakeVRAM{total: 1 << 30}
+	s := NewSet(cfg, Options{Self: self, VRAM: vram})
+	ctx, cancel := context.WithCancel(context.Background())
+	s.Run(ctx)
+	t.Cleanup(func() { cancel(); s.Wait() })
+	waitFor(t, s, "a", "ready on GPU 0", readyWith("x"))
+
+	s.Apply(moved)
+	waitFor(t, s, "a", "ready on GPU 1", func(st statusapi.Pool) bool {
+		return readyWith("x")(st) && slices.Equal(st.GPUs, []int{1})
+	})
+	vram.mu.Lock()
+	watched := slices.Clone(vram.watched)
+	vram.mu.Unlock()
+	if len(watched) != 1 || !slices.Equal(watched[0], []int{0}) {
+		t.Fatalf("the stop of the engine that ran on GPU 0 watched %v", watched)
+	}
+
+	// Reloads back and forth while the pool stops and starts its engine.
+	for i := range 20 {
+		if i%2 == 0 {
+			s.Apply(cfg)
+		} else {
+			s.Apply(moved)
+		}
+		s.Pool("a").Status()
+	}
+	waitFor(t, s, "a", "ready on GPU 1", func(st statusapi.Pool) bool {
+		return readyWith("x")(st) && slices.Equal(st.GPUs, []int{1})
+	})
+}
