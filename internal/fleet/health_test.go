@@ -227,3 +227,68 @@ func TestColdBurstClaimsOneHost(t *testing.T) {
 		t.Fatalf("a cold burst went to %v, want one host", by)
 	}
 }
+
+// sharedClaims stands in for the replicas' Redis: the first claim of a key
+// wins for good.
+type sharedClaims struct {
+	mu     sync.Mutex // guards claims
+	claims map[string]string
+	calls  int
+}
+
+func (s *sharedClaims) Claim(ctx context.Context, key, host string, lease time.Duration) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	if w, ok := s.claims[key]; ok {
+		return w, nil
+	}
+	s.claims[key] = host
+	return host, nil
+}
+
+// A new copy claimed by another replica is followed: every request of a cold
+// burst goes to the winner, and the shared store is asked once.
+func TestSharedClaimFollowsWinner(t *testing.T) {
+	var fakes []*fakeHost
+	for i := range 3 {
+		fakes = append(fakes, newFakeHost(t, fmt.Sprintf("h%d", i), []statusapi.Pool{readyPool("gpu0", "other", 2)}, model("cold", "cold")))
+	}
+	shared := &sharedClaims{claims: map[string]string{"copy:cold": "h2"}} // another replica's claim
+	tf := startFleet(t, Options{PollInterval: time.Hour}, HandlerOptions{Claims: shared}, fakes...)
+	for i := range 10 {
+		resp, _ := tf.post(fmt.Sprintf(`{"model": "cold", "messages": [{"role": "user", "content": "%d"}]}`, i))
+		if h := resp.Header.Get("X-Fleet-Host"); h != "h2" {
+			t.Fatalf("request %d went to %s, not the claimed h2", i, h)
+		}
+	}
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.calls != 1 {
+		t.Fatalf("the shared store was asked %d times, want once (then the local copy of the claim)", shared.calls)
+	}
+}
+
+// After a scale-out, the same fleetd does not scale the model out again
+// within its cool-down, even if every copy is still slow.
+func TestScaleOutCooldown(t *testing.T) {
+	slow := newFakeHost(t, "slow", []statusapi.Pool{readyPool("gpu0", "m", 0)}, model("m", "m"))
+	spare1 := newFakeHost(t, "spare1", []statusapi.Pool{emptyPool("gpu0")}, model("m", "m"))
+	spare2 := newFakeHost(t, "spare2", []statusapi.Pool{emptyPool("gpu0")}, model("m", "m"))
+	tf := startFleet(t, Options{PollInterval: time.Hour}, HandlerOptions{ScaleOutWait: time.Millisecond, ScaleOutCooldown: time.Hour, ClaimLease: time.Nanosecond}, slow, spare1, spare2)
+	hs := tf.fleet.snapshot()["slow"]
+	hs.observeWait("m", time.Second, time.Now()) // every awake copy waits past the threshold
+	resp, _ := tf.post(`{"model": "m"}`)
+	first := resp.Header.Get("X-Fleet-Host")
+	if first == "slow" || tf.handler.scaledOut.held("m", time.Now()) == "" {
+		t.Fatalf("no scale-out: %s", first)
+	}
+	// The copy's host is polled only in an hour: it still looks empty, and
+	// the claim's lease is over; only the cool-down stops a second copy.
+	for range 5 {
+		resp, _ = tf.post(`{"model": "m"}`)
+		if h := resp.Header.Get("X-Fleet-Host"); h != "slow" && h != first {
+			t.Fatalf("a second scale-out, to %s, within the cool-down", h)
+		}
+	}
+}

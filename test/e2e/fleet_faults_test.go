@@ -372,6 +372,9 @@ func TestFleetSilentHost(t *testing.T) {
 	retried := metricSum(t, f.url, "fleetd_retries_total", `host="host2"`, `cause="silent"`)
 	t.Logf("host2 stopped 20s under load: shown not healthy after %s, ejected after %s; %d requests served, %d failed, longest wait %s, %v retried after the silence",
 		unhealthyAfter.Round(time.Millisecond), ejectedAfter.Round(time.Millisecond), served, failed, worst.Round(time.Millisecond), retried)
+	if unhealthyAfter == 0 || unhealthyAfter > ejectedAfter {
+		t.Errorf("/status showed host2 not healthy after %s (ejected after %s)", unhealthyAfter, ejectedAfter)
+	}
 	if ejectedAfter > 3*time.Second {
 		t.Errorf("ejected after %s, want within 3s", ejectedAfter)
 	}
