@@ -536,7 +536,7 @@ func (b *watchedBody) end(err error) {
 			a.settle(b.h.fleet, success)
 		}
 		if b.ok && b.stream && b.chunks >= minChunks {
-			a.host.observeITL(a.root, b.last.Sub(b.first)/time.Duration(b.chunks-1), b.last)
+			a.host.observe(a.host.itls, a.root, b.last.Sub(b.first)/time.Duration(b.chunks-1), b.last)
 		}
 	case a.client.Err() == nil:
 		a.cut = true
@@ -548,7 +548,7 @@ func (a *attempt) markFirst(now time.Time) {
 	a.first = now
 	a.host.answered(a)
 	if a.observe {
-		a.host.observeWait(a.root, now.Sub(a.start), now)
+		a.host.observe(a.host.waits, a.root, now.Sub(a.start), now)
 	}
 }
 

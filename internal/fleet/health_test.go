@@ -277,7 +277,7 @@ func TestScaleOutCooldown(t *testing.T) {
 	spare2 := newFakeHost(t, "spare2", []statusapi.Pool{emptyPool("gpu0")}, model("m", "m"))
 	tf := startFleet(t, Options{PollInterval: time.Hour}, HandlerOptions{ScaleOutWait: time.Millisecond, ScaleOutCooldown: time.Hour, ClaimLease: time.Nanosecond}, slow, spare1, spare2)
 	hs := tf.fleet.snapshot()["slow"]
-	hs.observeWait("m", time.Second, time.Now()) // every awake copy waits past the threshold
+	hs.observe(hs.waits, "m", time.Second, time.Now()) // every awake copy waits past the threshold
 	resp, _ := tf.post(`{"model": "m"}`)
 	first := resp.Header.Get("X-Fleet-Host")
 	if first == "slow" || tf.handler.scaledOut.held("m", time.Now()) == "" {

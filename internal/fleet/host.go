@@ -359,22 +359,14 @@ func (h *host) refuseKey(cred string, now time.Time) {
 	h.refused[cred] = now.Add(keyRefusal)
 }
 
-// observeWait folds a stream's time to first byte into root's estimate.
-func (h *host) observeWait(root string, d time.Duration, now time.Time) {
+// observe folds d into root's estimate in es, h.waits (a stream's time to
+// first byte) or h.itls (a stream's mean gap between chunks).
+func (h *host) observe(es map[string]estimate, root string, d time.Duration, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	e := h.waits[root]
+	e := es[root]
 	e.observe(d, now)
-	h.waits[root] = e
-}
-
-// observeITL folds a stream's mean gap between chunks into root's estimate.
-func (h *host) observeITL(root string, d time.Duration, now time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	e := h.itls[root]
-	e.observe(d, now)
-	h.itls[root] = e
+	es[root] = e
 }
 
 // view returns the routing input for model on h for a request with
@@ -404,20 +396,12 @@ func (h *host) view(model, cred string, now time.Time) (v HostView, known, routa
 	}
 	v = HostView{Name: h.name, Weight: h.spec.Weight, Root: m.Root, Eligible: m.Pools, Health: health,
 		Wait: h.waits[m.Root].value(now), ITL: h.itls[m.Root].value(now)}
-	for root, n := range h.local {
-		if d := n - h.atPoll[root]; d != 0 {
-			if v.Delta == nil {
-				v.Delta = make(map[string]int)
-			}
-			v.Delta[root] = d
-		}
+	for root := range h.local {
+		v.Delta = addDelta(v.Delta, root, h.local[root]-h.atPoll[root])
 	}
 	for root, n := range h.atPoll {
-		if _, ok := h.local[root]; !ok && n != 0 {
-			if v.Delta == nil {
-				v.Delta = make(map[string]int)
-			}
-			v.Delta[root] = -n
+		if _, ok := h.local[root]; !ok {
+			v.Delta = addDelta(v.Delta, root, -n)
 		}
 	}
 	v.Pools = make([]PoolView, len(h.status.Pools))
@@ -441,6 +425,18 @@ func (h *host) view(model, cred string, now time.Time) (v HostView, known, routa
 		v.Pools[i] = pv
 	}
 	return v, true, true
+}
+
+// addDelta records a non-zero d for root in m, made when first needed.
+func addDelta(m map[string]int, root string, d int) map[string]int {
+	if d == 0 {
+		return m
+	}
+	if m == nil {
+		m = make(map[string]int)
+	}
+	m[root] = d
+	return m
 }
 
 // maxStatusBytes bounds a host's /status or /v1/models body.

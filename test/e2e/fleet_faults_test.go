@@ -45,6 +45,27 @@ func metricSum(t *testing.T, base, name string, match ...string) float64 {
 	return sum
 }
 
+// hostsWithA starts n poolds (named after the test, -1, -2, …), each with
+// one pool preloading model a (hostProfiles), host i's engine with the
+// extra simulator flags flags(i) (flags may be nil), and waits until a is
+// ready everywhere.
+func hostsWithA(t *testing.T, n int, flags func(i int) []string) []*daemon {
+	t.Helper()
+	var hosts []*daemon
+	for i := range n {
+		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
+		var extra []string
+		if flags != nil {
+			extra = flags(i)
+		}
+		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"}, extra...)))
+	}
+	for _, h := range hosts {
+		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	}
+	return hosts
+}
+
 // starts is the number of engines the hosts started, fleet-wide.
 func starts(t *testing.T, hosts []*daemon) float64 {
 	n := 0.0
@@ -59,21 +80,16 @@ func starts(t *testing.T, hosts []*daemon) float64 {
 // and tried again only by one request per ejection, which doubles, while it
 // still serves its other model.
 func TestFleetFailingHost(t *testing.T) {
-	var hosts []*daemon
-	for i := range 2 {
-		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
-		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"})))
-	}
+	hosts := hostsWithA(t, 2, nil)
 	tag := t.Name() + "-3"
 	sims := []sim{
 		{ID: "a", Pools: []string{"gpu0"}, Flags: []string{"--sim-fail-requests"}},
 		{ID: "b", Pools: []string{"gpu1"}, Flags: []string{"--sim-itl", "20ms"}},
 	}
 	hosts = append(hosts, startPoold(t, tag, profilesJSON(tag, []pool{{Name: "gpu0", GPUs: []int{0}, Default: "a"}, {Name: "gpu1", GPUs: []int{1}, Default: "b"}}, sims, nil)))
-	for _, h := range hosts {
-		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
+	for _, p := range []string{"gpu0", "gpu1"} {
+		hosts[2].waitPool(p, 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	}
-	hosts[2].waitPool("gpu1", 20*time.Second, "b ready", func(p poolView) bool { return p.State == "ready" })
 	f := startFleetd(t, hosts, "--max-backoff", "10s", "--scale-out-wait", "0")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
@@ -300,14 +316,7 @@ func TestFleetTwoReplicasRedis(t *testing.T) {
 // cancelled there and retried elsewhere, so no client waits more than 5 s.
 // After SIGCONT it is re-admitted.
 func TestFleetSilentHost(t *testing.T) {
-	var hosts []*daemon
-	for i := range 3 {
-		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
-		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"})))
-	}
-	for _, h := range hosts {
-		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
-	}
+	hosts := hostsWithA(t, 3, nil)
 	// fleetd's own defaults for silence (the harness polls faster).
 	f := startFleetd(t, hosts, "--poll-interval", "1s", "--poll-timeout", "750ms", "--silent-after", "2", "--scale-out-wait", "0")
 	victim := hosts[1]
@@ -439,14 +448,7 @@ trickle:
 // forwards as deltas on top of the last poll, so a host whose streams just
 // ended is seen idle at once, not as busy as the poll said.
 func TestFleetDeltasBetweenPolls(t *testing.T) {
-	var hosts []*daemon
-	for i := range 3 {
-		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
-		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"})))
-	}
-	for _, h := range hosts {
-		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
-	}
+	hosts := hostsWithA(t, 3, nil)
 	// Strictly by load (no affinity slack), and polls far apart.
 	f := startFleetd(t, hosts, "--poll-interval", "4s", "--affinity-epsilon", "0", "--load-slack", "0", "--scale-out-wait", "0")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -507,18 +509,12 @@ func TestFleetDeltasBetweenPolls(t *testing.T) {
 // between stream chunks) and served only when the fast hosts are ten times
 // as busy; a session that hashed to it moves to a fast host.
 func TestFleetSlowHost(t *testing.T) {
-	var hosts []*daemon
-	for i := range 3 {
-		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
-		itl := "20ms"
+	hosts := hostsWithA(t, 3, func(i int) []string {
 		if i == 2 {
-			itl = "200ms"
+			return []string{"--sim-itl", "200ms"}
 		}
-		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"}, "--sim-itl", itl)))
-	}
-	for _, h := range hosts {
-		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
-	}
+		return nil
+	})
 	f := startFleetd(t, hosts, "--scale-out-wait", "0")
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -583,14 +579,7 @@ func TestFleetSlowHost(t *testing.T) {
 // old slack of one request would have moved it), and moves once the host is
 // above (14 against 8 and 8).
 func TestFleetAffinityBoundedLoad(t *testing.T) {
-	var hosts []*daemon
-	for i := range 3 {
-		tag := fmt.Sprintf("%s-%d", t.Name(), i+1)
-		hosts = append(hosts, startPoold(t, tag, hostProfiles(tag, "a", []string{"a"})))
-	}
-	for _, h := range hosts {
-		h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
-	}
+	hosts := hostsWithA(t, 3, nil)
 	f := startFleetd(t, hosts, "--scale-out-wait", "0") // ε 0.25 and slack 1, the defaults
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
