@@ -73,7 +73,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	m.Configure(cfg)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
-	ledger, err := openState(s.StateDir, log)
+	contain, err := containment(s.Containment, log)
+	if err != nil {
+		return err
+	}
+	ledger, err := openState(s.StateDir, contain, log)
 	if err != nil {
 		return err
 	}
@@ -97,23 +101,25 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	defer access.Close(accessFlush)
 	reg.MustRegister(metrics.AccessLogDropped(access.Dropped))
 
-	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger,
+	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
 	}
 	h = proxy.New(cfg, pools, proxy.Options{
-		MaxBodyBytes: s.MaxBodyBytes,
-		Logger:       log,
-		AccessLog:    slog.New(slog.NewJSONHandler(access, nil)).With("component", "access"),
-		Metrics:      reqMetrics,
-		Clients:      s.Clients,
+		MaxBodyBytes:   s.MaxBodyBytes,
+		QueueBodyBytes: s.QueueBodyBudget,
+		Logger:         log,
+		AccessLog:      slog.New(slog.NewJSONHandler(access, nil)).With("component", "access"),
+		Metrics:        reqMetrics,
+		Clients:        s.Clients,
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,
 		AdminToken:        s.AdminToken,
 		// Reliability: a hung engine answers 504 after this.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
+		StreamIdleTimeout:     s.StreamIdleTimeout,
 		Degraded: func() []string {
 			if access.DroppedWithin(accessDropWindow) {
 				return []string{"access log lines are being dropped: its destination does not keep up"}
@@ -122,10 +128,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		},
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
-				Version: version,
-				Host:    host,
-				Config:  rl.status(),
-				GPU:     gpuStatus(gpus),
+				Version:     version,
+				Host:        host,
+				Config:      rl.status(),
+				GPU:         gpuStatus(gpus),
+				Containment: contain.Status(),
 			}
 		},
 	})

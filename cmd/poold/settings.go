@@ -17,6 +17,7 @@ import (
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/proxy"
 )
 
 // defaultSettingsFile is read when it exists and no --config is given.
@@ -26,11 +27,14 @@ const defaultSettingsFile = "/etc/poold/poold.yaml"
 // Precedence, highest first: flags, POOLD_* environment variables, the settings
 // file, defaults.
 type settings struct {
-	Listen          string
-	Profiles        string
-	LogLevel        slog.Level
-	LogFormat       string
-	MaxBodyBytes    int64
+	Listen       string
+	Profiles     string
+	LogLevel     slog.Level
+	LogFormat    string
+	MaxBodyBytes int64
+	// QueueBodyBudget bounds the bodies that requests waiting for a lease
+	// hold together, host-wide.
+	QueueBodyBudget int64
 	ShutdownTimeout time.Duration
 	// KeepAliveInterval is how often a stream waiting for a swap gets an SSE
 	// comment line; zero disables them.
@@ -51,6 +55,10 @@ type settings struct {
 	VRAMReleaseTimeout time.Duration
 	// StateDir holds the engines file and the lock (crash clean-up).
 	StateDir string
+	// Containment is how engines' processes are kept account of: "auto"
+	// (a cgroup per engine where poold's cgroup is delegated to it, else
+	// process groups), "cgroup" (required) or "process-group".
+	Containment string
 	// Watch makes poold reload the profiles file when it changes; SIGHUP
 	// reloads either way.
 	Watch bool
@@ -64,8 +72,10 @@ type settings struct {
 	// MaxHeaderBytes caps the headers' size. RestartBackoff and
 	// MaxRestartBackoff space out restarts of a failing engine.
 	UpstreamHeaderTimeout, ReadTimeout, ReadHeaderTimeout time.Duration
-	MaxHeaderBytes                                        int
-	RestartBackoff, MaxRestartBackoff                     time.Duration
+	// StreamIdleTimeout bounds an engine's silence within an answer (0: none).
+	StreamIdleTimeout                 time.Duration
+	MaxHeaderBytes                    int
+	RestartBackoff, MaxRestartBackoff time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
 	APIKeys *openai.APIKeys
@@ -89,6 +99,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
 	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
+	cli.BytesFlag(fl, "queue-body-budget", proxy.DefaultQueueBodyBytes, "request bodies that requests waiting for a model may hold together, host-wide (503 queue_budget past it)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("keepalive-interval", 10*time.Second, "interval of the SSE comments sent to a stream waiting for a swap; 0 disables them")
 	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
@@ -97,9 +108,11 @@ func serveFlags() *pflag.FlagSet {
 	cli.BytesFlag(fl, "access-log-buffer", logqueue.DefaultMaxBytes, "access-log lines held while the destination is slow; lines beyond are dropped and counted, never waited for")
 	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
+	fl.String("containment", pool.ModeAuto, "how engines' processes are contained: auto (a cgroup per engine when poold's cgroup is delegated to it, else process groups), cgroup or process-group")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
 	fl.Duration("upstream-header-timeout", 10*time.Minute, "how long an engine may take to start answering a request (504 after); 0 waits as long as the client")
+	fl.Duration("stream-idle-timeout", 2*time.Minute, "how long an engine may send nothing in the middle of an answer before the answer ends (engine_timeout) and the engine is restarted; 0: no bound")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
@@ -124,12 +137,14 @@ func loadSettings(args []string) (settings, error) {
 	s.Profiles = v.String("profiles")
 	s.LogFormat = v.String("log-format")
 	s.MaxBodyBytes = v.Bytes("max-body-bytes")
+	s.QueueBodyBudget = v.Bytes("queue-body-budget")
 	s.ShutdownTimeout = v.Duration("shutdown-timeout")
 	s.KeepAliveInterval = v.Duration("keepalive-interval")
 	s.AccessLog = v.String("access-log")
 	s.AccessLogBuffer = v.Bytes("access-log-buffer")
 	s.VRAMReleaseTimeout = v.Duration("vram-release-timeout")
 	s.StateDir = v.String("state-dir")
+	s.Containment = v.String("containment")
 	s.Watch = v.Bool("watch")
 	s.ReloadDebounce = v.Duration("reload-debounce")
 	s.Metrics = v.Bool("metrics")
@@ -157,7 +172,13 @@ func loadSettings(args []string) (settings, error) {
 	if s.StateDir == "" {
 		errs = append(errs, errors.New("state-dir: must not be empty"))
 	}
+	switch s.Containment {
+	case pool.ModeAuto, pool.ModeCgroup, pool.ModeProcessGroup:
+	default:
+		errs = append(errs, fmt.Errorf("containment: %q is not auto, cgroup or process-group", s.Containment))
+	}
 	s.UpstreamHeaderTimeout = v.Duration("upstream-header-timeout")
+	s.StreamIdleTimeout = v.Duration("stream-idle-timeout")
 	s.ReadTimeout = v.Duration("read-timeout")
 	s.ReadHeaderTimeout = v.Duration("read-header-timeout")
 	s.MaxHeaderBytes = int(v.Bytes("max-header-bytes"))
@@ -181,6 +202,9 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.Profiles == "" {
 		errs = append(errs, errors.New("profiles: a profiles file is required (--profiles or POOLD_PROFILES)"))
+	}
+	if s.QueueBodyBudget <= 0 {
+		errs = append(errs, fmt.Errorf("queue-body-budget: must be positive, not %d", s.QueueBodyBudget))
 	}
 	if s.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("max-body-bytes: must be positive, not %d", s.MaxBodyBytes))

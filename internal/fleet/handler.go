@@ -425,7 +425,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 			a.retry = "key"
 			return errRetry
 		}
-	case code == http.StatusServiceUnavailable && refused == "queue_full":
+	case code == http.StatusServiceUnavailable && (refused == "queue_full" || refused == "queue_budget"):
 		// Load shed at arrival: not a failure, and only a host where the
 		// model is awake or loading may take it (a retry must not load
 		// another copy).

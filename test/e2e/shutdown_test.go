@@ -24,6 +24,30 @@ func (d *daemon) healthCode() int {
 	return resp.StatusCode
 }
 
+// stopHurried stops poold with two SIGTERMs, the second once it drains: it
+// kills its engines at once rather than waiting their stop grace.
+func (d *daemon) stopHurried() {
+	d.t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		d.t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for d.healthCode() == http.StatusOK {
+		if time.Now().After(deadline) {
+			d.t.Fatal("/health did not answer 503 while poold drained")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		d.t.Fatal(err)
+	}
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		d.t.Fatal("poold did not exit after a second SIGTERM")
+	}
+}
+
 // At the end of the drain bound, a stream still running gets an error event
 // (shutting_down) rather than a silent cut, and a plain request still
 // waiting for its engine's answer gets a 503; both are recorded as
@@ -199,5 +223,83 @@ func TestBlockedAccessLogDoesNotHang(t *testing.T) {
 	t.Logf("600 requests answered; %v access-log lines dropped", dropped)
 	if !strings.Contains(d.stderr.String(), "access log lines dropped") {
 		t.Error("no warning about the dropped lines in the log")
+	}
+}
+
+// heapRetained is the heap memory poold's Go runtime holds from the OS
+// (obtained and not released), from its /metrics: unlike the RSS, it does
+// not count the race detector's shadow memory.
+func (d *daemon) heapRetained() int64 {
+	return int64(d.metricValue("go_memstats_heap_sys_bytes") - d.metricValue("go_memstats_heap_released_bytes"))
+}
+
+// Requests that wait behind a drain hold their bodies against a host-wide
+// budget: past it they get 503 queue_budget with Retry-After instead of
+// growing poold's memory, and once the burst is over the memory goes back
+// to the OS.
+func TestQueuedBodiesAreBounded(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "a", Extra: map[string]any{"minResidency": "1h"}}},
+		[]sim{{ID: "a", Flags: []string{"--sim-itl", "20ms"}}, {ID: "b"}}, nil),
+		"--queue-body-budget", "40MiB")
+	d.waitPool("p0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "a" })
+	before := d.heapRetained()
+
+	// a holds the pool (its residency is an hour) while b's requests wait.
+	streamCtx, endStream := context.WithCancel(context.Background())
+	defer endStream()
+	started := make(chan struct{}, 1)
+	go d.stream(streamCtx, "a", 3000, started)
+	waitStarted(t, started, 1)
+
+	const n, size = 8, 12 << 20
+	big := fmt.Sprintf(`{"model":"b","max_tokens":1,"user":%q,"messages":[{"role":"user","content":"hi"}]}`, strings.Repeat("x", size))
+	type answer struct {
+		code  int
+		retry string
+		body  []byte
+	}
+	answers := make(chan answer, n)
+	for range n {
+		go func() {
+			code, hdr, body, err := d.post(context.Background(), "/v1/chat/completions", big)
+			if err != nil {
+				t.Errorf("a large request: %v", err)
+			}
+			answers <- answer{code, hdr.Get("Retry-After"), body}
+		}()
+	}
+	// 40 MiB hold three 12 MiB bodies: three wait, five are refused.
+	refused := 0
+	for range n - 3 {
+		a := <-answers
+		if a.code != http.StatusServiceUnavailable || a.retry == "" || apiError(t, a.body).Error.Code != "queue_budget" {
+			t.Fatalf("a request past the budget: %d (Retry-After %q) %s", a.code, a.retry, a.body)
+		}
+		refused++
+	}
+	p := d.waitPool("p0", 30*time.Second, "three waiting", func(p poolView) bool { return p.Waiting["b"] == 3 })
+	peak := d.heapRetained()
+	t.Logf("heap held from the OS: %d MiB before, %d MiB with %d bodies waiting (%d refused)", before>>20, peak>>20, p.Waiting["b"], refused)
+
+	// End a's stream: a is idle, b loads and serves the three.
+	endStream()
+	for range 3 {
+		if a := <-answers; a.code != http.StatusOK {
+			t.Fatalf("a waiting request: %d %s", a.code, a.body)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		held := d.heapRetained()
+		if held < before+24<<20 {
+			t.Logf("heap held from the OS back to %d MiB after the burst", held>>20)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("poold still holds %d MiB of heap 30 s after the burst (%d MiB before it)", held>>20, before>>20)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
