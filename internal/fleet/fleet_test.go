@@ -710,3 +710,28 @@ func TestReloadWeightDuringRequests(t *testing.T) {
 		t.Fatalf("weight %d after the last reload", st.Weight)
 	}
 }
+
+// A host that read the whole request and then dropped the connection may
+// have done the work: the request is not sent to another host (no replay),
+// the client gets a 502.
+func TestNoRetryOfARequestAHostRead(t *testing.T) {
+	dropper := newFakeHost(t, "dropper", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	other := newFakeHost(t, "other", []statusapi.Pool{readyPool("gpu0", "qwen", 5)}, model("qwen", "qwen"))
+	dropper.set(func(fh *fakeHost) {
+		fh.post = func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body) // read it all, then go away
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		}
+	})
+	tf := startFleet(t, Options{PollInterval: time.Hour}, HandlerOptions{}, dropper, other)
+	resp, body := tf.post(`{"model": "qwen"}`)
+	if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("X-Fleet-Host") != "dropper" {
+		t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Fleet-Host"), body)
+	}
+	if n := other.postCount(); n != 0 {
+		t.Fatalf("the request was sent again to another host (%d times)", n)
+	}
+}

@@ -474,7 +474,13 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		h.fleet.forwarded(a.host, err)
 	}
 	h.log.Warn("host request failed", "host", a.host.name, "requestId", a.id, "err", err)
-	if a.nextAny {
+	// Another host gets the request only if this one cannot have run it: not
+	// a byte of it was written (a refused dial, a closed connection), or the
+	// host went silent and was ejected for it (the retry of silent hosts,
+	// which a setting turns off). A host that read the request and then
+	// failed may have done its GPU work: the client is told instead.
+	_, notSent := errors.AsType[*upstream.NotSentError](err)
+	if a.nextAny && (notSent || silent) {
 		a.retry = "connect"
 		if silent {
 			a.retry = "silent"
