@@ -135,7 +135,7 @@ func (b *buckets) headers(now time.Time) [][2]string {
 		h = append(h,
 			[2]string{"x-ratelimit-limit-" + dim, strconv.Itoa(lim.Burst())},
 			[2]string{"x-ratelimit-remaining-" + dim, strconv.Itoa(int(math.Max(0, math.Floor(left))))},
-			[2]string{"x-ratelimit-reset-" + dim, resetString(refill(float64(lim.Burst())-left, lim.Limit()))},
+			[2]string{"x-ratelimit-reset-" + dim, ResetString(refill(float64(lim.Burst())-left, lim.Limit()))},
 		)
 	}
 	if b.req != nil {
@@ -155,8 +155,8 @@ func refill(n float64, r rate.Limit) time.Duration {
 	return time.Duration(n / float64(r) * float64(time.Second))
 }
 
-// resetString writes a reset time as OpenAI does: "1s", "6m0s", "20ms".
-func resetString(d time.Duration) string {
+// ResetString writes a reset time as OpenAI does: "1s", "6m0s", "20ms".
+func ResetString(d time.Duration) string {
 	if d >= time.Second {
 		d = d.Round(time.Second)
 	} else {

@@ -26,7 +26,7 @@ var allowed = map[string][]string{
 	"internal/simgpu":      nil,
 	"internal/cli":         nil,
 	"internal/logqueue":    nil,
-	"internal/rdb":         nil,
+	"internal/rdb":         {"internal/tenant"},
 	"internal/rdb/rdbtest": nil,
 	"internal/tenant":      nil,
 	"internal/gpu":         {"internal/statusapi", "internal/simgpu"},
