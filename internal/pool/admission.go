@@ -19,6 +19,9 @@ type Lease struct {
 	Target *url.URL
 	// Waited is how long the request queued before admission.
 	Waited time.Duration
+	// CausedSwap reports that the request was the oldest one waiting for the
+	// swap that loaded its profile: the one that caused it.
+	CausedSwap bool
 
 	p    *Pool
 	once sync.Once
@@ -30,6 +33,7 @@ func (l *Lease) Release() {
 		p := l.p
 		p.mu.Lock()
 		p.sched.Release(p.opts.Now())
+		p.noteActivityLocked()
 		kick := p.loopWaitsLocked()
 		p.mu.Unlock()
 		if kick {
@@ -169,6 +173,7 @@ func (p *Pool) leave(w *Waiter, err error) error {
 // leaseLocked makes a lease on the current engine; p.mu must be held and the
 // scheduler must have counted it in flight.
 func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
+	p.noteActivityLocked()
 	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, Waited: waited, p: p}
 }
 
@@ -201,7 +206,9 @@ func (p *Pool) answerLocked(ws []*Waiter, err error) {
 		case w.Intent:
 			w.done <- grant{} // done; an intent holds no lease
 		default:
-			w.done <- grant{lease: p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))}
+			l := p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))
+			l.CausedSwap = w.causedSwap
+			w.done <- grant{lease: l}
 		}
 	}
 }

@@ -94,6 +94,9 @@ type Options struct {
 	Logger   *slog.Logger
 	Observer Observer
 	VRAM     VRAM
+	// Activity receives the pool's activity changes, for the usage ledger
+	// (activity.go); nil means none.
+	Activity ActivityObserver
 	// Ledger records the engines started, for crash clean-up; nil records none.
 	Ledger *Ledger
 	Now    func() time.Time
@@ -146,6 +149,9 @@ type Pool struct {
 	backoff   restartBackoff // spaces out the restarts of a failing profile
 	// reload is what a profiles reload left for the run loop (reload.go).
 	reload pendingReload
+	// activity and activityProfile are what Options.Activity was last told.
+	activity        Activity
+	activityProfile string
 }
 
 func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
@@ -208,6 +214,7 @@ func (p *Pool) setStateLocked(s State) {
 	}
 	p.state = s
 	p.since = p.opts.Now()
+	p.noteActivityLocked()
 }
 
 func (p *Pool) observeSwap(from, to, kind, result string, phases map[string]time.Duration) {

@@ -58,7 +58,8 @@ type Waiter struct {
 	// the gate like a request, but holds no lease once admitted.
 	Intent bool
 
-	done chan grant // buffered(1); the pool sends exactly one grant
+	done       chan grant // buffered(1); the pool sends exactly one grant
+	causedSwap bool       // set by markSwapCause
 }
 
 // Decision is what the scheduler wants the pool to do next.
