@@ -158,7 +158,24 @@ type Record struct {
 	QueueWait        time.Duration
 	TTFB             time.Duration
 	Duration         time.Duration
+	// For the usage ledger (docs/usage.md): Outcome is how the request
+	// ended (one of the Outcome constants; "" counts as OutcomeOK);
+	// TokensEstimated reports that the engine reported no usage and the
+	// token counts are poold's estimate (never added to the token
+	// counters); CausedSwap reports that the request made its pool swap.
+	Outcome         string
+	TokensEstimated bool
+	CausedSwap      bool
 }
+
+// How a request ended (Record.Outcome).
+const (
+	OutcomeOK       = "ok"       // answered in full with a status under 400
+	OutcomeError    = "error"    // answered in full with a 4xx or 5xx
+	OutcomeRejected = "rejected" // refused by poold before any engine saw it: 503 (queue full or too long, backoff, shutdown)
+	OutcomeCut      = "cut"      // the engine broke off its answer
+	OutcomeAborted  = "aborted"  // the client went away before the end
+)
 
 // Observe adds a finished request to the metrics. Requests that reached no
 // profile are counted under pool and model "none", so that request input never
@@ -203,6 +220,7 @@ func (r *Record) Log(log *slog.Logger) {
 		slog.Int64("queue_wait_ms", r.QueueWait.Milliseconds()),
 		slog.Int64("ttfb_ms", r.TTFB.Milliseconds()),
 		slog.Int64("duration_ms", r.Duration.Milliseconds()),
+		slog.Bool("tokens_estimated", r.TokensEstimated),
 	)
 }
 

@@ -117,6 +117,14 @@ func (s *SSEReader) Close() error { return s.src.Close() }
 // Call it once the stream has been read.
 func (s *SSEReader) Usage() (Usage, bool) { return s.usage, s.counted }
 
+// Events is the number of data events passed to the client so far, [DONE]
+// and a withheld usage chunk excluded.
+func (s *SSEReader) Events() int { return s.events }
+
+// Err is the error that ended the upstream stream: nil while it runs (or
+// when it was abandoned before its end), io.EOF when it ended normally.
+func (s *SSEReader) Err() error { return s.err }
+
 // split marks every complete event after buf[:ready] ready, or removes it when
 // it is withheld. It resumes the search for an event's end where the last one
 // stopped (less the two bytes a terminator could straddle), so an event
@@ -237,6 +245,7 @@ type TailReader struct {
 	src     io.ReadCloser
 	onFirst func()
 	tail    []byte
+	err     error // src's last error; io.EOF once the body was read whole
 }
 
 const tailSize = 16 * 1024
@@ -259,8 +268,15 @@ func (t *TailReader) Read(p []byte) (int, error) {
 			t.tail = append(t.tail[:0], t.tail[over:]...)
 		}
 	}
+	if err != nil {
+		t.err = err
+	}
 	return n, err
 }
+
+// Err is the error that ended the body: nil while it is read (or when it
+// was abandoned before its end), io.EOF when it was read whole.
+func (t *TailReader) Err() error { return t.err }
 
 func (t *TailReader) Close() error { return t.src.Close() }
 

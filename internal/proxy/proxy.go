@@ -47,6 +47,10 @@ type Options struct {
 	// UpstreamHeaderTimeout bounds the wait for an engine's response headers
 	// (504 after it); zero waits as long as the client does.
 	UpstreamHeaderTimeout time.Duration
+	// Usage, when set, receives every finished request's record (usage.go);
+	// UsageReport, when set with an AdminToken, serves GET /usage behind it.
+	Usage       Usage
+	UsageReport http.Handler
 }
 
 // Handler serves the OpenAI API and the operations endpoints.
@@ -163,6 +167,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if u, ok := x.usage(); ok {
 			rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
 		}
+		account(rec, x, r)
 		h.finish(rec)
 	}()
 
@@ -212,6 +217,9 @@ func (h *Handler) finish(rec *metrics.Record) {
 	}
 	if h.opts.AccessLog != nil {
 		rec.Log(h.opts.AccessLog)
+	}
+	if h.opts.Usage != nil {
+		h.opts.Usage.Request(rec)
 	}
 }
 
