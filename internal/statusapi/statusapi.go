@@ -18,6 +18,33 @@ type Poold struct {
 	Config File   `json:"config"`
 	GPU    GPUs   `json:"gpu"`
 	Pools  []Pool `json:"pools"`
+	// Usage describes the usage ledger; absent when it is off.
+	Usage *Usage `json:"usage,omitempty"`
+}
+
+// Usage is the usage ledger's state (docs/usage.md): its database, the rows
+// waiting for its writer, those written and those lost since start, the
+// last failed write (nil after a good one), and, when it ships rows to
+// PostgreSQL, the shipping.
+type Usage struct {
+	Path      string    `json:"path"`
+	Queued    int       `json:"queued"`
+	Written   uint64    `json:"written"`
+	Dropped   uint64    `json:"dropped"`
+	LastError *string   `json:"lastError"`
+	Shipping  *Shipping `json:"shipping,omitempty"`
+}
+
+// Shipping is the state of the usage rows' shipping to PostgreSQL: where
+// to (no credentials), the rows not shipped yet and the age of the oldest
+// (0 when none waits), when rows were last shipped (nil: not yet), and the
+// last error (nil after a good attempt).
+type Shipping struct {
+	Target            string     `json:"target"`
+	BacklogRows       int64      `json:"backlogRows"`
+	BacklogAgeSeconds float64    `json:"backlogAgeSeconds"`
+	LastShippedAt     *time.Time `json:"lastShippedAt"`
+	LastError         *string    `json:"lastError"`
 }
 
 // File describes a watched settings file in force: poold's profiles file or
