@@ -4,6 +4,8 @@
 //	poold [serve] --listen ADDR --profiles FILE [--log-level L] [--log-format F]
 //	poold check FILE
 //	poold status [--addr URL] [--json]
+//	poold usage [--since T] [--until T] [--by tenant|model|pool|day] [--format table|json|csv]
+//	poold usage reconcile --access-log FILE
 //	poold version
 //	poold engine-sim [vllm serve flags]   (the bundled vLLM simulator)
 package main
@@ -33,12 +35,14 @@ func main() {
 		os.Exit(check(args, os.Stdout, os.Stderr))
 	case "status":
 		os.Exit(status(args, os.Stdout, os.Stderr))
+	case "usage":
+		os.Exit(usageCommand(args, os.Stdout, os.Stderr))
 	case "version":
 		fmt.Println(versionString())
 	case "engine-sim":
 		os.Exit(enginesim.Main(args))
 	default:
-		fmt.Fprintf(os.Stderr, "poold: unknown command %q (serve, check, status, version, engine-sim)\n", cmd)
+		fmt.Fprintf(os.Stderr, "poold: unknown command %q (serve, check, status, usage, version, engine-sim)\n", cmd)
 		os.Exit(2)
 	}
 }

@@ -80,9 +80,16 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return err
 	}
 	defer closeAccess()
+	// Closed after the pools have stopped (their last intervals) and the
+	// requests have drained: deferred before both.
+	usageLedger, err := openUsage(ctx, s, host, log, reg, gpus)
+	if err != nil {
+		return err
+	}
+	defer usageLedger.close()
 
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger,
-		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
+		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, Activity: usageLedger.activity()})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
@@ -98,12 +105,16 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		AdminToken:        s.AdminToken,
 		// Reliability: a hung engine answers 504 after this.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
+		// The usage ledger: every finished request, and GET /usage.
+		Usage:       usageLedger.requests(),
+		UsageReport: usageLedger.report(s.Usage),
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version: version,
 				Host:    host,
 				Config:  rl.status(),
 				GPU:     gpuStatus(gpus),
+				Usage:   usageLedger.status(),
 			}
 		},
 	})

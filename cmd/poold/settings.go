@@ -71,6 +71,8 @@ type settings struct {
 	// latencies, tokens); false records none, and /metrics serves only the
 	// pool, swap, engine, GPU, build and Go collectors.
 	Metrics bool
+	// Usage is the usage ledger's (usage_settings.go).
+	Usage usageSettings
 }
 
 // loadSettings parses serve's flags and merges them with the environment and
@@ -101,6 +103,7 @@ func loadSettings(args []string) (settings, error) {
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.Bool("metrics", true, "record per-request metrics (requests, latencies, tokens); false leaves /metrics with the pool, swap, GPU and Go collectors")
+	usageFlags(fl)
 	if err := fl.Parse(args); err != nil {
 		return settings{}, err
 	}
@@ -153,6 +156,9 @@ func loadSettings(args []string) (settings, error) {
 	if s.StateDir == "" {
 		errs = append(errs, errors.New("state-dir: must not be empty"))
 	}
+	var usageErrs []error
+	s.Usage, usageErrs = loadUsageSettings(v, s.StateDir)
+	errs = append(errs, usageErrs...)
 	s.UpstreamHeaderTimeout = v.GetDuration("upstream-header-timeout")
 	s.ReadTimeout = v.GetDuration("read-timeout")
 	s.ReadHeaderTimeout = v.GetDuration("read-header-timeout")

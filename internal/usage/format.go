@@ -40,16 +40,33 @@ func (r *Report) Write(w io.Writer, format string) error {
 	return r.writeTable(w)
 }
 
-var csvHeader = []string{"key", "use", "tenant", "requests", "failed", "prompt_tokens", "completion_tokens",
-	"estimated_requests", "gpu_seconds", "gpu_cost", "token_cost", "cost"}
+// columns are a report's columns after the key: the tenant of a serving
+// line only where the key is not the tenant.
+func (r *Report) columns() []string {
+	cols := []string{"use", "tenant", "requests", "failed", "prompt_tokens", "completion_tokens",
+		"estimated_requests", "gpu_seconds", "gpu_cost", "token_cost", "cost"}
+	if r.By == ByTenant {
+		cols = append(cols[:1], cols[2:]...)
+	}
+	return append([]string{string(r.By)}, cols...)
+}
+
+// cells renders row in the order of columns.
+func (r *Report) cells(row Row) []string {
+	c := []string{row.Key, row.Use, row.Tenant, itoa(row.Requests), itoa(row.Failed), itoa(row.PromptTokens),
+		itoa(row.CompletionTokens), itoa(row.EstimatedRequests), micros(row.GPUMicros),
+		money(row.GPUCost), money(row.TokenCost), money(row.Cost)}
+	if r.By == ByTenant {
+		c = append(c[:2], c[3:]...)
+	}
+	return c
+}
 
 func (r *Report) writeCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	_ = cw.Write(append([]string{string(r.By)}, csvHeader[1:]...))
+	_ = cw.Write(r.columns())
 	for _, row := range append(r.Rows, r.Total) {
-		_ = cw.Write([]string{row.Key, row.Use, row.Tenant, itoa(row.Requests), itoa(row.Failed), itoa(row.PromptTokens),
-			itoa(row.CompletionTokens), itoa(row.EstimatedRequests), micros(row.GPUMicros),
-			money(row.GPUCost), money(row.TokenCost), money(row.Cost)})
+		_ = cw.Write(r.cells(row))
 	}
 	cw.Flush()
 	return cw.Error()
@@ -59,15 +76,20 @@ func (r *Report) writeTable(w io.Writer) error {
 	fmt.Fprintf(w, "usage %s .. %s (%s), by %s; serving GPU time split by %s\n\n",
 		r.Since.Format(time.RFC3339), r.Until.Format(time.RFC3339), r.Until.Sub(r.Since), r.By, r.Split)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
-	cost := "COST"
-	if r.Currency != "" {
-		cost += " (" + r.Currency + ")"
+	cols := r.columns()
+	for i, c := range cols {
+		cols[i] = strings.ToUpper(strings.ReplaceAll(c, "_", " "))
 	}
-	fmt.Fprintf(tw, "%s\tUSE\tTENANT\tREQUESTS\tFAILED\tPROMPT\tCOMPLETION\tEST\tGPU-SECONDS\tGPU COST\tTOKEN COST\t%s\t\n", strings.ToUpper(string(r.By)), cost)
+	if r.Currency != "" {
+		cols[len(cols)-1] += " (" + r.Currency + ")"
+	}
+	fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t")
 	for _, row := range append(r.Rows, r.Total) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t\n", dash(row.Key), dash(row.Use), dash(row.Tenant),
-			row.Requests, row.Failed, row.PromptTokens, row.CompletionTokens, row.EstimatedRequests,
-			micros(row.GPUMicros), money(row.GPUCost), money(row.TokenCost), money(row.Cost))
+		cells := r.cells(row)
+		for i := range 3 {
+			cells[i] = dash(cells[i])
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
