@@ -94,7 +94,9 @@ type Ledger struct {
 	// Owned by the writer goroutine.
 	spare      []event                  // the last batch's array, reused
 	open       map[string]*openInterval // each pool's current interval
-	insReq     *sql.Stmt
+	insReq     *sql.Stmt                // one request row
+	insReqs    *sql.Stmt                // rowsPerInsert request rows
+	args       []any                    // insReqs' arguments, reused
 	checkpoint time.Time
 	pruned     time.Time
 }
@@ -112,11 +114,16 @@ var (
 	rowNames  = [2]string{"request", "interval"}
 )
 
-// event is one queued row: a finished request (rec set), or a pool's
-// activity change.
+// event is one queued record: a finished request (rec set) or a pool's
+// activity change (change set), and when.
 type event struct {
-	rec      *metrics.Record
-	at       time.Time // the request's end, or the change's moment
+	rec    *metrics.Record
+	change *change
+	at     time.Time // the request's end, or the change's moment
+}
+
+// change is a pool's activity change.
+type change struct {
 	pool     string
 	gpus     []int
 	activity pool.Activity
@@ -221,10 +228,26 @@ func (l *Ledger) init(ctx context.Context) error {
 	if n, _ := res.RowsAffected(); n > 0 {
 		l.log.Warn("closed pool intervals left open by a previous run at their last checkpoint", "intervals", n)
 	}
-	l.insReq, err = l.db.PrepareContext(ctx, `INSERT INTO requests (request_id, arrived_us, ended_us, tenant, model, profile, pool,
-		status, outcome, stream, prompt_tokens, completion_tokens, tokens_estimated, queue_wait_us, ttft_us, duration_us, caused_swap)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+	if l.insReq, err = l.db.PrepareContext(ctx, insertRequests(1)); err != nil {
+		return err
+	}
+	l.insReqs, err = l.db.PrepareContext(ctx, insertRequests(rowsPerInsert))
 	return err
+}
+
+// rowsPerInsert is how many request rows one INSERT statement carries: a
+// statement per row would cost the writer several times the CPU.
+const rowsPerInsert = 64
+
+// requestColumns is the number of values of a request row.
+const requestColumns = 17
+
+// insertRequests is the INSERT of n request rows.
+func insertRequests(n int) string {
+	row := "(" + strings.Repeat("?, ", requestColumns-1) + "?)"
+	return `INSERT INTO requests (request_id, arrived_us, ended_us, tenant, model, profile, pool, status, outcome, stream,
+		prompt_tokens, completion_tokens, tokens_estimated, queue_wait_us, ttft_us, duration_us, caused_swap) VALUES ` +
+		strings.Repeat(row+", ", n-1) + row
 }
 
 // ID is the ledger's identity: with the host name, it keys shipped rows.
@@ -240,7 +263,7 @@ func (l *Ledger) Request(rec *metrics.Record) {
 // pool.ActivityObserver; changes may use a reserve of the queue that
 // requests may not.
 func (l *Ledger) PoolActivity(poolName string, gpus []int, a pool.Activity, profile string, at time.Time) {
-	l.enqueue(event{pool: poolName, gpus: gpus, activity: a, profile: profile, at: at}, l.opts.QueueSize+activityReserve)
+	l.enqueue(event{change: &change{pool: poolName, gpus: gpus, activity: a, profile: profile}, at: at}, l.opts.QueueSize+activityReserve)
 }
 
 func (l *Ledger) enqueue(ev event, limit int) {
@@ -340,18 +363,36 @@ func (l *Ledger) write(batch []event) {
 		}
 	}
 	ok := l.commit("write", func(tx *sql.Tx) error {
-		ins := tx.Stmt(l.insReq)
-		for i := range batch {
-			var err error
-			if ev := &batch[i]; ev.rec != nil {
-				err = insertRequest(ins, ev.rec, ev.at)
-			} else {
-				err = l.applyActivity(tx, ev)
+		one, many := tx.Stmt(l.insReq), tx.Stmt(l.insReqs)
+		// Runs of request rows go rowsPerInsert at a time; an activity
+		// change between them is applied in its place, so that rows keep
+		// their order.
+		for i := 0; i < len(batch); {
+			if batch[i].rec == nil {
+				if err := l.applyActivity(tx, batch[i].change, batch[i].at); err != nil {
+					return err
+				}
+				i++
+				continue
 			}
-			if err != nil {
+			j := i
+			for j < len(batch) && j-i < rowsPerInsert && batch[j].rec != nil {
+				j++
+			}
+			stmt := many
+			if j-i < rowsPerInsert {
+				stmt, j = one, i+1
+			}
+			l.args = l.args[:0]
+			for k := i; k < j; k++ {
+				l.args = appendRequest(l.args, batch[k].rec, batch[k].at)
+			}
+			if _, err := stmt.Exec(l.args...); err != nil {
 				return err
 			}
+			i = j
 		}
+		clear(l.args)
 		return nil
 	})
 	l.mu.Lock()
@@ -394,36 +435,35 @@ func (l *Ledger) commit(what string, f func(tx *sql.Tx) error) bool {
 	return true
 }
 
-func insertRequest(ins *sql.Stmt, r *metrics.Record, end time.Time) error {
-	outcome := cmp.Or(r.Outcome, metrics.OutcomeOK)
-	_, err := ins.Exec(r.RequestID, end.Add(-r.Duration).UnixMicro(), end.UnixMicro(), r.Client, r.Model, r.Profile, r.Pool,
-		r.Status, outcome, r.Stream, r.PromptTokens, r.CompletionTokens, r.TokensEstimated,
+// appendRequest appends the values of r's row, which ended at end.
+func appendRequest(args []any, r *metrics.Record, end time.Time) []any {
+	return append(args, r.RequestID, end.Add(-r.Duration).UnixMicro(), end.UnixMicro(), r.Client, r.Model, r.Profile, r.Pool,
+		r.Status, cmp.Or(r.Outcome, metrics.OutcomeOK), r.Stream, r.PromptTokens, r.CompletionTokens, r.TokensEstimated,
 		r.QueueWait.Microseconds(), r.TTFB.Microseconds(), r.Duration.Microseconds(), r.CausedSwap)
-	return err
 }
 
 // applyActivity ends the pool's current interval at the change and begins
 // the next (none after ActivityNone). An interval that never reached a
 // checkpoint is written whole when it ends; one of zero length is dropped.
-func (l *Ledger) applyActivity(tx *sql.Tx, ev *event) error {
-	cur := l.open[ev.pool]
-	if cur != nil && cur.activity == ev.activity && cur.profile == ev.profile {
+func (l *Ledger) applyActivity(tx *sql.Tx, c *change, at time.Time) error {
+	cur := l.open[c.pool]
+	if cur != nil && cur.activity == c.activity && cur.profile == c.profile {
 		return nil
 	}
 	if cur != nil {
-		if err := l.endInterval(tx, cur, ev.at); err != nil {
+		if err := l.endInterval(tx, cur, at); err != nil {
 			return err
 		}
-		delete(l.open, ev.pool)
+		delete(l.open, c.pool)
 	}
-	if ev.activity == pool.ActivityNone {
+	if c.activity == pool.ActivityNone {
 		return nil
 	}
 	model := ""
 	if l.opts.GPUModel != nil {
-		model = l.opts.GPUModel(ev.gpus)
+		model = l.opts.GPUModel(c.gpus)
 	}
-	l.open[ev.pool] = &openInterval{pool: ev.pool, activity: ev.activity, profile: ev.profile, gpus: ev.gpus, gpuModel: model, start: ev.at}
+	l.open[c.pool] = &openInterval{pool: c.pool, activity: c.activity, profile: c.profile, gpus: c.gpus, gpuModel: model, start: at}
 	return nil
 }
 

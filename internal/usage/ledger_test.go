@@ -18,7 +18,7 @@ import (
 	"github.com/poold/poold/internal/pool"
 )
 
-func openLedger(t *testing.T, opts Options) *Ledger {
+func openLedger(t testing.TB, opts Options) *Ledger {
 	t.Helper()
 	if opts.Path == "" {
 		opts.Path = filepath.Join(t.TempDir(), "state", "usage.db")
