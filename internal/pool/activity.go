@@ -27,8 +27,8 @@ const (
 // when the run loop starts, ActivityNone when it has ended. profile is the
 // profile serving or idle; while swapping, the one being loaded (or stopped
 // at shutdown; none for an unload); while asleep, the sleeping profiles
-// joined by ","; empty otherwise. gpus is the
-// pool's GPU list: read it, never keep or modify it.
+// joined by ","; empty otherwise. gpus is the pool's GPU list: read it,
+// never modify it.
 //
 // It is called with the pool's lock held, on request goroutines and the run
 // loop: it must not block nor call back into the pool.
