@@ -360,8 +360,15 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 	if l := lines[r1.id]; l["client"] != "team-a" || l["status"] != 200.0 {
 		t.Errorf("access log for r1: %v", l)
 	}
-	if l := lines[disconnectID]; l["client"] != "other" || l["completion_tokens"] != 0.0 {
+	// The engine reported no usage for the stream the client left: its
+	// tokens are poold's estimate, and marked so (docs/usage.md).
+	if l := lines[disconnectID]; l["client"] != "other" || l["tokens_estimated"] != true {
 		t.Errorf("access log for the disconnected stream: %v", l)
+	}
+	for id, l := range lines {
+		if id != disconnectID && l["tokens_estimated"] != false {
+			t.Errorf("access log for %s: tokens_estimated %v, want false", id, l["tokens_estimated"])
+		}
 	}
 
 	// The key never appears in logs or metrics.

@@ -237,7 +237,9 @@ func TestUsageLedgerReconcilesWithTheAccessLog(t *testing.T) {
 	d := startPoold(t, tag, usageProfiles(tag), "--config", settings, "--state-dir", state, "--log-level", "warn",
 		"--restart-backoff", "50ms", "--restart-backoff-max", "500ms")
 	s := newSent()
+	loadBegin := time.Now()
 	runUsageLoad(context.Background(), d.url, 24, requests, []string{"plain", "plain", "plain", "stream", "stream", "stream", "abandon", "crash"}, s)
+	loadEnd := time.Now()
 	d.stop()
 	end := time.Now()
 	if d.err != nil {
@@ -302,8 +304,9 @@ func TestUsageLedgerReconcilesWithTheAccessLog(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "no difference") {
 		t.Errorf("reconcile exited %d", code)
 	}
-	since, until := begin.UTC().Format(time.RFC3339Nano), end.UTC().Format(time.RFC3339Nano)
-	out, code = runPoold(t, "usage", "--state-dir", state, "--since", since, "--until", until, "--by", "tenant", "--format", "json")
+	// The run: the clients' load, from its first request to its last answer.
+	rfc := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+	out, code = runPoold(t, "usage", "--state-dir", state, "--since", rfc(begin), "--until", rfc(end), "--by", "tenant", "--format", "json")
 	var rep usageReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
 		t.Fatalf("poold usage --format json: exit %d, %v\n%s", code, err, out)
@@ -323,11 +326,16 @@ func TestUsageLedgerReconcilesWithTheAccessLog(t *testing.T) {
 	}
 
 	// Each pool's intervals cover the run's wall time, within a second.
-	wall := end.Sub(begin).Seconds()
-	if len(rep.Pools) != 2 {
-		t.Fatalf("pools in the report: %+v", rep.Pools)
+	out, code = runPoold(t, "usage", "--state-dir", state, "--since", rfc(loadBegin), "--until", rfc(loadEnd), "--format", "json")
+	var run usageReport
+	if err := json.Unmarshal([]byte(out), &run); err != nil || code != 0 {
+		t.Fatalf("poold usage --format json: exit %d, %v\n%s", code, err, out)
 	}
-	for _, p := range rep.Pools {
+	wall := loadEnd.Sub(loadBegin).Seconds()
+	if len(run.Pools) != 2 {
+		t.Fatalf("pools in the report: %+v", run.Pools)
+	}
+	for _, p := range run.Pools {
 		t.Logf("pool %s: intervals cover %.3f s of the run's %.3f s; %.3f GPU-s, lines %.3f", p.Pool, p.CoveredSeconds, wall, p.GPUSeconds, p.LinesSeconds)
 		if p.CoveredSeconds < wall-1 || p.CoveredSeconds > wall || !p.AddsUp {
 			t.Errorf("pool %s: covered %.3f s of %.3f s, adds up %v", p.Pool, p.CoveredSeconds, wall, p.AddsUp)
@@ -335,7 +343,7 @@ func TestUsageLedgerReconcilesWithTheAccessLog(t *testing.T) {
 	}
 
 	// The cost report: tenants, the pools' own time, and the check.
-	out, code = runPoold(t, "usage", "--config", settings, "--state-dir", state, "--since", since, "--until", until, "--by", "pool")
+	out, code = runPoold(t, "usage", "--config", settings, "--state-dir", state, "--since", rfc(begin), "--until", rfc(end), "--by", "pool")
 	t.Logf("poold usage --by pool:\n%s", out)
 	if code != 0 {
 		t.Errorf("poold usage exited %d", code)
