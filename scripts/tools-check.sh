@@ -24,11 +24,24 @@ else
   missing promtool "apt-get install prometheus"
 fi
 
-# The systemd units (verified against freshly built binaries).
+# The systemd units: verified against freshly built binaries, and each unit's
+# `systemd-analyze security` exposure within its bound.
 if command -v systemd-analyze >/dev/null; then
   ./scripts/verify-units.sh
 else
   missing systemd-analyze "apt-get install systemd"
+fi
+
+# docs/first-gpu-host.md, each step that needs no GPU, in a temporary root
+# with the simulator as vLLM (as root: systemd-tmpfiles sets owners).
+if [ "$(id -u)" != 0 ]; then
+  [ "${REQUIRE_TOOLS:-0}" = 1 ] && { echo "FAIL: the GPU guide check needs root" >&2; exit 1; }
+  echo "skipped: the GPU guide check needs root"
+elif command -v systemd-sysusers >/dev/null && command -v systemd-tmpfiles >/dev/null &&
+  command -v systemd-analyze >/dev/null && command -v curl >/dev/null; then
+  ./scripts/check-gpu-guide.sh
+else
+  missing "systemd-sysusers, systemd-tmpfiles, systemd-analyze or curl" "apt-get install systemd curl"
 fi
 
 # Known vulnerabilities: govulncheck against a database built from the

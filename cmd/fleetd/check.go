@@ -3,29 +3,35 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
-	"os"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
 )
 
-// check validates a hosts file: exit 0 valid, 1 invalid, 2 unreadable.
-func check(args []string) int {
-	if len(args) != 1 {
-		fmt.Fprintln(os.Stderr, "usage: fleetd check FILE")
-		return 2
+// check validates a hosts file: exit 0 valid, 1 invalid, 2 unreadable or a
+// usage error.
+func check(args []string, stdout, stderr io.Writer) int {
+	fl := cli.NewFlagSet("fleetd check")
+	if code, ok := cli.ParseFlags(fl, "FILE", args, stdout, stderr); !ok {
+		return code
 	}
-	_, _, err := fleet.LoadFile(args[0])
+	if fl.NArg() != 1 {
+		return cli.UsageError(stderr, fl, "FILE", errors.New("one hosts file is required"))
+	}
+	file := fl.Arg(0)
+	_, _, err := fleet.LoadFile(file)
 	var pathErr *fs.PathError
 	switch {
 	case err == nil:
-		fmt.Printf("%s: ok\n", args[0])
+		fmt.Fprintf(stdout, "%s: ok\n", file)
 		return 0
 	case errors.As(err, &pathErr):
-		fmt.Fprintf(os.Stderr, "fleetd check: %v\n", err)
+		fmt.Fprintf(stderr, "fleetd check: %v\n", err)
 		return 2
 	default:
-		fmt.Fprintf(os.Stderr, "%s: invalid:\n%v\n", args[0], err)
+		fmt.Fprintf(stderr, "%s: invalid:\n%v\n", file, err)
 		return 1
 	}
 }

@@ -1,44 +1,46 @@
 // Command fleetd routes OpenAI-compatible requests across many hosts' poold
 // daemons, to where each model is cheapest to serve. Usage:
 //
-//	fleetd [serve] --listen ADDR --hosts FILE [--log-level L] [--log-format F] [...]
-//	fleetd status [--addr URL] [--json]
-//	fleetd check FILE
+//	fleetd [serve] [flags]                 run the router
+//	fleetd check FILE                      validate a hosts file
+//	fleetd status [--addr ADDR] [--json]   print a running fleetd's hosts
 //	fleetd version
+//	fleetd help [COMMAND]
+//
+// It exits 0 on success, 1 on failure and 2 on a usage error.
 package main
 
 import (
-	"context"
 	"fmt"
+	"io"
 	"os"
-	"os/signal"
 	"runtime/debug"
-	"syscall"
+
+	"github.com/poold/poold/internal/cli"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3".
 var version = "dev"
 
 func main() {
-	args := os.Args[1:]
-	cmd := "serve"
-	if len(args) > 0 && (len(args[0]) == 0 || args[0][0] != '-') {
-		cmd, args = args[0], args[1:]
-	}
-	switch cmd {
-	case "serve":
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		defer stop()
-		os.Exit(serve(ctx, args))
-	case "status":
-		os.Exit(status(args, os.Stdout))
-	case "check":
-		os.Exit(check(args))
-	case "version":
-		fmt.Println("fleetd " + version + " (" + revision() + ")")
-	default:
-		fmt.Fprintf(os.Stderr, "fleetd: unknown command %q (serve, status, check, version)\n", cmd)
-		os.Exit(2)
+	os.Exit(program().Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func program() *cli.Program {
+	return &cli.Program{
+		Name:    "fleetd",
+		Summary: "fleetd routes OpenAI-compatible requests across many hosts' poold daemons, to where each model is cheapest to serve.",
+		Version: "fleetd " + version + " (" + revision() + ")",
+		Commands: []cli.Command{
+			{Name: "serve", Args: "[flags]", Summary: "run the router (the default command)", Run: cli.UntilSignal(serve)},
+			{Name: "check", Args: "FILE", Summary: "validate a hosts file",
+				Run: func(args []string) int { return check(args, os.Stdout, os.Stderr) }},
+			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running fleetd's hosts and their pools as a table",
+				Run: func(args []string) int { return status(args, os.Stdout, os.Stderr) }},
+		},
+		More: func(w io.Writer) {
+			fmt.Fprintf(w, "Flags of serve (each also FLEETD_<FLAG> in the environment):\n%s", serveFlags().FlagUsages())
+		},
 	}
 }
 

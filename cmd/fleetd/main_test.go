@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,12 +20,17 @@ import (
 func TestStatusTable(t *testing.T) {
 	profile := "qwen"
 	bad := "hosts[0]: url: required\nmore"
+	unauthorized := "GET http://10.0.0.2:8080/v1/models: status 401 Unauthorized"
 	now := time.Now()
 	st := statusapi.Fleetd{Version: "v1", HostsFile: statusapi.File{Path: "/etc/poold/hosts.json", LastError: &bad}, Hosts: []statusapi.Host{
 		{Name: "gpu-1", Healthy: true, Reachable: true, LastPoll: &now, PollLatencyMs: 1.25, Pools: []statusapi.Pool{
 			{Name: "gpu0", State: statusapi.StateReady, Profile: &profile, InFlight: 2, Waiting: map[string]int{"llama": 1, "bge": 3}},
 		}},
-		{Name: "gpu-2", Ejected: true},
+		// Ejected, with the pools of its last good poll: not shown.
+		{Name: "gpu-2", Ejected: true, LastPoll: &now, PollLatencyMs: 0.5, LastError: &unauthorized, Pools: []statusapi.Pool{
+			{Name: "gpu0", State: statusapi.StateReady, Profile: &profile, InFlight: 1},
+		}},
+		{Name: "gpu-3"},
 	}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/status" {
@@ -36,24 +42,29 @@ func TestStatusTable(t *testing.T) {
 	defer srv.Close()
 
 	var out bytes.Buffer
-	if code := status([]string{"--addr", srv.URL}, &out); code != 0 {
+	// The address as host:port, as poold status takes it.
+	if code := status([]string{"--addr", strings.TrimPrefix(srv.URL, "http://")}, &out, io.Discard); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	for _, want := range []string{
 		"fleetd v1, hosts file /etc/poold/hosts.json (last reload refused: hosts[0]: url: required)",
-		"HOST   HEALTH   POOL  STATE  PROFILE  SWITCHING  IN FLIGHT  WAITING        POLL",
-		"gpu-1  up       gpu0  ready  qwen     -          2          bge:3,llama:1  1.2ms",
-		"gpu-2  ejected  -     -      -        -          -          -              -",
+		"HOST   HEALTH   POOL  STATE  PROFILE  SWITCHING  IN FLIGHT  WAITING        POLL   LAST ERROR",
+		"gpu-1  up       gpu0  ready  qwen     -          2          bge:3,llama:1  1.2ms  -",
+		"gpu-2  ejected  -     -      -        -          -          -              0.5ms  " + unauthorized,
+		"gpu-3  unknown  -     -      -        -          -          -              -      -",
 	} {
 		if !strings.Contains(out.String(), want+"\n") {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
 	}
+	if n := strings.Count(out.String(), "\ngpu-2 "); n != 1 {
+		t.Errorf("ejected host on %d rows, want 1:\n%s", n, out.String())
+	}
 	out.Reset()
-	if code := status([]string{"--addr", srv.URL, "--json"}, &out); code != 0 || !strings.Contains(out.String(), `"name":"gpu-2"`) {
+	if code := status([]string{"--addr", srv.URL, "--json"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), `"name":"gpu-2"`) {
 		t.Fatalf("--json: exit %d\n%s", code, out.String())
 	}
-	if code := status([]string{"--addr", srv.URL + "/nowhere"}, &out); code != 1 {
+	if code := status([]string{"--addr", srv.URL + "/nowhere"}, &out, io.Discard); code != 1 {
 		t.Fatalf("a 404 exits %d", code)
 	}
 }

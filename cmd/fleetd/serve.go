@@ -15,8 +15,10 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
 	"github.com/poold/poold/internal/watch"
 )
@@ -27,11 +29,17 @@ const reloadDebounce = 250 * time.Millisecond
 // serve runs fleetd until ctx ends and returns the exit code.
 func serve(ctx context.Context, args []string) int {
 	s, err := loadSettings(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		cli.PrintUsage(os.Stdout, serveFlags(), "[flags]")
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "fleetd: %v\n", err)
 		return 2
 	}
-	if err := run(ctx, s, newLogger(s)); err != nil {
+	log := newLogger(s)
+	s.Loaded.Log(log)
+	if err := run(ctx, s, log); err != nil {
 		fmt.Fprintf(os.Stderr, "fleetd: %v\n", err)
 		return 1
 	}

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"github.com/spf13/viper"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
 	"github.com/poold/poold/internal/openai"
 )
@@ -31,15 +31,18 @@ type settings struct {
 	APIKeys *openai.APIKeys
 	Fleet   fleet.Options
 	Handler fleet.HandlerOptions
+	// Loaded says where the settings came from, for the start-up log.
+	Loaded *cli.Settings
 }
 
-func loadSettings(args []string) (settings, error) {
-	fl := pflag.NewFlagSet("fleetd", pflag.ContinueOnError)
+// serveFlags defines serve's flags.
+func serveFlags() *pflag.FlagSet {
+	fl := cli.NewFlagSet("fleetd serve")
 	fl.String("listen", "127.0.0.1:8090", "address to serve the API on")
 	fl.String("hosts", "", "hosts JSON file (required)")
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
-	fl.Int64("max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit in bytes")
+	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("poll-interval", fleet.DefaultPollInterval, "how often each host's /status and /v1/models are read")
 	fl.Duration("poll-timeout", fleet.DefaultPollTimeout, "time limit of one poll")
@@ -47,54 +50,50 @@ func loadSettings(args []string) (settings, error) {
 	fl.Duration("max-backoff", fleet.DefaultMaxBackoff, "longest interval between the probes of an ejected host")
 	fl.Int("max-attempts", fleet.DefaultMaxAttempts, "hosts one request may be tried on (connect failure or 503 before any byte)")
 	fl.String("affinity-header", fleet.DefaultAffinityHeader, "request header whose value keeps a session on one host")
-	fl.Int("affinity-bytes", fleet.DefaultAffinityBytes, "bytes of the first message that key affinity when the header is absent")
+	cli.BytesFlag(fl, "affinity-bytes", fleet.DefaultAffinityBytes, "bytes of the first message that key affinity when the header is absent")
 	fl.Int("load-slack", fleet.DefaultLoadSlack, "requests by which a host may exceed the least loaded one and still win by affinity")
 	fl.Duration("scale-out-wait", fleet.DefaultScaleOutWait, "queue wait of every awake copy above which another copy is loaded on an idle host (0 disables)")
 	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys fleetd itself requires on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.String("host-api-key-file", "", "file holding the API key fleetd presents on its polls of hosts whose poold requires keys")
-	if err := fl.Parse(args); err != nil {
-		return settings{}, err
-	}
-	if fl.NArg() > 0 {
-		return settings{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fl.Args(), " "))
-	}
-	v := viper.New()
-	v.SetEnvPrefix("FLEETD")
-	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
-	v.AutomaticEnv()
-	if err := v.BindPFlags(fl); err != nil {
-		return settings{}, err
-	}
+	return fl
+}
 
+// loadSettings parses serve's flags and merges them with the environment.
+// -h or --help returns pflag.ErrHelp.
+func loadSettings(args []string) (settings, error) {
+	v, err := cli.LoadSettings(serveFlags(), args, cli.Sources{EnvPrefix: "FLEETD"})
+	if err != nil {
+		return settings{}, err
+	}
 	s := settings{
-		Listen:          v.GetString("listen"),
-		Hosts:           v.GetString("hosts"),
-		LogFormat:       v.GetString("log-format"),
-		MaxBodyBytes:    v.GetInt64("max-body-bytes"),
-		ShutdownTimeout: v.GetDuration("shutdown-timeout"),
+		Listen:          v.String("listen"),
+		Hosts:           v.String("hosts"),
+		LogFormat:       v.String("log-format"),
+		MaxBodyBytes:    v.Bytes("max-body-bytes"),
+		ShutdownTimeout: v.Duration("shutdown-timeout"),
 		Fleet: fleet.Options{
-			PollInterval: v.GetDuration("poll-interval"),
-			PollTimeout:  v.GetDuration("poll-timeout"),
-			EjectAfter:   v.GetInt("eject-after"),
-			MaxBackoff:   v.GetDuration("max-backoff"),
+			PollInterval: v.Duration("poll-interval"),
+			PollTimeout:  v.Duration("poll-timeout"),
+			EjectAfter:   v.Int("eject-after"),
+			MaxBackoff:   v.Duration("max-backoff"),
 		},
 		Handler: fleet.HandlerOptions{
-			MaxBodyBytes:   v.GetInt64("max-body-bytes"),
-			MaxAttempts:    v.GetInt("max-attempts"),
-			AffinityHeader: v.GetString("affinity-header"),
-			AffinityBytes:  v.GetInt("affinity-bytes"),
-			LoadSlack:      v.GetInt("load-slack"),
-			ScaleOutWait:   v.GetDuration("scale-out-wait"),
+			MaxBodyBytes:   v.Bytes("max-body-bytes"),
+			MaxAttempts:    v.Int("max-attempts"),
+			AffinityHeader: v.String("affinity-header"),
+			AffinityBytes:  int(v.Bytes("affinity-bytes")),
+			LoadSlack:      v.Int("load-slack"),
+			ScaleOutWait:   v.Duration("scale-out-wait"),
 			Version:        version,
 		},
+		Loaded: v,
 	}
 	var errs []error
-	var err error
-	if s.APIKeys, err = openai.LoadAPIKeys(v.GetStringSlice("api-keys"), v.GetString("api-keys-file")); err != nil {
+	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
 		errs = append(errs, err)
 	}
-	if file := v.GetString("host-api-key-file"); file != "" {
+	if file := v.String("host-api-key-file"); file != "" {
 		b, err := os.ReadFile(file)
 		switch s.Fleet.PollKey = strings.TrimSpace(string(b)); {
 		case err != nil:
@@ -103,7 +102,7 @@ func loadSettings(args []string) (settings, error) {
 			errs = append(errs, fmt.Errorf("host-api-key-file: %q holds no key", file))
 		}
 	}
-	if err := s.LogLevel.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
+	if err := s.LogLevel.UnmarshalText([]byte(v.String("log-level"))); err != nil {
 		errs = append(errs, fmt.Errorf("log-level: %w", err))
 	}
 	if s.LogFormat != "json" && s.LogFormat != "text" {
@@ -121,7 +120,7 @@ func loadSettings(args []string) (settings, error) {
 		{"affinity-bytes", s.Handler.AffinityBytes > 0},
 	} {
 		if !c.ok {
-			errs = append(errs, fmt.Errorf("%s: must be positive, not %s", c.name, v.GetString(c.name)))
+			errs = append(errs, fmt.Errorf("%s: must be positive", c.name))
 		}
 	}
 	if s.ShutdownTimeout < 0 {

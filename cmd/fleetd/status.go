@@ -1,61 +1,28 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
-	"github.com/spf13/pflag"
-
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/statusapi"
 )
 
-// status prints a running fleetd's fleet view: a table, or its JSON.
-func status(args []string, out io.Writer) int {
-	fl := pflag.NewFlagSet("status", pflag.ContinueOnError)
-	defAddr := "http://127.0.0.1:8090"
-	if a := os.Getenv("FLEETD_ADDR"); a != "" {
-		defAddr = a
-	}
-	addr := fl.String("addr", defAddr, "fleetd's base URL (env FLEETD_ADDR)")
-	asJSON := fl.Bool("json", false, "print the raw JSON")
-	if err := fl.Parse(args); err != nil {
-		return 2
-	}
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get(strings.TrimSuffix(*addr, "/") + "/status")
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "fleetd status: %v\n", err)
-		return 1
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(os.Stderr, "fleetd status: GET /status: %s %v\n", resp.Status, err)
-		return 1
-	}
-	if *asJSON {
-		_, _ = out.Write(body)
-		return 0
-	}
-	var st statusapi.Fleetd
-	if err := json.Unmarshal(body, &st); err != nil {
-		fmt.Fprintf(os.Stderr, "fleetd status: decoding /status: %v\n", err)
-		return 1
-	}
-	printStatus(out, st)
-	return 0
+// status prints a running fleetd's fleet view: a table, or its JSON. It exits
+// 0, 1 when fleetd cannot be asked, 2 on a usage error.
+func status(args []string, stdout, stderr io.Writer) int {
+	cmd := cli.StatusCommand[statusapi.Fleetd]{Daemon: "fleetd", AddrEnv: "FLEETD_ADDR", DefaultAddr: "127.0.0.1:8090", Print: printStatus}
+	return cmd.Run(args, stdout, stderr)
 }
 
-// printStatus writes one row per pool of every host.
+// printStatus writes one row per pool of every host, with the host's last
+// error. An ejected host gets one row, without the pools of its last good
+// poll.
 func printStatus(out io.Writer, st statusapi.Fleetd) {
 	fmt.Fprintf(out, "fleetd %s, hosts file %s", st.Version, st.HostsFile.Path)
 	if st.HostsFile.LastError != nil {
@@ -63,7 +30,7 @@ func printStatus(out io.Writer, st statusapi.Fleetd) {
 	}
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tHEALTH\tPOOL\tSTATE\tPROFILE\tSWITCHING\tIN FLIGHT\tWAITING\tPOLL")
+	fmt.Fprintln(tw, "HOST\tHEALTH\tPOOL\tSTATE\tPROFILE\tSWITCHING\tIN FLIGHT\tWAITING\tPOLL\tLAST ERROR")
 	for _, h := range st.Hosts {
 		health := "up"
 		switch {
@@ -78,12 +45,17 @@ func printStatus(out io.Writer, st statusapi.Fleetd) {
 		if h.LastPoll != nil {
 			poll = strconv.FormatFloat(h.PollLatencyMs, 'f', 1, 64) + "ms"
 		}
-		if len(h.Pools) == 0 {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t%s\n", h.Name, health, poll)
+		lastErr := "-"
+		if h.LastError != nil {
+			lastErr = firstLine(*h.LastError)
+		}
+		if len(h.Pools) == 0 || h.Ejected {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t%s\t%s\n", h.Name, health, poll, lastErr)
+			continue
 		}
 		for _, p := range h.Pools {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", h.Name, health, p.Name, p.State,
-				orDash(p.Profile), orDash(p.SwitchingTo), p.InFlight, waiting(p.Waiting), poll)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", h.Name, health, p.Name, p.State,
+				orDash(p.Profile), orDash(p.SwitchingTo), p.InFlight, waiting(p.Waiting), poll, lastErr)
 		}
 	}
 	_ = tw.Flush()

@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/poold/poold/internal/profile"
 )
 
 // TestCheckBadFiles runs `poold check` on every golden bad profiles file: exit
@@ -26,7 +29,7 @@ func TestCheckBadFiles(t *testing.T) {
 				t.Fatal(err)
 			}
 			var stdout, stderr bytes.Buffer
-			if code := check([]string{file}, &stdout, &stderr); code != 1 {
+			if code := check([]string{file}, profile.Host{}, &stdout, &stderr); code != 1 {
 				t.Fatalf("exit %d, want 1; stderr:\n%s", code, stderr.String())
 			}
 			if stdout.Len() != 0 {
@@ -50,13 +53,46 @@ func TestCheckGoodAndUnreadable(t *testing.T) {
 		{[]string{good}, 0, good + ": ok\n", ""},
 		{[]string{missing}, 2, "", `poold check: reading profiles "` + missing + `": open ` + missing + ": no such file or directory\n"},
 		{[]string{t.TempDir()}, 2, "", ""}, // a directory: unreadable
-		{nil, 2, "", "usage: poold check FILE\n"},
-		{[]string{good, good}, 2, "", "usage: poold check FILE\n"},
+		{nil, 2, "", "poold check: one profiles file is required\nusage: poold check FILE (--help for more)\n"},
+		{[]string{good, good}, 2, "", "poold check: one profiles file is required\nusage: poold check FILE (--help for more)\n"},
+		{[]string{"--help"}, 0, "usage: poold check FILE\n", ""},
+		{[]string{"-h", good}, 0, "usage: poold check FILE\n", ""},
+		{[]string{"--strict", good}, 2, "", "poold check: unknown flag: --strict\nusage: poold check FILE (--help for more)\n"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := check(tt.args, &stdout, &stderr)
+		code := check(tt.args, profile.Host{}, &stdout, &stderr)
 		if code != tt.code || stdout.String() != tt.stdout || (tt.stderr != "" && stderr.String() != tt.stderr) {
 			t.Errorf("check(%q) = %d, stdout %q, stderr %q; want %d, %q, %q", tt.args, code, stdout.String(), stderr.String(), tt.code, tt.stdout, tt.stderr)
 		}
+	}
+}
+
+// TestCheckWarnings: a valid file with problems on this host is ok, exit 0,
+// with the warnings on stderr.
+func TestCheckWarnings(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "profiles.json")
+	data := `{"pools": [{"name": "gpu0", "gpus": [0]}],
+	  "profiles": [{"id": "embed", "model": "/nowhere/bge-m3", "args": ["--task", "embed"]},
+	               {"id": "sim", "command": ["{poold}", "engine-sim", "--port", "{port}"]}]}`
+	if err := os.WriteFile(file, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	self := filepath.Join(t.TempDir(), "poold")
+	if err := os.WriteFile(self, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	host := profile.Host{LookPath: exec.LookPath, Stat: os.Stat, Self: self}
+	t.Setenv("PATH", t.TempDir()) // no vllm
+	var stdout, stderr bytes.Buffer
+	if code := check([]string{file}, host, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	want := file + `: warnings:
+profiles[0] "embed": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models
+profiles[0] "embed": engine binary "vllm" (the default command) does not resolve on this host: exec: "vllm": executable file not found in $PATH
+profiles[0] "embed": model "/nowhere/bge-m3": no such file or directory on this host
+`
+	if stdout.String() != file+": ok\n" || stderr.String() != want {
+		t.Errorf("stdout %q, stderr:\n%s\nwant:\n%s", stdout.String(), stderr.String(), want)
 	}
 }

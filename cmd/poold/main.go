@@ -1,50 +1,48 @@
 // Command poold serves OpenAI-compatible requests from engines it starts and
 // swaps on a host's GPU pools. Usage:
 //
-//	poold [serve] --listen ADDR --profiles FILE [--log-level L] [--log-format F]
-//	poold check FILE
-//	poold status [--addr URL] [--json]
-//	poold usage [--since T] [--until T] [--by tenant|model|pool|day] [--format table|json|csv]
-//	poold usage reconcile --access-log FILE
+//	poold [serve] [flags]                 run the daemon
+//	poold check FILE                      validate a profiles file
+//	poold status [--addr ADDR] [--json]   print a running poold's pools
+//	poold usage [reconcile] [flags]       usage and cost from the usage ledger
+//	poold engine-sim [MODEL] [flags]      run the bundled vLLM simulator
 //	poold version
-//	poold engine-sim [vllm serve flags]   (the bundled vLLM simulator)
+//	poold help [COMMAND]
+//
+// It exits 0 on success, 1 on failure and 2 on a usage error.
 package main
 
 import (
-	"context"
 	"fmt"
+	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/enginesim"
 )
 
 func main() {
-	args := os.Args[1:]
-	cmd := "serve"
-	if len(args) > 0 && !isFlag(args[0]) {
-		cmd, args = args[0], args[1:]
-	}
-	switch cmd {
-	case "serve":
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		defer stop()
-		os.Exit(serve(ctx, args))
-	case "check":
-		os.Exit(check(args, os.Stdout, os.Stderr))
-	case "status":
-		os.Exit(status(args, os.Stdout, os.Stderr))
-	case "usage":
-		os.Exit(usageCommand(args, os.Stdout, os.Stderr))
-	case "version":
-		fmt.Println(versionString())
-	case "engine-sim":
-		os.Exit(enginesim.Main(args))
-	default:
-		fmt.Fprintf(os.Stderr, "poold: unknown command %q (serve, check, status, usage, version, engine-sim)\n", cmd)
-		os.Exit(2)
-	}
+	os.Exit(program().Main(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func isFlag(s string) bool { return len(s) > 0 && s[0] == '-' }
+func program() *cli.Program {
+	return &cli.Program{
+		Name:    "poold",
+		Summary: "poold serves OpenAI-compatible requests from the engines it starts and swaps on this host's GPU pools.",
+		Version: versionString(),
+		Commands: []cli.Command{
+			{Name: "serve", Args: "[flags]", Summary: "run the daemon (the default command)", Run: cli.UntilSignal(serve)},
+			{Name: "check", Args: "FILE", Summary: "validate a profiles file (every problem with its JSON path) and warn about what would fail on this host",
+				Run: func(args []string) int { return check(args, localHost(), os.Stdout, os.Stderr) }},
+			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running poold's pools as a table",
+				Run: func(args []string) int { return status(args, os.Stdout, os.Stderr) }},
+			{Name: "usage", Args: "[reconcile --access-log FILE] [flags]", Summary: "usage and cost per tenant, model, pool or day from the usage ledger; reconcile checks it against an access log",
+				Run: func(args []string) int { return usageCommand(args, os.Stdout, os.Stderr) }},
+			{Name: "engine-sim", Args: "[MODEL] [flags]", Summary: "run the bundled vLLM simulator (the engine of the demo and the tests)",
+				Run: enginesim.Main},
+		},
+		More: func(w io.Writer) {
+			fmt.Fprintf(w, "Flags of serve (each also POOLD_<FLAG> in the environment, FLAG: in the settings file):\n%s", serveFlags().FlagUsages())
+		},
+	}
+}

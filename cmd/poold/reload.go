@@ -89,6 +89,7 @@ func (r *reloader) reload(trigger string) {
 	}
 	changes := r.pools.Apply(cfg)
 	r.h.SetConfig(cfg)
+	r.m.Configure(cfg)
 	for _, c := range changes {
 		r.log.Info("profiles reload", "change", c)
 	}

@@ -5,17 +5,24 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
@@ -26,11 +33,16 @@ import (
 // serve runs the daemon until ctx ends and returns the exit code.
 func serve(ctx context.Context, args []string) int {
 	s, err := loadSettings(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		cli.PrintUsage(os.Stdout, serveFlags(), "[flags]")
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "poold: %v\n", err)
 		return 2
 	}
 	log := newLogger(s)
+	s.Loaded.Log(log)
 	if err := run(ctx, s, log); err != nil {
 		// Plain text, one problem per line: a refused profiles file lists them all.
 		fmt.Fprintf(os.Stderr, "poold: %v\n", err)
@@ -58,6 +70,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	var h *proxy.Handler
 	m := metrics.New(reg, func() []statusapi.Pool { return h.PoolStatus() }, version, revision())
 	m.ConfigLoaded(true, loadedAt)
+	m.Configure(cfg)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
 	ledger, err := openState(s.StateDir, log)
@@ -80,6 +93,9 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return err
 	}
 	defer closeAccess()
+	access := newAccessQueue(accessOut, int(s.AccessLogBuffer), log)
+	defer access.Close(accessFlush)
+	reg.MustRegister(metrics.AccessLogDropped(access.Dropped))
 	// Closed after the pools have stopped (their last intervals) and the
 	// requests have drained: deferred before both.
 	usageLedger, err := openUsage(ctx, s, host, log, reg, gpus)
@@ -95,16 +111,23 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		reqMetrics = m
 	}
 	h = proxy.New(cfg, pools, proxy.Options{
-		MaxBodyBytes: s.MaxBodyBytes,
-		Logger:       log,
-		AccessLog:    slog.New(slog.NewJSONHandler(&lossWriter{w: accessOut, log: log}, nil)).With("component", "access"),
-		Metrics:      reqMetrics,
-		Clients:      s.Clients,
+		MaxBodyBytes:   s.MaxBodyBytes,
+		QueueBodyBytes: s.QueueBodyBudget,
+		Logger:         log,
+		AccessLog:      slog.New(slog.NewJSONHandler(access, nil)).With("component", "access"),
+		Metrics:        reqMetrics,
+		Clients:        s.Clients,
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,
 		AdminToken:        s.AdminToken,
 		// Reliability: a hung engine answers 504 after this.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
+		Degraded: func() []string {
+			if access.DroppedWithin(accessDropWindow) {
+				return []string{"access log lines are being dropped: its destination does not keep up"}
+			}
+			return nil
+		},
 		// The usage ledger: every finished request, and GET /usage.
 		Usage:       usageLedger.requests(),
 		UsageReport: usageLedger.report(s.Usage),
@@ -161,20 +184,28 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 	<-servingCtx.Done()
 	log.Info("shutting down: draining requests", "timeout", s.ShutdownTimeout)
+	h.Drain() // /health answers 503: balancers stop sending
 	notify.stopping()
-	waitReloads()
-	pools.Refuse()
 	drainCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
+	stopHurry := hurryOnSecondSignal(log, cancel, pools)
+	defer stopHurry()
+	waitReloads()
+	pools.Refuse()
 	// The listener stays open until the requests in flight are done, so that
 	// new ones get a 503 shutting_down rather than a refused connection; no
 	// connection is kept alive, so that clients reconnect elsewhere.
 	srv.SetKeepAlivesEnabled(false)
 	if !waitDrained(drainCtx, h) {
-		log.Warn("drain bound reached with requests in flight", "timeout", s.ShutdownTimeout)
+		log.Warn("drain bound reached with requests in flight: cutting them", "timeout", s.ShutdownTimeout)
+		// Streams get a shutting_down error event, requests still waiting
+		// for their engine a 503; a moment for those answers to leave.
+		h.Cut()
 	}
-	if err := srv.Shutdown(drainCtx); err != nil {
-		log.Warn("drain timed out; closing remaining connections", "err", err)
+	cutCtx, cancelCut := context.WithTimeout(context.Background(), cutGrace)
+	defer cancelCut()
+	if err := srv.Shutdown(cutCtx); err != nil {
+		log.Warn("requests still open after the cut; closing their connections", "err", err)
 		_ = srv.Close()
 	}
 	servErr := serving.Wait()
@@ -188,6 +219,33 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	return nil
 }
 
+// cutGrace bounds the wait for the answers of requests cut at the end of the
+// drain to reach their clients.
+const cutGrace = 5 * time.Second
+
+// hurryOnSecondSignal makes a second SIGTERM or SIGINT during a shutdown
+// skip the rest of it: endDrain ends the drain at once (requests in flight
+// are cut) and the pools' engine stops SIGKILL without waiting their grace.
+// The returned function stops watching; call it when the shutdown is over.
+func hurryOnSecondSignal(log *slog.Logger, endDrain context.CancelFunc, pools *pool.Set) (stop func()) {
+	second := make(chan os.Signal, 1)
+	signal.Notify(second, syscall.SIGTERM, syscall.SIGINT)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-second:
+			log.Warn("second signal: skipping the drain; cutting requests and killing engines now", "signal", sig.String())
+			endDrain()
+			pools.Hurry()
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(second)
+		close(done)
+	}
+}
+
 // gpuStatus is the "gpu" part of /status: every GPU's telemetry, or why there
 // is none.
 func gpuStatus(p gpu.Provider) statusapi.GPUs {
@@ -199,4 +257,25 @@ func gpuStatus(p gpu.Provider) statusapi.GPUs {
 		return statusapi.GPUs{Reason: err.Error()}
 	}
 	return statusapi.GPUs{Available: true, Devices: devs}
+}
+
+// The access log's queue: lines are flushed for at most accessFlush at
+// exit, and /health reports the daemon degraded while lines were dropped
+// within accessDropWindow.
+const (
+	accessFlush      = 5 * time.Second
+	accessDropWindow = time.Minute
+)
+
+// newAccessQueue puts the access log's destination behind a queue that never
+// blocks a request (a FIFO nobody reads, a full disk): lines that do not fit
+// are dropped, counted (poold_access_log_dropped_lines_total) and warned
+// about at most every 10 s.
+func newAccessQueue(dst io.Writer, maxBytes int, log *slog.Logger) *logqueue.Writer {
+	var q *logqueue.Writer
+	warn := &rate.Sometimes{Interval: 10 * time.Second}
+	q = logqueue.New(dst, maxBytes, func(err error) {
+		warn.Do(func() { log.Warn("access log lines dropped", "dropped_total", q.Dropped(), "err", err) })
+	})
+	return q
 }

@@ -4,19 +4,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
-	"github.com/spf13/viper"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/proxy"
 )
 
 // defaultSettingsFile is read when it exists and no --config is given.
@@ -26,11 +27,14 @@ const defaultSettingsFile = "/etc/poold/poold.yaml"
 // Precedence, highest first: flags, POOLD_* environment variables, the settings
 // file, defaults.
 type settings struct {
-	Listen          string
-	Profiles        string
-	LogLevel        slog.Level
-	LogFormat       string
-	MaxBodyBytes    int64
+	Listen       string
+	Profiles     string
+	LogLevel     slog.Level
+	LogFormat    string
+	MaxBodyBytes int64
+	// QueueBodyBudget bounds the bodies that requests waiting for a lease
+	// hold together, host-wide.
+	QueueBodyBudget int64
 	ShutdownTimeout time.Duration
 	// KeepAliveInterval is how often a stream waiting for a swap gets an SSE
 	// comment line; zero disables them.
@@ -40,8 +44,10 @@ type settings struct {
 	// line of admin-token-file.
 	AdminToken string
 	// AccessLog is where the JSON access log goes: "stdout", "stderr" or a
-	// file path (appended to).
-	AccessLog string
+	// file path (appended to). AccessLogBuffer bounds, in bytes, the lines
+	// held while that destination is slow.
+	AccessLog       string
+	AccessLogBuffer int64
 	// Clients classifies requests for the client label; built from the settings
 	// file's `clients` section (nil when it has none).
 	Clients *metrics.Clients
@@ -71,25 +77,31 @@ type settings struct {
 	// latencies, tokens); false records none, and /metrics serves only the
 	// pool, swap, engine, GPU, build and Go collectors.
 	Metrics bool
+	// Loaded says where the settings came from, for the start-up log.
+	Loaded *cli.Settings
 	// Usage is the usage ledger's (usage_settings.go).
 	Usage usageSettings
 }
 
-// loadSettings parses serve's flags and merges them with the environment and
-// the optional settings file.
-func loadSettings(args []string) (settings, error) {
-	fl := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+// serveSources are where serve's settings come from besides its flags.
+var serveSources = cli.Sources{EnvPrefix: "POOLD", FileFlag: "config", DefaultFile: defaultSettingsFile, FileOnly: []string{"clients", "usage-cost"}}
+
+// serveFlags defines serve's flags.
+func serveFlags() *pflag.FlagSet {
+	fl := cli.NewFlagSet("poold serve")
 	fl.String("config", "", "settings file (YAML); default "+defaultSettingsFile+" when it exists")
 	fl.String("listen", "127.0.0.1:8080", "address to serve the API on")
 	fl.String("profiles", "", "profiles JSON file (required)")
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
-	fl.Int64("max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit in bytes")
+	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
+	cli.BytesFlag(fl, "queue-body-budget", proxy.DefaultQueueBodyBytes, "request bodies that requests waiting for a model may hold together, host-wide (503 queue_budget past it)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("keepalive-interval", 10*time.Second, "interval of the SSE comments sent to a stream waiting for a swap; 0 disables them")
 	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
 	fl.String("admin-token-file", "", "file holding the admin token")
 	fl.String("access-log", "stdout", "where the JSON access log goes: stdout, stderr or a file path")
+	cli.BytesFlag(fl, "access-log-buffer", logqueue.DefaultMaxBytes, "access-log lines held while the destination is slow; lines beyond are dropped and counted, never waited for")
 	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
@@ -97,55 +109,50 @@ func loadSettings(args []string) (settings, error) {
 	fl.Duration("upstream-header-timeout", 10*time.Minute, "how long an engine may take to start answering a request (504 after); 0 waits as long as the client")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
-	fl.Int("max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
+	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
 	fl.Duration("restart-backoff", pool.DefaultRestartBackoff, "wait before restarting an engine that failed twice in a row, doubling with each further failure")
 	fl.Duration("restart-backoff-max", pool.DefaultMaxRestartBackoff, "cap of the restart backoff; an engine ready this long ends a failure streak")
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.Bool("metrics", true, "record per-request metrics (requests, latencies, tokens); false leaves /metrics with the pool, swap, GPU and Go collectors")
 	usageFlags(fl)
-	if err := fl.Parse(args); err != nil {
-		return settings{}, err
-	}
-	if fl.NArg() > 0 {
-		return settings{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fl.Args(), " "))
-	}
-	v := viper.New()
-	v.SetEnvPrefix("POOLD")
-	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
-	v.AutomaticEnv()
-	if err := v.BindPFlags(fl); err != nil {
-		return settings{}, err
-	}
-	if err := readSettingsFile(v); err != nil {
+	return fl
+}
+
+// loadSettings parses serve's flags and merges them with the environment and
+// the optional settings file. -h or --help returns pflag.ErrHelp.
+func loadSettings(args []string) (settings, error) {
+	v, err := cli.LoadSettings(serveFlags(), args, serveSources)
+	if err != nil {
 		return settings{}, err
 	}
 
-	var s settings
-	s.Listen = v.GetString("listen")
-	s.Profiles = v.GetString("profiles")
-	s.LogFormat = v.GetString("log-format")
-	s.MaxBodyBytes = v.GetInt64("max-body-bytes")
-	s.ShutdownTimeout = v.GetDuration("shutdown-timeout")
-	s.KeepAliveInterval = v.GetDuration("keepalive-interval")
-	s.AccessLog = v.GetString("access-log")
-	s.VRAMReleaseTimeout = v.GetDuration("vram-release-timeout")
-	s.StateDir = v.GetString("state-dir")
-	s.Watch = v.GetBool("watch")
-	s.ReloadDebounce = v.GetDuration("reload-debounce")
-	s.Metrics = v.GetBool("metrics")
+	s := settings{Loaded: v}
+	s.Listen = v.String("listen")
+	s.Profiles = v.String("profiles")
+	s.LogFormat = v.String("log-format")
+	s.MaxBodyBytes = v.Bytes("max-body-bytes")
+	s.QueueBodyBudget = v.Bytes("queue-body-budget")
+	s.ShutdownTimeout = v.Duration("shutdown-timeout")
+	s.KeepAliveInterval = v.Duration("keepalive-interval")
+	s.AccessLog = v.String("access-log")
+	s.AccessLogBuffer = v.Bytes("access-log-buffer")
+	s.VRAMReleaseTimeout = v.Duration("vram-release-timeout")
+	s.StateDir = v.String("state-dir")
+	s.Watch = v.Bool("watch")
+	s.ReloadDebounce = v.Duration("reload-debounce")
+	s.Metrics = v.Bool("metrics")
 	var errs []error
 	if s.KeepAliveInterval < 0 {
 		errs = append(errs, errors.New("keepalive-interval: must not be negative"))
 	}
-	var err error
-	if s.AdminToken, err = adminToken(v.GetString("admin-token"), v.GetString("admin-token-file")); err != nil {
+	if s.AdminToken, err = adminToken(v.String("admin-token"), v.String("admin-token-file")); err != nil {
 		errs = append(errs, err)
 	}
 	if v.IsSet("clients") {
 		var cc metrics.ClientConfig
-		if err := v.UnmarshalKey("clients", &cc); err != nil {
-			errs = append(errs, fmt.Errorf("clients: %w", err))
+		if err := v.Decode("clients", &cc); err != nil {
+			errs = append(errs, err)
 		} else if s.Clients, err = metrics.NewClients(cc); err != nil {
 			errs = append(errs, err)
 		}
@@ -153,20 +160,23 @@ func loadSettings(args []string) (settings, error) {
 	if s.AccessLog == "" {
 		errs = append(errs, errors.New("access-log: must be stdout, stderr or a file path"))
 	}
+	if s.AccessLogBuffer <= 0 {
+		errs = append(errs, fmt.Errorf("access-log-buffer: must be positive, not %d", s.AccessLogBuffer))
+	}
 	if s.StateDir == "" {
 		errs = append(errs, errors.New("state-dir: must not be empty"))
 	}
 	var usageErrs []error
 	s.Usage, usageErrs = loadUsageSettings(v, s.StateDir)
 	errs = append(errs, usageErrs...)
-	s.UpstreamHeaderTimeout = v.GetDuration("upstream-header-timeout")
-	s.ReadTimeout = v.GetDuration("read-timeout")
-	s.ReadHeaderTimeout = v.GetDuration("read-header-timeout")
-	s.MaxHeaderBytes = v.GetInt("max-header-bytes")
-	s.RestartBackoff = v.GetDuration("restart-backoff")
-	s.MaxRestartBackoff = v.GetDuration("restart-backoff-max")
+	s.UpstreamHeaderTimeout = v.Duration("upstream-header-timeout")
+	s.ReadTimeout = v.Duration("read-timeout")
+	s.ReadHeaderTimeout = v.Duration("read-header-timeout")
+	s.MaxHeaderBytes = int(v.Bytes("max-header-bytes"))
+	s.RestartBackoff = v.Duration("restart-backoff")
+	s.MaxRestartBackoff = v.Duration("restart-backoff-max")
 	errs = append(errs, s.checkLimits()...)
-	if s.APIKeys, err = openai.LoadAPIKeys(v.GetStringSlice("api-keys"), v.GetString("api-keys-file")); err != nil {
+	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
 		errs = append(errs, err)
 	}
 	if s.ReloadDebounce < 0 {
@@ -175,7 +185,7 @@ func loadSettings(args []string) (settings, error) {
 	if s.VRAMReleaseTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("vram-release-timeout: must be positive"))
 	}
-	if err := s.LogLevel.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
+	if err := s.LogLevel.UnmarshalText([]byte(v.String("log-level"))); err != nil {
 		errs = append(errs, fmt.Errorf("log-level: %w", err))
 	}
 	if s.LogFormat != "json" && s.LogFormat != "text" {
@@ -183,6 +193,9 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.Profiles == "" {
 		errs = append(errs, errors.New("profiles: a profiles file is required (--profiles or POOLD_PROFILES)"))
+	}
+	if s.QueueBodyBudget <= 0 {
+		errs = append(errs, fmt.Errorf("queue-body-budget: must be positive, not %d", s.QueueBodyBudget))
 	}
 	if s.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("max-body-bytes: must be positive, not %d", s.MaxBodyBytes))
@@ -211,23 +224,6 @@ func adminToken(inline, file string) (string, error) {
 		return tok, nil
 	}
 	return "", fmt.Errorf("admin-token-file: %q holds no token", file)
-}
-
-// readSettingsFile reads --config (or POOLD_CONFIG), which must exist, or else
-// the default file when it exists.
-func readSettingsFile(v *viper.Viper) error {
-	path := v.GetString("config")
-	if path == "" {
-		if _, err := os.Stat(defaultSettingsFile); errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		path = defaultSettingsFile
-	}
-	v.SetConfigFile(path)
-	if err := v.ReadInConfig(); err != nil {
-		return fmt.Errorf("reading settings %q: %w", path, err)
-	}
-	return nil
 }
 
 // openAccessLog opens the access log's destination; close is a no-op for

@@ -55,3 +55,16 @@ func TestAccessLogDefaultsToStdout(t *testing.T) {
 		t.Fatalf("access-log %q, clients %v; want stdout and none", s.AccessLog, s.Clients)
 	}
 }
+
+// TestSizesTakeUnits: byte sizes take a unit in every source.
+func TestSizesTakeUnits(t *testing.T) {
+	t.Setenv("POOLD_CONFIG", writeYAML(t, "max-header-bytes: 64KiB\n"))
+	t.Setenv("POOLD_MAX_BODY_BYTES", "32MiB")
+	s, err := loadSettings([]string{"--profiles", "p.json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.MaxBodyBytes != 32<<20 || s.MaxHeaderBytes != 64<<10 {
+		t.Fatalf("max-body-bytes %d, max-header-bytes %d; want 32MiB and 64KiB", s.MaxBodyBytes, s.MaxHeaderBytes)
+	}
+}

@@ -1,89 +1,25 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/pflag"
-
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/statusapi"
 )
-
-// statusTimeout bounds the whole GET /status.
-const statusTimeout = 10 * time.Second
 
 // status prints a running poold's GET /status as a table (or, with --json, as
 // it came): exit 0, 1 when the daemon cannot be asked, 2 on a usage error.
 // --addr defaults to POOLD_LISTEN, else 127.0.0.1:8080.
 func status(args []string, stdout, stderr io.Writer) int {
-	fl := pflag.NewFlagSet("status", pflag.ContinueOnError)
-	fl.SetOutput(stderr)
-	def := os.Getenv("POOLD_LISTEN")
-	if def == "" {
-		def = "127.0.0.1:8080"
-	}
-	addr := fl.String("addr", def, "poold's address (host:port or URL)")
-	raw := fl.Bool("json", false, "print /status as poold sent it")
-	if err := fl.Parse(args); err != nil {
-		fmt.Fprintf(stderr, "poold status: %v\n", err)
-		return 2
-	}
-	if fl.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: poold status [--addr URL] [--json]")
-		return 2
-	}
-	url := strings.TrimSuffix(*addr, "/")
-	if !strings.Contains(url, "://") {
-		url = "http://" + url
-	}
-	body, err := fetchStatus(url + "/status")
-	if err != nil {
-		fmt.Fprintf(stderr, "poold status: %v\n", err)
-		return 1
-	}
-	if *raw {
-		_, _ = stdout.Write(body)
-		return 0
-	}
-	var st statusapi.Poold
-	if err := json.Unmarshal(body, &st); err != nil {
-		fmt.Fprintf(stderr, "poold status: decoding %s/status: %v\n", url, err)
-		return 1
-	}
-	printStatus(stdout, st)
-	return 0
-}
-
-func fetchStatus(url string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", url, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return body, nil
+	cmd := cli.StatusCommand[statusapi.Poold]{Daemon: "poold", AddrEnv: "POOLD_LISTEN", DefaultAddr: "127.0.0.1:8080", Print: printStatus}
+	return cmd.Run(args, stdout, stderr)
 }
 
 // printStatus writes the daemon line, the profiles line (and the refused

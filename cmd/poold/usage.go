@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,66 +11,68 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"github.com/spf13/viper"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/usage"
 )
 
-const usageHelp = `usage: poold usage [--since T] [--until T] [--by tenant|model|pool|day] [--format table|json|csv]
-                   [--split tokens|lease] [--postgres DSN] [--state-dir DIR | --usage-db FILE] [--config FILE]
-       poold usage reconcile --access-log FILE [--since T] [--until T] [--state-dir DIR | --usage-db FILE] [--config FILE]`
+// usageArgs is what follows "poold usage" in its usage line.
+const usageArgs = "[reconcile --access-log FILE] [--since T] [--until T] [--by tenant|model|pool|day] [--format table|json|csv] [flags]"
 
 // usageCommand prints a usage and cost report from the ledger (or, with
-// --postgres, the fleet's database), or reconciles the ledger with an
-// access log: exit 0, 1 when the report does not add up, the
+// --postgres, the fleet's database), or, as "usage reconcile", compares the
+// ledger with an access log: exit 0, 1 when the report does not add up, the
 // reconciliation finds a difference or the ledger cannot be read, 2 on a
-// usage error. The ledger and prices come from the same settings as serve's
-// (flags, POOLD_* variables, the settings file).
+// usage error. The ledger's path and the prices are serve's settings (its
+// flags here, POOLD_* variables, the settings file).
 func usageCommand(args []string, stdout, stderr io.Writer) int {
 	reconcile := len(args) > 0 && args[0] == "reconcile"
 	if reconcile {
 		args = args[1:]
 	}
-	fl := pflag.NewFlagSet("usage", pflag.ContinueOnError)
-	fl.SetOutput(stderr)
-	fl.Usage = func() { fmt.Fprintln(stderr, usageHelp) }
+	fl := cli.NewFlagSet("poold usage")
 	fl.String("config", "", "settings file (YAML); default "+defaultSettingsFile+" when it exists")
-	fl.String("state-dir", "/var/lib/poold", "poold's state directory, where the ledger is")
-	fl.String("usage-db", "", "the ledger's SQLite file (default STATE_DIR/usage.db)")
-	since := fl.String("since", "", "start of the window: RFC 3339, 2006-01-02, 2006-01-02T15:04, or a duration before now (default: 24h before --until)")
+	fl.String("state-dir", "", "poold's state directory, where the ledger is (default: serve's state-dir)")
+	fl.String("usage-db", "", "the ledger's SQLite file (default: serve's usage-db, else STATE_DIR/usage.db)")
+	since := fl.String("since", "", "start of the window: RFC 3339, 2006-01-02, 2006-01-02T15:04, or a duration before now (default: 24h before --until; reconcile: everything)")
 	until := fl.String("until", "", "end of the window (default now)")
 	by := fl.String("by", "tenant", "group the rows by tenant, model, pool or day")
 	format := fl.String("format", "table", "table, json or csv")
 	split := fl.String("split", "", "share serving GPU time by tokens or lease time (default: usage-cost.split, else tokens)")
 	pg := fl.String("postgres", "", "report over the whole fleet from this PostgreSQL DSN instead of the local ledger")
 	accessLog := fl.String("access-log", "", "reconcile: the JSON access log to compare with the ledger")
-	if err := fl.Parse(args); err != nil {
-		return 2
+	if code, ok := cli.ParseFlags(fl, usageArgs, args, stdout, stderr); !ok {
+		return code
 	}
-	if fl.NArg() > 0 || (reconcile && *accessLog == "") || (!reconcile && *accessLog != "") {
-		fmt.Fprintln(stderr, usageHelp)
-		return 2
+	switch {
+	case fl.NArg() > 0:
+		return cli.UsageError(stderr, fl, usageArgs, fmt.Errorf("unexpected arguments: %s", strings.Join(fl.Args(), " ")))
+	case reconcile && *accessLog == "":
+		return cli.UsageError(stderr, fl, usageArgs, errors.New("reconcile needs --access-log"))
+	case !reconcile && *accessLog != "":
+		return cli.UsageError(stderr, fl, usageArgs, errors.New("--access-log is for reconcile"))
 	}
-	v := viper.New()
-	v.SetEnvPrefix("POOLD")
-	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
-	v.AutomaticEnv()
-	if err := v.BindPFlags(fl); err != nil {
+	// The ledger's path and the prices come from serve's settings, which
+	// the flags given here override.
+	var pass []string
+	fl.Visit(func(f *pflag.Flag) {
+		if f.Name == "config" || f.Name == "state-dir" || f.Name == "usage-db" {
+			pass = append(pass, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	v, err := cli.LoadSettings(serveFlags(), pass, serveSources)
+	if err != nil {
 		fmt.Fprintf(stderr, "poold usage: %v\n", err)
-		return 2
-	}
-	if err := readSettingsFile(v); err != nil {
-		fmt.Fprintf(stderr, "poold usage: %v\n", err)
-		return 2
+		return cli.ExitUsage
 	}
 	prices, err := loadPrices(v)
 	if err != nil {
 		fmt.Fprintf(stderr, "poold usage: %v\n", err)
-		return 2
+		return cli.ExitUsage
 	}
-	db := v.GetString("usage-db")
+	db := v.String("usage-db")
 	if db == "" {
-		db = filepath.Join(v.GetString("state-dir"), "usage.db")
+		db = filepath.Join(v.String("state-dir"), "usage.db")
 	}
 	ctx := context.Background()
 	if reconcile {
@@ -77,8 +80,7 @@ func usageCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	win, err := usage.ParseWindow(*since, *until, *by, *format, *split, usage.Split(prices.Split), time.Now())
 	if err != nil {
-		fmt.Fprintf(stderr, "poold usage: %v\n", err)
-		return 2
+		return cli.UsageError(stderr, fl, usageArgs, err)
 	}
 	var src usage.Source
 	if *pg != "" {
@@ -88,23 +90,23 @@ func usageCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "poold usage: %v\n", err)
-		return 1
+		return cli.ExitFailure
 	}
 	defer src.Close()
 	u, err := usage.Collect(ctx, src, win.Since, win.Until, win.Split)
 	if err != nil {
 		fmt.Fprintf(stderr, "poold usage: %v\n", err)
-		return 1
+		return cli.ExitFailure
 	}
 	rep := u.Report(win.By, &prices)
 	if err := rep.Write(stdout, win.Format); err != nil {
 		fmt.Fprintf(stderr, "poold usage: %v\n", err)
-		return 1
+		return cli.ExitFailure
 	}
 	if !rep.AddsUp() {
-		return 1
+		return cli.ExitFailure
 	}
-	return 0
+	return cli.ExitOK
 }
 
 // reconcileCommand compares the access log at logPath with the ledger at

@@ -6,10 +6,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
-	"github.com/spf13/viper"
 
+	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/usage"
 )
 
@@ -39,8 +38,8 @@ func usageFlags(fl *pflag.FlagSet) {
 
 // loadUsageSettings reads the ledger's settings; stateDir is the default
 // directory of its database.
-func loadUsageSettings(v *viper.Viper, stateDir string) (usageSettings, []error) {
-	u := usageSettings{On: v.GetBool("usage"), DB: v.GetString("usage-db"), Postgres: v.GetString("usage-postgres"), Retention: v.GetDuration("usage-retention")}
+func loadUsageSettings(v *cli.Settings, stateDir string) (usageSettings, []error) {
+	u := usageSettings{On: v.Bool("usage"), DB: v.String("usage-db"), Postgres: v.String("usage-postgres"), Retention: v.Duration("usage-retention")}
 	var errs []error
 	u.Explicit = u.DB != ""
 	if !u.Explicit {
@@ -63,13 +62,13 @@ func loadUsageSettings(v *viper.Viper, stateDir string) (usageSettings, []error)
 }
 
 // loadPrices reads the settings file's usage-cost block, if any.
-func loadPrices(v *viper.Viper) (usage.Prices, error) {
+func loadPrices(v *cli.Settings) (usage.Prices, error) {
 	var p usage.Prices
 	if !v.IsSet("usage-cost") {
 		return p, nil
 	}
-	if err := v.UnmarshalKey("usage-cost", &p, func(c *mapstructure.DecoderConfig) { c.ErrorUnused = true }); err != nil {
-		return p, fmt.Errorf("usage-cost: %w", err)
+	if err := v.Decode("usage-cost", &p); err != nil {
+		return p, err
 	}
 	return p, p.Check()
 }

@@ -3,7 +3,9 @@ package enginesim
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -52,5 +54,60 @@ func TestLogHeaders(t *testing.T) {
 	out := logs.String()
 	if !strings.Contains(out, "Authorization") || !strings.Contains(out, "X-Custom") || strings.Contains(out, "sk-secret") {
 		t.Fatalf("header log: %s", out)
+	}
+}
+
+// --sim-sse-newline ends SSE lines with CR or CRLF, both valid per the SSE
+// specification.
+func TestSSENewline(t *testing.T) {
+	for nl, end := range map[string]string{"cr": "\r\r", "crlf": "\r\n\r\n", "lf": "\n\n"} {
+		_, ts := newTestServer(t, "--sim-sse-newline", nl)
+		b := string(post(t, ts.URL+"/v1/completions", `{"model":"m1","prompt":"x","max_tokens":2,"stream":true,"stream_options":{}}`, http.StatusOK))
+		events := strings.Split(strings.TrimSuffix(b, end), end)
+		if len(events) != 4 || events[3] != "data: [DONE]" || (nl == "cr" && strings.Contains(b, "\n")) {
+			t.Errorf("%s: %q", nl, b)
+		}
+		for _, e := range events[:3] {
+			if !strings.HasPrefix(e, "data: {") || strings.ContainsAny(e, "\r\n") {
+				t.Errorf("%s: event %q", nl, e)
+			}
+		}
+	}
+}
+
+// --sim-cut-body promises a Content-Length and closes the connection
+// halfway through the body.
+func TestCutBody(t *testing.T) {
+	_, ts := newTestServer(t, "--sim-cut-body")
+	resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m1","prompt":"x","max_tokens":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.ContentLength <= 0 || !errors.Is(err, io.ErrUnexpectedEOF) || int64(len(b)) != resp.ContentLength/2 {
+		t.Fatalf("%d, Content-Length %d, read %d bytes, %v", resp.StatusCode, resp.ContentLength, len(b), err)
+	}
+	// Streams, and answers that are not inference results, are whole.
+	if resp, b := do(t, "GET", ts.URL+"/v1/models", ""); resp.StatusCode != http.StatusOK || !json.Valid(b) {
+		t.Fatalf("/v1/models: %d %s", resp.StatusCode, b)
+	}
+	post(t, ts.URL+"/v1/completions", `{"model":"m1","prompt":"x","max_tokens":3,"stream":true}`, http.StatusOK)
+}
+
+// --sim-clean-paths cleans dot-segments from the decoded path before
+// routing, as permissive engines do: "/v1/%2e%2e/sleep" reaches /sleep.
+// Without it, such a path is a 404.
+func TestCleanPaths(t *testing.T) {
+	for _, clean := range []bool{false, true} {
+		var extra []string
+		if clean {
+			extra = []string{"--sim-clean-paths"}
+		}
+		_, ts := newSleepServer(t, true, extra...)
+		resp, b := do(t, http.MethodPost, ts.URL+"/v1/%2e%2e/sleep?level=1", "")
+		if (resp.StatusCode == http.StatusOK) != clean || isSleeping(t, ts.URL) != clean {
+			t.Errorf("clean %v: %d %s, asleep %v", clean, resp.StatusCode, b, isSleeping(t, ts.URL))
+		}
 	}
 }

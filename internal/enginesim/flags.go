@@ -3,6 +3,7 @@ package enginesim
 import (
 	"errors"
 	"fmt"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,9 +17,10 @@ const DefaultModel = "Qwen/Qwen3-0.6B"
 // ErrHelp is returned by ParseFlags when -h or --help was given.
 var ErrHelp = errors.New("help requested")
 
-// Config is the parsed command line of `poold engine-sim`. It mirrors the subset of
-// `vllm serve` flags poold passes, plus --sim-* flags that shape the simulation.
-// The zero value is not useful: use ParseFlags, which applies the defaults below.
+// Config is the parsed command line of `poold engine-sim` (and, for the fields
+// marked so, its environment). It mirrors the subset of `vllm serve` flags poold
+// passes, plus --sim-* flags that shape the simulation. The zero value is not
+// useful: use ParseFlags, which applies the defaults below, and ReadEnv.
 type Config struct {
 	// Model is the positional MODEL (or --model); DefaultModel when absent. It is the
 	// "root" of every /v1/models entry.
@@ -33,24 +35,55 @@ type Config struct {
 	ServedModelNames []string
 	// MaxModelLen bounds prompt+completion tokens; default 4096.
 	MaxModelLen int
+	// Runner is --runner: "auto" (the default), "generate", "pooling" or "draft".
+	// With Convert it decides what the model serves (see kind).
+	Runner string
+	// Convert is --convert: "auto" (the default), "none", "embed", "classify" or
+	// "reward"; the last three make a pooling model.
+	Convert string
+	// GPUMemoryUtilization is the share of each GPU's memory the engine takes;
+	// default 0.9. With SimGPUDir, start-up needs that much free (memory.go).
+	GPUMemoryUtilization float64
+	// EnablePrefixCaching turns the simulated prefix cache on (the default, as
+	// in vLLM's V1 engine); --no-enable-prefix-caching turns it off.
+	EnablePrefixCaching bool
 
 	// Accepted for compatibility with `vllm serve`, otherwise ignored.
-	TensorParallelSize   int
-	GPUMemoryUtilization float64
-	EnablePrefixCaching  bool
-	Dtype                string
-	ShutdownTimeout      int
+	TensorParallelSize int
+	Dtype              string
+	ShutdownTimeout    int
+
 	// EnableSleepMode, with DevMode, serves vLLM's sleep endpoints (sleep.go).
 	EnableSleepMode bool
-	// DevMode is VLLM_SERVER_DEV_MODE=1 in the environment (read by Main):
-	// without it the development endpoints, sleep mode's among them, are not
-	// served (404), as in vLLM.
-	DevMode bool
+	// EnableAutoToolChoice and ToolCallParser allow tool_choice "auto", as in vLLM.
+	EnableAutoToolChoice bool
+	ToolCallParser       string
+	// EnableRequestIDHeaders adds X-Request-Id to every response.
+	EnableRequestIDHeaders bool
+	// EnableLogRequests logs every generation request with its whole prompt.
+	EnableLogRequests bool
 
 	// MaxNumSeqs, as vLLM's --max-num-seqs, bounds the requests generating at
 	// once; the others wait their turn (vllm:num_requests_waiting), so that an
 	// overloaded engine answers later. Zero means no bound.
 	MaxNumSeqs int
+
+	// Read from the environment by ReadEnv, as vLLM reads them.
+
+	// DevMode is VLLM_SERVER_DEV_MODE, an integer, non-zero: without it the
+	// development endpoints, sleep mode's among them, are not served (404).
+	DevMode bool
+	// APIKey is VLLM_API_KEY: when not empty, every /v1 request must bear it.
+	APIKey string
+	// KeepAliveOnEngineDeath is VLLM_KEEP_ALIVE_ON_ENGINE_DEATH set (not empty):
+	// a dead engine core does not end the server.
+	KeepAliveOnEngineDeath bool
+	// KeepAlive is VLLM_HTTP_TIMEOUT_KEEP_ALIVE: how long an idle client
+	// connection stays open. Zero means vLLM's default, 5 s.
+	KeepAlive time.Duration
+	// VisibleDevices is CUDA_VISIBLE_DEVICES: the GPUs whose simulated memory
+	// the engine uses (with SimGPUDir). Nil means GPU 0.
+	VisibleDevices []int
 
 	// LoadDelay is how long the simulated engine loads before the server listens;
 	// connections are refused meanwhile. Zero listens at once.
@@ -66,6 +99,38 @@ type Config struct {
 	WakeDelay time.Duration
 	// RefuseWake makes POST /wake_up fail with 500 (a wake that fails).
 	RefuseWake bool
+	// KVCapacityTokens is the simulated KV cache's size in tokens; zero means
+	// MaxModelLen × MaxNumSeqs (256 when MaxNumSeqs is unbounded).
+	KVCapacityTokens int
+
+	// SimGPUDir is a simulated-GPU directory (package simgpu) whose memory the
+	// engine claims as vLLM does on real GPUs; empty means none (memory.go).
+	SimGPUDir string
+	// SleepResidueMiB is the memory a sleeping engine keeps on each GPU, in MiB;
+	// default 512.
+	SleepResidueMiB int
+
+	// PortMessage is how a taken port is reported: "old" (the default,
+	// Python's "[Errno 98] Address already in use"), "new" (newer vLLM's
+	// "Port N is already in use") or "go" (a Go engine's "listen tcp …: bind:
+	// address already in use").
+	PortMessage string
+	// ReusePort binds with SO_REUSEPORT, so that two engines can share a port.
+	ReusePort bool
+	// UsageNull puts "usage": null in every stream chunk but the usage chunk,
+	// as older vLLM versions do; by default those chunks have no usage key.
+	UsageNull bool
+	// SSENewline is the line ending of server-sent events: "lf" (the
+	// default), "cr" or "crlf".
+	SSENewline string
+	// CutBody makes every successful non-streaming inference answer promise
+	// its whole Content-Length and close the connection halfway.
+	CutBody bool
+	// CleanPaths cleans dot-segments from the decoded path before routing, as
+	// some permissive engines do ("/v1/../sleep" reaches "/sleep").
+	CleanPaths bool
+	// LogLineBytes, when positive, prints one start-up line that long.
+	LogLineBytes int
 
 	// FailLoad makes Run fail with ErrLoadFailed after LoadDelay.
 	FailLoad bool
@@ -84,6 +149,12 @@ type Config struct {
 	// ExitAfterReady, when positive, makes Run return ErrExitAfterReady that long
 	// after the server started listening; zero disables it.
 	ExitAfterReady time.Duration
+	// CoreDiesAfter, when positive, kills the simulated engine core that long
+	// after the server started listening (see Server.killCore); zero disables it.
+	CoreDiesAfter time.Duration
+	// WatchdogInterval is how often the server checks for a dead engine core
+	// and exits; default 5 s, vLLM's.
+	WatchdogInterval time.Duration
 	// IgnoreSigterm makes Main log and ignore SIGTERM and SIGINT.
 	IgnoreSigterm bool
 	// SpawnChild makes Run start a "VLLM::EngineCore" child in the same process group
@@ -97,6 +168,48 @@ type Config struct {
 	// reexecArgs are the arguments between the executable and the engine-sim flags
 	// that re-run engine-sim (for the child); nil means {"engine-sim"}.
 	reexecArgs []string
+}
+
+// modelKind is what a model serves.
+type modelKind int
+
+const (
+	generative    modelKind = iota // chat and completions
+	pooling                        // embeddings, score, rerank, classify, pooling
+	transcription                  // audio transcriptions and translations
+)
+
+func (k modelKind) String() string {
+	return [...]string{"generate", "pooling", "transcription"}[k]
+}
+
+// kind decides what the model serves, standing in for vLLM's reading of the
+// model's architecture. --runner pooling, or --convert embed, classify or
+// reward, makes a pooling model. Otherwise the model's name decides (its last
+// path element, lower-cased): one containing "whisper" is a transcription
+// model; with --runner auto, one containing "embed" or "rerank", or with a
+// word (between '-', '_' or '.') "bge", "e5" or "gte", is a pooling model;
+// anything else is generative.
+func (c Config) kind() modelKind {
+	switch {
+	case c.Runner == "pooling" || c.Convert == "embed" || c.Convert == "classify" || c.Convert == "reward":
+		return pooling
+	}
+	name := strings.ToLower(path.Base(c.Model))
+	if strings.Contains(name, "whisper") {
+		return transcription
+	}
+	if c.Runner != "auto" && c.Runner != "" {
+		return generative
+	}
+	if strings.Contains(name, "embed") || strings.Contains(name, "rerank") {
+		return pooling
+	}
+	words := strings.FieldsFunc(name, func(r rune) bool { return r == '-' || r == '_' || r == '.' })
+	if slices.ContainsFunc(words, func(w string) bool { return w == "bge" || w == "e5" || w == "gte" }) {
+		return pooling
+	}
+	return generative
 }
 
 type flagKind int
@@ -120,7 +233,7 @@ func intFlag(dst func(*Config) *int, min int) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			return fmt.Errorf("invalid int value %q", v)
+			return fmt.Errorf("invalid int value: '%s'", v)
 		}
 		if n < min {
 			return fmt.Errorf("value %d must be at least %d", n, min)
@@ -152,6 +265,24 @@ func boolFlag(dst func(*Config) *bool) func(*Config, string) error {
 	}
 }
 
+func stringFlag(dst func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error { *dst(c) = v; return nil }
+}
+
+// choiceFlag accepts one of choices, with argparse's message otherwise.
+func choiceFlag(dst func(*Config) *string, choices ...string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		if !slices.Contains(choices, v) {
+			return fmt.Errorf("invalid choice: '%s' (choose from '%s')", v, strings.Join(choices, "', '"))
+		}
+		*dst(c) = v
+		return nil
+	}
+}
+
+// ignored accepts any value of a `vllm serve` flag the simulator does not model.
+func ignored(*Config, string) error { return nil }
+
 // parseDuration accepts a Go duration ("1.5s", "200ms") or plain seconds ("2", "0.5").
 func parseDuration(v string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(v, 64); err == nil {
@@ -171,25 +302,43 @@ func parseDuration(v string) (time.Duration, error) {
 }
 
 var flagSpecs = map[string]flagSpec{
-	"model": {kindString, func(c *Config, v string) error { c.Model = v; return nil }, "model name or path (same as the positional MODEL)"},
-	"host":  {kindString, func(c *Config, v string) error { c.Host = v; return nil }, "listen host (default 127.0.0.1)"},
+	"model": {kindString, stringFlag(func(c *Config) *string { return &c.Model }), "model name or path (same as the positional MODEL)"},
+	"host":  {kindString, stringFlag(func(c *Config) *string { return &c.Host }), "listen host (default 127.0.0.1)"},
 	"port":  {kindInt, intFlag(func(c *Config) *int { return &c.Port }, 0), "listen port (default 8000; 0 picks one)"},
 	"served-model-name": {kindNames, func(c *Config, v string) error {
 		c.ServedModelNames = append(c.ServedModelNames, v)
 		return nil
 	}, "one or more names clients may use (default: MODEL)"},
 	"max-model-len":        {kindInt, intFlag(func(c *Config) *int { return &c.MaxModelLen }, 1), "context length (default 4096)"},
+	"runner":               {kindString, choiceFlag(func(c *Config) *string { return &c.Runner }, "auto", "generate", "pooling", "draft"), "auto (default: decided from the model name), generate, pooling or draft"},
+	"convert":              {kindString, choiceFlag(func(c *Config) *string { return &c.Convert }, "auto", "none", "embed", "classify", "reward"), "auto (default), none, embed, classify or reward (the last three: a pooling model)"},
 	"tensor-parallel-size": {kindInt, intFlag(func(c *Config) *int { return &c.TensorParallelSize }, 1), "ignored"},
 	"gpu-memory-utilization": {kindFloat, func(c *Config, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return fmt.Errorf("invalid float value: '%s'", v)
+		}
+		if f <= 0 || f > 1 {
+			return fmt.Errorf("value %s must be in (0, 1]", v)
+		}
 		c.GPUMemoryUtilization = f
-		return err
-	}, "ignored"},
-	"enable-prefix-caching": {kindBool, boolFlag(func(c *Config) *bool { return &c.EnablePrefixCaching }), "ignored"},
-	"dtype":                 {kindString, func(c *Config, v string) error { c.Dtype = v; return nil }, "ignored"},
-	"shutdown-timeout":      {kindInt, intFlag(func(c *Config) *int { return &c.ShutdownTimeout }, 0), "ignored"},
-	"enable-sleep-mode":     {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableSleepMode }), "serve /sleep, /wake_up, /is_sleeping… (needs env VLLM_SERVER_DEV_MODE=1)"},
-	"max-num-seqs":          {kindInt, intFlag(func(c *Config) *int { return &c.MaxNumSeqs }, 1), "requests generating at once; the others wait (default: no bound)"},
+		return nil
+	}, "share of each GPU's memory to take (default 0.9; checked against --sim-gpu-dir)"},
+	"enable-prefix-caching":     {kindBool, boolFlag(func(c *Config) *bool { return &c.EnablePrefixCaching }), "simulated prefix cache (default on; --no-enable-prefix-caching)"},
+	"dtype":                     {kindString, stringFlag(func(c *Config) *string { return &c.Dtype }), "ignored"},
+	"shutdown-timeout":          {kindInt, intFlag(func(c *Config) *int { return &c.ShutdownTimeout }, 0), "ignored"},
+	"quantization":              {kindString, ignored, "ignored"},
+	"kv-cache-dtype":            {kindString, ignored, "ignored"},
+	"max-num-batched-tokens":    {kindInt, ignored, "ignored"},
+	"trust-remote-code":         {kindBool, ignored, "ignored"},
+	"enforce-eager":             {kindBool, ignored, "ignored"},
+	"disable-log-stats":         {kindBool, ignored, "ignored"},
+	"enable-sleep-mode":         {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableSleepMode }), "serve /sleep, /wake_up, /is_sleeping… (needs env VLLM_SERVER_DEV_MODE=1)"},
+	"enable-auto-tool-choice":   {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableAutoToolChoice }), "allow tool_choice \"auto\" (with --tool-call-parser)"},
+	"tool-call-parser":          {kindString, stringFlag(func(c *Config) *string { return &c.ToolCallParser }), "any name: allows tool_choice \"auto\" (with --enable-auto-tool-choice)"},
+	"enable-request-id-headers": {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableRequestIDHeaders }), "add X-Request-Id to every response"},
+	"enable-log-requests":       {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableLogRequests }), "log every request with its whole prompt, on one line"},
+	"max-num-seqs":              {kindInt, intFlag(func(c *Config) *int { return &c.MaxNumSeqs }, 1), "requests generating at once; the others wait (default: no bound)"},
 
 	"sim-load-delay":         {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.LoadDelay }), "load time before listening (default 0)"},
 	"sim-ttft":               {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.TTFT }), "time to first token (default 0)"},
@@ -197,6 +346,16 @@ var flagSpecs = map[string]flagSpec{
 	"sim-tokens":             {kindInt, intFlag(func(c *Config) *int { return &c.Tokens }, 1), "completion tokens without max_tokens (default 16)"},
 	"sim-wake-delay":         {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.WakeDelay }), "time a /wake_up takes (default 0)"},
 	"sim-refuse-wake":        {kindBool, boolFlag(func(c *Config) *bool { return &c.RefuseWake }), "fail every /wake_up with 500"},
+	"sim-kv-capacity-tokens": {kindInt, intFlag(func(c *Config) *int { return &c.KVCapacityTokens }, 1), "KV cache size in tokens (default max-model-len × max-num-seqs, 256 seqs when unbounded)"},
+	"sim-gpu-dir":            {kindString, stringFlag(func(c *Config) *string { return &c.SimGPUDir }), "simulated-GPU directory to claim memory in, as vLLM does on GPUs"},
+	"sim-sleep-residue-mib":  {kindInt, intFlag(func(c *Config) *int { return &c.SleepResidueMiB }, 0), "memory a sleeping engine keeps per GPU, in MiB (default 512)"},
+	"sim-port-message":       {kindString, choiceFlag(func(c *Config) *string { return &c.PortMessage }, "old", "new", "go"), "how a taken port is reported: old ([Errno 98], the default), new (Port N is already in use) or go (bind: address already in use)"},
+	"sim-reuseport":          {kindBool, boolFlag(func(c *Config) *bool { return &c.ReusePort }), "bind with SO_REUSEPORT (two engines can share a port)"},
+	"sim-usage-null":         {kindBool, boolFlag(func(c *Config) *bool { return &c.UsageNull }), "stream chunks carry \"usage\": null (older vLLM)"},
+	"sim-sse-newline":        {kindString, choiceFlag(func(c *Config) *string { return &c.SSENewline }, "lf", "cr", "crlf"), "SSE line ending: lf (default), cr or crlf"},
+	"sim-cut-body":           {kindBool, boolFlag(func(c *Config) *bool { return &c.CutBody }), "non-streaming answers promise a Content-Length and close halfway"},
+	"sim-clean-paths":        {kindBool, boolFlag(func(c *Config) *bool { return &c.CleanPaths }), "clean dot-segments from the path before routing"},
+	"sim-log-line-bytes":     {kindInt, intFlag(func(c *Config) *int { return &c.LogLineBytes }, 0), "print one start-up line of N characters"},
 	"sim-fail-load":          {kindBool, boolFlag(func(c *Config) *bool { return &c.FailLoad }), "fail loading: log an error and exit 1"},
 	"sim-never-ready":        {kindBool, boolFlag(func(c *Config) *bool { return &c.NeverReady }), "never listen"},
 	"sim-hang":               {kindBool, boolFlag(func(c *Config) *bool { return &c.Hang }), "listen but never answer"},
@@ -204,8 +363,10 @@ var flagSpecs = map[string]flagSpec{
 	"sim-log-headers":        {kindBool, boolFlag(func(c *Config) *bool { return &c.LogHeaders }), "log the names of each request's headers"},
 	"sim-crash-after-tokens": {kindInt, intFlag(func(c *Config) *int { return &c.CrashAfterTokens }, 0), "SIGKILL self after N content tokens in total"},
 	"sim-exit-after-ready":   {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.ExitAfterReady }), "exit 1 this long after ready"},
+	"sim-core-dies-after":    {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.CoreDiesAfter }), "the engine core dies this long after ready: /health 503, inference 500, exit at the watchdog"},
+	"sim-watchdog-interval":  {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.WatchdogInterval }), "how often a dead engine core is noticed and the server exits (default 5s)"},
 	"sim-ignore-sigterm":     {kindBool, boolFlag(func(c *Config) *bool { return &c.IgnoreSigterm }), "log and ignore SIGTERM/SIGINT"},
-	"sim-spawn-child":        {kindBool, boolFlag(func(c *Config) *bool { return &c.SpawnChild }), "spawn a VLLM::EngineCore child that ignores SIGTERM"},
+	"sim-spawn-child":        {kindBool, boolFlag(func(c *Config) *bool { return &c.SpawnChild }), "spawn a VLLM::EngineCore child that ignores SIGTERM (and holds the simulated GPU memory)"},
 	"sim-child":              {kindBool, boolFlag(func(c *Config) *bool { return &c.Child }), "internal: run as the spawned child"},
 	"sim-child-lifetime":     {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.ChildLifetime }), "the child exits by itself after this (default 10m)"},
 }
@@ -236,34 +397,44 @@ func Usage() string {
 		}
 		fmt.Fprintf(&b, "  --%s%s\n        %s\n", n, arg, s.help)
 	}
+	b.WriteString("\nenvironment: VLLM_SERVER_DEV_MODE, VLLM_API_KEY, VLLM_KEEP_ALIVE_ON_ENGINE_DEATH,\nVLLM_HTTP_TIMEOUT_KEEP_ALIVE, CUDA_VISIBLE_DEVICES (see the package documentation)\n")
 	return b.String()
 }
 
 // ParseFlags parses `vllm serve`-style arguments: an optional positional MODEL,
 // `--flag value` or `--flag=value` (underscores in names are accepted as dashes),
 // boolean flags without a value (and their --no-X forms), and --served-model-name
-// taking one or more following values (argparse nargs='+'). Unknown flags, missing
-// values and a second positional argument are errors; -h/--help returns ErrHelp.
+// taking one or more following values (argparse nargs='+'). Unknown flags and a
+// second positional argument are collected and reported together, as argparse
+// does ("unrecognized arguments: --task embed"); a missing or bad value is an
+// error; -h/--help returns ErrHelp.
 func ParseFlags(args []string) (Config, error) {
 	cfg := Config{
-		Host:          "127.0.0.1",
-		Port:          8000,
-		MaxModelLen:   4096,
-		Tokens:        16,
-		ChildLifetime: 10 * time.Minute,
+		Host:                 "127.0.0.1",
+		Port:                 8000,
+		MaxModelLen:          4096,
+		Runner:               "auto",
+		Convert:              "auto",
+		GPUMemoryUtilization: 0.9,
+		EnablePrefixCaching:  true,
+		Tokens:               16,
+		SleepResidueMiB:      512,
+		PortMessage:          "old",
+		SSENewline:           "lf",
+		WatchdogInterval:     5 * time.Second,
+		ChildLifetime:        10 * time.Minute,
 	}
 	positional := ""
+	var unrecognized []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "-h" || a == "--help" {
 			return Config{}, ErrHelp
 		}
 		if !strings.HasPrefix(a, "--") || a == "--" {
-			if a == "--" || (strings.HasPrefix(a, "-") && len(a) > 1 && !isNumber(a)) {
-				return Config{}, fmt.Errorf("unrecognized arguments: %s", a)
-			}
-			if positional != "" {
-				return Config{}, fmt.Errorf("unrecognized arguments: %s", a)
+			if a == "--" || looksLikeFlag(a) || positional != "" {
+				unrecognized = append(unrecognized, a)
+				continue
 			}
 			positional = a
 			continue
@@ -281,7 +452,8 @@ func ParseFlags(args []string) (Config, error) {
 					continue
 				}
 			}
-			return Config{}, fmt.Errorf("unrecognized arguments: %s", a)
+			unrecognized = append(unrecognized, a)
+			continue
 		}
 		switch {
 		case spec.kind == kindBool && !hasValue:
@@ -313,6 +485,9 @@ func ParseFlags(args []string) (Config, error) {
 		if err := spec.set(&cfg, value); err != nil {
 			return Config{}, fmt.Errorf("argument --%s: %w", name, err)
 		}
+	}
+	if len(unrecognized) > 0 {
+		return Config{}, fmt.Errorf("unrecognized arguments: %s", strings.Join(unrecognized, " "))
 	}
 	if positional != "" {
 		if cfg.Model != "" && cfg.Model != positional {
@@ -346,4 +521,46 @@ func looksLikeFlag(a string) bool {
 func isNumber(a string) bool {
 	_, err := strconv.ParseFloat(a, 64)
 	return err == nil
+}
+
+// ReadEnv reads the environment variables vLLM reads into cfg, as vLLM
+// parses them: VLLM_SERVER_DEV_MODE and VLLM_HTTP_TIMEOUT_KEEP_ALIVE are
+// integers (anything else fails, as Python's int() does), VLLM_API_KEY a
+// string, VLLM_KEEP_ALIVE_ON_ENGINE_DEATH on when not empty, and
+// CUDA_VISIBLE_DEVICES a comma-separated list of GPU indexes.
+func ReadEnv(cfg *Config, getenv func(string) string) error {
+	pyInt := func(name, def string) (int, error) {
+		v := getenv(name)
+		if v == "" {
+			v = def
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return 0, fmt.Errorf("%s: ValueError: invalid literal for int() with base 10: '%s'", name, v)
+		}
+		return n, nil
+	}
+	dev, err := pyInt("VLLM_SERVER_DEV_MODE", "0")
+	if err != nil {
+		return err
+	}
+	keepAlive, err := pyInt("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5")
+	if err != nil {
+		return err
+	}
+	cfg.DevMode = dev != 0
+	cfg.KeepAlive = time.Duration(keepAlive) * time.Second
+	cfg.APIKey = getenv("VLLM_API_KEY")
+	cfg.KeepAliveOnEngineDeath = getenv("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") != ""
+	cfg.VisibleDevices = nil
+	if v := getenv("CUDA_VISIBLE_DEVICES"); v != "" {
+		for f := range strings.SplitSeq(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				return fmt.Errorf("CUDA_VISIBLE_DEVICES=%s: %q is not a GPU index", v, f)
+			}
+			cfg.VisibleDevices = append(cfg.VisibleDevices, n)
+		}
+	}
+	return nil
 }

@@ -29,7 +29,7 @@ func TestMaxNumSeqs(t *testing.T) {
 
 	waiting := func() bool {
 		_, b := do(t, "GET", ts.URL+"/metrics", "")
-		return strings.Contains(string(b), `vllm:num_requests_waiting{model_name="m1"} 1`+"\n")
+		return strings.Contains(string(b), series("vllm:num_requests_waiting")+" 1\n")
 	}
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	gone := make(chan struct{})

@@ -75,6 +75,18 @@ func TestOpenAIClient(t *testing.T) {
 		t.Fatalf("completion stream: %q, %v", text, err)
 	}
 
+	_, err = client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:    "nope",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
+	})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Type != "NotFoundError" || apiErr.Param != "model" {
+		t.Fatalf("unknown model: %v", err)
+	}
+
+	// Embeddings, from a pooling model.
+	_, pts := newTestServer(t, "--runner", "pooling")
+	client = openai.NewClient(option.WithBaseURL(pts.URL+"/v1"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
 	emb, err := client.Embeddings.New(ctx, openai.EmbeddingNewParams{
 		Model:          "m2",
 		Input:          openai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: []string{"a", "b c"}},
@@ -87,12 +99,4 @@ func TestOpenAIClient(t *testing.T) {
 		t.Fatalf("embeddings: %s", emb.RawJSON())
 	}
 
-	_, err = client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-		Model:    "nope",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
-	})
-	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Type != "NotFoundError" || apiErr.Param != "model" {
-		t.Fatalf("unknown model: %v", err)
-	}
 }

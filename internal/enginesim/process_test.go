@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,6 +42,12 @@ type simProc struct {
 // whole group when the test ends.
 func startSim(t *testing.T, args ...string) *simProc {
 	t.Helper()
+	return startSimEnv(t, nil, args...)
+}
+
+// startSimEnv is startSim with env added to the environment.
+func startSimEnv(t *testing.T, env []string, args ...string) *simProc {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +59,7 @@ func startSim(t *testing.T, args ...string) *simProc {
 	}
 	defer f.Close()
 	p.cmd = exec.Command(exe, args...)
-	p.cmd.Env = append(os.Environ(), envRunMain+"=1")
+	p.cmd.Env = append(append(os.Environ(), envRunMain+"=1"), env...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
@@ -81,6 +88,11 @@ func startSim(t *testing.T, args ...string) *simProc {
 func (p *simProc) log() string {
 	b, _ := os.ReadFile(p.logf)
 	return string(b)
+}
+
+// hasLine reports whether output has line as a whole line.
+func hasLine(output, line string) bool {
+	return slices.Contains(strings.Split(output, "\n"), line)
 }
 
 func (p *simProc) waitLog(t *testing.T, substr string) {

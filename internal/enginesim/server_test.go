@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -13,6 +14,7 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,13 +33,40 @@ func newTestServer(t *testing.T, extra ...string) (*Server, *httptest.Server) {
 	return s, ts
 }
 
+// syncBuffer is a bytes.Buffer safe for concurrent use, for logs.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 func do(t *testing.T, method, url, body string) (*http.Response, []byte) {
+	t.Helper()
+	return doHeader(t, method, url, body, nil)
+}
+
+// doHeader is do with extra request headers.
+func doHeader(t *testing.T, method, url, body string, header map[string]string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +164,7 @@ func TestChatNonStreaming(t *testing.T) {
 		"choices":[{"index":0,"message":{"role":"assistant","content":"tok0 tok1 tok2 ","reasoning_content":null,"tool_calls":[]},
 		"logprobs":null,"finish_reason":"length","stop_reason":null}],
 		"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3,"prompt_tokens_details":null},
-		"prompt_logprobs":null,"kv_transfer_params":null}`)
+		"prompt_logprobs":null,"prompt_token_ids":null,"kv_transfer_params":null}`)
 }
 
 func TestCompletionNonStreaming(t *testing.T) {
@@ -277,7 +306,6 @@ func TestErrorShapes(t *testing.T) {
 	}{
 		{"POST", "/v1/chat/completions", `{"model":"nope","messages":[]}`, 404,
 			"{\"error\":{\"message\":\"The model `nope` does not exist.\",\"type\":\"NotFoundError\",\"param\":\"model\",\"code\":404}}", ""},
-		{"POST", "/v1/embeddings", `{"model":"nope","input":"x"}`, 404, "", "NotFoundError"},
 		{"POST", "/v1/completions", `{"model":"nope","prompt":"x"}`, 404, "", "NotFoundError"},
 		{"POST", "/v1/chat/completions", `{"model":`, 400, "", "BadRequestError"},
 		{"POST", "/v1/chat/completions", `{"model":"m1"}`, 400, "", "BadRequestError"},
@@ -285,8 +313,6 @@ func TestErrorShapes(t *testing.T) {
 		{"POST", "/v1/completions", `{"model":"m1"}`, 400, "", "BadRequestError"},
 		{"POST", "/v1/completions", `{"model":"m1","prompt":"x","max_tokens":"many"}`, 400, "", "BadRequestError"},
 		{"POST", "/v1/completions", `{"model":"m1","prompt":"x","max_tokens":100}`, 400, "", "BadRequestError"},
-		{"POST", "/v1/embeddings", `{"model":"m1"}`, 400, "", "BadRequestError"},
-		{"POST", "/v1/embeddings", `{"model":"m1","input":"x","encoding_format":"hex"}`, 400, "", "BadRequestError"},
 		{"POST", "/v1/chat/completions", `{"model":"m1","messages":[],"stream_options":{"include_usage":true}}`, 400,
 			"{\"error\":{\"message\":\"Stream options can only be defined when `stream=True`.\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}}", ""},
 		{"POST", "/v1/completions", `{"model":"m1","prompt":"x","stream":false,"stream_options":{"include_usage":true}}`, 400, "", "BadRequestError"},
@@ -323,7 +349,7 @@ func TestErrorShapes(t *testing.T) {
 }
 
 func TestEmbeddings(t *testing.T) {
-	_, ts := newTestServer(t)
+	_, ts := newTestServer(t, "--runner", "pooling")
 	_, b := do(t, "POST", ts.URL+"/v1/embeddings", `{"model":"m2","input":["hello world","three more words"]}`)
 	var floats struct {
 		ID     string
@@ -377,20 +403,24 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	for _, want := range []string{
-		`vllm:num_requests_running{model_name="m1"} 0`,
-		`vllm:num_requests_waiting{model_name="m1"} 0`,
-		`vllm:kv_cache_usage_perc{model_name="m1"} 0`,
-		`vllm:prompt_tokens_total{model_name="m1"} 5`,
-		`vllm:generation_tokens_total{model_name="m1"} 7`,
-		`vllm:time_to_first_token_seconds_count{model_name="m1"} 2`,
-		`vllm:e2e_request_latency_seconds_count{model_name="m1"} 2`,
-		`vllm:inter_token_latency_seconds_count{model_name="m1"} 4`,
+		series("vllm:num_requests_running") + " 0",
+		series("vllm:num_requests_waiting") + " 0",
+		series("vllm:kv_cache_usage_perc") + " 0",
+		series("vllm:prompt_tokens_total") + " 5",
+		series("vllm:generation_tokens_total") + " 7",
+		series("vllm:time_to_first_token_seconds_count") + " 2",
+		series("vllm:e2e_request_latency_seconds_count") + " 2",
+		series("vllm:inter_token_latency_seconds_count") + " 5",
 	} {
 		if !strings.Contains(string(b), want+"\n") {
 			t.Errorf("metrics lack %q:\n%s", want, b)
 		}
 	}
 }
+
+// series is the name of a series of the test server's metrics, with its
+// labels.
+func series(name string) string { return name + `{engine="0",model_name="m1"}` }
 
 // runningNow reads the running-requests count.
 func (s *Server) runningNow() int {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ func newSleepServer(t *testing.T, dev bool, extra ...string) (*Server, *httptest
 	s := NewHandler(cfg, nil)
 	ts := httptest.NewServer(s)
 	t.Cleanup(ts.Close)
+	t.Cleanup(ts.CloseClientConnections) // first: ends requests left queued
 	return s, ts
 }
 
@@ -33,6 +35,72 @@ func isSleeping(t *testing.T, url string) bool {
 		t.Fatalf("GET /is_sleeping: %d %s", resp.StatusCode, b)
 	}
 	return decode(t, b)["is_sleeping"].(bool)
+}
+
+// post sends a request and fails the test unless it gets want.
+func post(t *testing.T, url, body string, want int) []byte {
+	t.Helper()
+	resp, b := do(t, http.MethodPost, url, body)
+	if resp.StatusCode != want {
+		t.Fatalf("POST %s: %d %s, want %d", url, resp.StatusCode, b, want)
+	}
+	return b
+}
+
+type result struct {
+	status int
+	body   string
+	err    error
+}
+
+// send posts body to url in the background.
+func send(url, body string) <-chan result {
+	done := make(chan result, 1)
+	go func() {
+		resp, err := http.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		done <- result{resp.StatusCode, string(b), err}
+	}()
+	return done
+}
+
+// waitQueued waits until n requests wait in the engine's queue.
+func waitQueued(t *testing.T, url string, n int) {
+	t.Helper()
+	want := series("vllm:num_requests_waiting") + " " + strconv.Itoa(n) + "\n"
+	waitFor(t, 5*time.Second, want, func() bool {
+		_, b := do(t, http.MethodGet, url+"/metrics", "")
+		return strings.Contains(string(b), want)
+	})
+}
+
+// stillQueued fails the test if the request has been answered.
+func stillQueued(t *testing.T, r <-chan result, when string) {
+	t.Helper()
+	select {
+	case res := <-r:
+		t.Fatalf("%s: a queued request was answered: %d %s %v", when, res.status, res.body, res.err)
+	default:
+	}
+}
+
+func answered(t *testing.T, r <-chan result, what string) result {
+	t.Helper()
+	select {
+	case res := <-r:
+		if res.err != nil {
+			t.Fatalf("%s: %v", what, res.err)
+		}
+		return res
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not answered", what)
+		return result{}
+	}
 }
 
 func TestSleepEndpointsNeedDevMode(t *testing.T) {
@@ -60,115 +128,192 @@ func TestSleepNeedsSleepMode(t *testing.T) {
 	}
 }
 
-func TestSleepLevel1Cycle(t *testing.T) {
+// While asleep, the engine still lists its model, and a request queues
+// (counted as waiting) until the engine wakes; then it is answered.
+func TestSleepLevel1QueuesUntilWake(t *testing.T) {
 	const wake = 50 * time.Millisecond
 	_, ts := newSleepServer(t, true, "--sim-wake-delay", wake.String())
 	if isSleeping(t, ts.URL) {
 		t.Fatal("asleep at start")
 	}
-	if resp, b := do(t, http.MethodPost, ts.URL+"/sleep?level=1", ""); resp.StatusCode != http.StatusOK {
-		t.Fatalf("POST /sleep: %d %s", resp.StatusCode, b)
-	}
+	post(t, ts.URL+"/sleep?level=1", "", http.StatusOK)
 	if !isSleeping(t, ts.URL) {
 		t.Fatal("not asleep after /sleep")
 	}
-	// Asleep: the API server still lists the model, but generation fails.
 	if resp, _ := do(t, http.MethodGet, ts.URL+"/v1/models", ""); resp.StatusCode != http.StatusOK {
 		t.Errorf("GET /v1/models while asleep: %d", resp.StatusCode)
 	}
-	if resp, b := do(t, http.MethodPost, ts.URL+"/v1/chat/completions", chatBody); resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(b), "sleeping") {
-		t.Errorf("chat while asleep: %d %s, want 500 naming the sleep", resp.StatusCode, b)
-	}
+	r := send(ts.URL+"/v1/chat/completions", chatBody)
+	waitQueued(t, ts.URL, 1)
+	stillQueued(t, r, "asleep")
 	start := time.Now()
-	if resp, b := do(t, http.MethodPost, ts.URL+"/wake_up", ""); resp.StatusCode != http.StatusOK {
-		t.Fatalf("POST /wake_up: %d %s", resp.StatusCode, b)
-	}
+	post(t, ts.URL+"/wake_up", "", http.StatusOK)
 	if took := time.Since(start); took < wake {
 		t.Errorf("wake took %v, want at least --sim-wake-delay %v", took, wake)
 	}
 	if isSleeping(t, ts.URL) {
 		t.Fatal("asleep after /wake_up")
 	}
-	if resp, b := do(t, http.MethodPost, ts.URL+"/v1/chat/completions", chatBody); resp.StatusCode != http.StatusOK {
-		t.Errorf("chat after wake: %d %s", resp.StatusCode, b)
+	if res := answered(t, r, "queued chat"); res.status != http.StatusOK {
+		t.Fatalf("queued chat after the wake: %d %s", res.status, res.body)
 	}
+	waitQueued(t, ts.URL, 0)
 }
 
-func TestSleepLevel2NeedsReload(t *testing.T) {
+// A level-2 sleeper wakes in vLLM's documented order: weights, then
+// reload_weights, then the KV cache; it serves only once all three are done.
+func TestSleepLevel2WakeOrder(t *testing.T) {
 	_, ts := newSleepServer(t, true)
-	do(t, http.MethodPost, ts.URL+"/sleep?level=2", "")
-	do(t, http.MethodPost, ts.URL+"/wake_up", "")
-	if resp, b := do(t, http.MethodPost, ts.URL+"/v1/chat/completions", chatBody); resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(b), "reload_weights") {
-		t.Errorf("chat after a level-2 wake without reload: %d %s, want 500 naming reload_weights", resp.StatusCode, b)
+	post(t, ts.URL+"/sleep?level=2", "", http.StatusOK)
+	post(t, ts.URL+"/collective_rpc", `{"method":"reload_weights"}`, http.StatusInternalServerError) // the weights are asleep
+	r := send(ts.URL+"/v1/chat/completions", chatBody)
+	waitQueued(t, ts.URL, 1)
+
+	post(t, ts.URL+"/wake_up?tags=weights", "", http.StatusOK)
+	if !isSleeping(t, ts.URL) {
+		t.Fatal("not sleeping with the KV cache asleep")
 	}
-	if resp, b := do(t, http.MethodPost, ts.URL+"/collective_rpc", `{"method":"reload_weights"}`); resp.StatusCode != http.StatusOK {
-		t.Fatalf("reload_weights: %d %s", resp.StatusCode, b)
+	post(t, ts.URL+"/collective_rpc", `{"method":"reload_weights"}`, http.StatusOK)
+	post(t, ts.URL+"/reset_prefix_cache", "", http.StatusOK)
+	stillQueued(t, r, "weights reloaded, KV cache asleep")
+	post(t, ts.URL+"/wake_up?tags=kv_cache", "", http.StatusOK)
+	if isSleeping(t, ts.URL) {
+		t.Fatal("sleeping after waking both tags")
 	}
-	if resp, b := do(t, http.MethodPost, ts.URL+"/reset_prefix_cache", ""); resp.StatusCode != http.StatusOK {
-		t.Fatalf("reset_prefix_cache: %d %s", resp.StatusCode, b)
+	if res := answered(t, r, "queued chat"); res.status != http.StatusOK {
+		t.Fatalf("queued chat: %d %s", res.status, res.body)
 	}
-	if resp, b := do(t, http.MethodPost, ts.URL+"/v1/chat/completions", chatBody); resp.StatusCode != http.StatusOK {
-		t.Errorf("chat after reload: %d %s", resp.StatusCode, b)
+
+	// /wake_up without tags wakes all; the weights still need reloading.
+	post(t, ts.URL+"/sleep?level=2", "", http.StatusOK)
+	post(t, ts.URL+"/wake_up", "", http.StatusOK)
+	if isSleeping(t, ts.URL) {
+		t.Fatal("sleeping after /wake_up")
 	}
-	if resp, _ := do(t, http.MethodPost, ts.URL+"/sleep?level=3", ""); resp.StatusCode != http.StatusBadRequest {
-		t.Errorf("sleep level 3: %d, want 400", resp.StatusCode)
+	r = send(ts.URL+"/v1/chat/completions", chatBody)
+	waitQueued(t, ts.URL, 1)
+	stillQueued(t, r, "woken without reload_weights")
+	post(t, ts.URL+"/collective_rpc", `{"method":"reload_weights"}`, http.StatusOK)
+	if res := answered(t, r, "queued chat"); res.status != http.StatusOK {
+		t.Fatalf("queued chat after the reload: %d %s", res.status, res.body)
 	}
+
+	// A level-1 sleeper needs no reload.
+	post(t, ts.URL+"/sleep", "", http.StatusOK)
+	post(t, ts.URL+"/wake_up", "", http.StatusOK)
+	post(t, ts.URL+"/v1/chat/completions", chatBody, http.StatusOK)
+}
+
+func TestSleepBadParameters(t *testing.T) {
+	_, ts := newSleepServer(t, true)
+	for _, path := range []string{"/sleep?level=3", "/sleep?level=x", "/sleep?mode=keep", "/wake_up?tags=everything"} {
+		post(t, ts.URL+path, "", http.StatusBadRequest)
+	}
+	post(t, ts.URL+"/collective_rpc", `{"method":"format_disk"}`, http.StatusBadRequest)
 }
 
 func TestSleepRefuseWake(t *testing.T) {
 	_, ts := newSleepServer(t, true, "--sim-refuse-wake")
-	do(t, http.MethodPost, ts.URL+"/sleep", "")
-	if resp, _ := do(t, http.MethodPost, ts.URL+"/wake_up", ""); resp.StatusCode != http.StatusInternalServerError {
-		t.Errorf("wake with --sim-refuse-wake: %d, want 500", resp.StatusCode)
-	}
+	post(t, ts.URL+"/sleep", "", http.StatusOK)
+	post(t, ts.URL+"/wake_up", "", http.StatusInternalServerError)
 	if !isSleeping(t, ts.URL) {
 		t.Error("awake after a refused wake")
 	}
 }
 
-// TestSleepAbortsInFlight: /sleep with requests running aborts them, as
-// vLLM's default sleep does, and counts them.
+// /sleep (mode abort, the default) with requests running aborts them, as
+// vLLM does: they finish with finish_reason "abort" (a non-streaming one with
+// 200, a stream with a last chunk, its usage and [DONE]); they are counted.
 func TestSleepAbortsInFlight(t *testing.T) {
 	s, ts := newSleepServer(t, true, "--sim-ttft", "1h")
 	for _, stream := range []bool{false, true} {
 		body := chatBody
 		if stream {
-			body = strings.Replace(body, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+			body = `{"model":"m1","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{}}`
 		}
-		type result struct {
-			status int
-			body   string
-			err    error
-		}
-		done := make(chan result, 1)
-		go func() {
-			resp, err := http.Post(ts.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
-			if err != nil {
-				done <- result{err: err}
-				return
-			}
-			defer resp.Body.Close()
-			b, err := io.ReadAll(resp.Body)
-			done <- result{resp.StatusCode, string(b), err}
-		}()
+		r := send(ts.URL+"/v1/chat/completions", body)
 		waitRunning(t, s, 1)
 		before := s.SleepAborted()
-		do(t, http.MethodPost, ts.URL+"/sleep?level=1", "")
-		r := <-done
-		if r.err != nil {
-			t.Fatalf("stream %v: %v", stream, r.err)
+		post(t, ts.URL+"/sleep?level=1&mode=abort", "", http.StatusOK)
+		res := answered(t, r, "aborted request")
+		if res.status != http.StatusOK || !strings.Contains(res.body, `"finish_reason":"abort"`) {
+			t.Errorf("stream %v: aborted request answered %d %q", stream, res.status, res.body)
 		}
-		if !strings.Contains(r.body, "aborted") || (!stream && r.status != http.StatusInternalServerError) {
-			t.Errorf("stream %v: aborted request answered %d %q", stream, r.status, r.body)
+		if stream && (!strings.Contains(res.body, `"choices":[],"usage":{"prompt_tokens":1,"total_tokens":1,"completion_tokens":0}`) ||
+			!strings.HasSuffix(res.body, "data: [DONE]\n\n")) {
+			t.Errorf("aborted stream lacks its usage or [DONE]: %q", res.body)
 		}
 		if got := s.SleepAborted() - before; got != 1 {
 			t.Errorf("stream %v: SleepAborted grew by %d, want 1", stream, got)
 		}
-		do(t, http.MethodPost, ts.URL+"/wake_up", "")
+		post(t, ts.URL+"/wake_up", "", http.StatusOK)
 	}
 	resp, b := do(t, http.MethodGet, ts.URL+"/metrics", "")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "sim_sleep_aborted_requests_total 2") {
 		t.Errorf("metrics lack sim_sleep_aborted_requests_total 2:\n%s", b)
+	}
+}
+
+// /sleep?mode=wait lets the requests in flight finish, and queues the new
+// ones, before it sleeps: none is aborted.
+func TestSleepModeWait(t *testing.T) {
+	s, ts := newSleepServer(t, true, "--sim-itl", "20ms")
+	inflight := send(ts.URL+"/v1/completions", `{"model":"m1","prompt":"x","max_tokens":20}`)
+	waitRunning(t, s, 1)
+	slept := send(ts.URL+"/sleep?level=1&mode=wait", "")
+	waitFor(t, 5*time.Second, "the sleep to pause the engine", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.sleep.pausing
+	})
+	late := send(ts.URL+"/v1/completions", `{"model":"m1","prompt":"x","max_tokens":1}`)
+	waitQueued(t, ts.URL, 1)
+	res := answered(t, slept, "/sleep?mode=wait")
+	if res.status != http.StatusOK {
+		t.Fatalf("sleep: %d %s", res.status, res.body)
+	}
+	if res := answered(t, inflight, "request in flight"); res.status != http.StatusOK ||
+		!strings.Contains(res.body, `"finish_reason":"length"`) || !strings.Contains(res.body, "tok19 ") {
+		t.Fatalf("request in flight: %d %s", res.status, res.body)
+	}
+	stillQueued(t, late, "asleep")
+	if s.SleepAborted() != 0 {
+		t.Fatalf("mode=wait aborted %d requests", s.SleepAborted())
+	}
+	post(t, ts.URL+"/wake_up", "", http.StatusOK)
+	if res := answered(t, late, "queued request"); res.status != http.StatusOK {
+		t.Fatalf("queued request: %d %s", res.status, res.body)
+	}
+}
+
+// vllm:engine_sleep_state reports the sleep level, as vLLM's does.
+func TestSleepStateMetric(t *testing.T) {
+	_, ts := newSleepServer(t, true)
+	state := func() string {
+		_, b := do(t, http.MethodGet, ts.URL+"/metrics", "")
+		var out []string
+		for _, st := range []string{"awake", "weights_offloaded", "discard_all"} {
+			prefix := `vllm:engine_sleep_state{engine="0",model_name="m1",sleep_state="` + st + `"} `
+			for line := range strings.SplitSeq(string(b), "\n") {
+				if v, ok := strings.CutPrefix(line, prefix); ok {
+					out = append(out, st+"="+v)
+				}
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	for _, step := range []struct{ path, want string }{
+		{"", "awake=1 weights_offloaded=0 discard_all=0"},
+		{"/sleep?level=2", "awake=0 weights_offloaded=0 discard_all=1"},
+		{"/wake_up", "awake=1 weights_offloaded=0 discard_all=0"},
+		{"/sleep?level=1", "awake=0 weights_offloaded=1 discard_all=0"},
+	} {
+		if step.path != "" {
+			post(t, ts.URL+step.path, "", http.StatusOK)
+		}
+		if got := state(); got != step.want {
+			t.Errorf("after %q: %s, want %s", step.path, got, step.want)
+		}
 	}
 }
 

@@ -4,15 +4,19 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -24,6 +28,11 @@ var (
 
 // Metrics holds poold's collectors. Build it with New; the zero value is not usable.
 type Metrics struct {
+	mu sync.Mutex // guards configured
+	// configured is, per pool, the profiles that may run there, as of the
+	// last Configure: the series created at zero for them.
+	configured map[string][]string
+
 	requests         *prometheus.CounterVec
 	duration         *prometheus.HistogramVec
 	ttfb             *prometheus.HistogramVec
@@ -46,8 +55,8 @@ type Metrics struct {
 func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revision string) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming and client class.",
-		}, []string{"pool", "model", "code_class", "stream", "client"}),
+			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming, client class and outcome (completed, upstream_aborted, client_aborted, shutdown_cut).",
+		}, []string{"pool", "model", "code_class", "stream", "client", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_request_duration_seconds", Help: "Request duration from arrival to the last byte, queueing included.", Buckets: latencyBuckets,
 		}, []string{"pool", "model", "stream"}),
@@ -99,6 +108,60 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 	return m
 }
 
+// Engine start results and exit reasons, the values of their labels.
+var (
+	startResults = []string{"ok", "failed"}
+	exitReasons  = []string{"stopped", "crashed", "load_failed"}
+)
+
+// Configure creates, at zero, the counters of every pool and of every
+// profile on each pool it may run on, so that a dashboard and an increase()
+// alert see the first event (a series born at 1 has no increase), and
+// deletes those of pools and profiles that cfg no longer has. Call it with
+// each profiles file applied. poold_swaps_total is labelled by pairs of
+// profiles and is created by the first swap of each pair.
+func (m *Metrics) Configure(cfg *profile.Config) {
+	next := make(map[string][]string, len(cfg.Pools))
+	for _, sp := range cfg.Pools {
+		var profs []string
+		for _, prof := range cfg.Profiles {
+			if prof.EligibleOn(sp.Name) {
+				profs = append(profs, prof.ID)
+			}
+		}
+		next[sp.Name] = profs
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for pl, profs := range m.configured {
+		if _, kept := next[pl]; !kept {
+			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld} {
+				c.DeletePartialMatch(prometheus.Labels{"pool": pl})
+			}
+			continue
+		}
+		for _, prof := range profs {
+			if !slices.Contains(next[pl], prof) {
+				m.engineStarts.DeletePartialMatch(prometheus.Labels{"pool": pl, "profile": prof})
+				m.engineExits.DeletePartialMatch(prometheus.Labels{"pool": pl, "profile": prof})
+			}
+		}
+	}
+	for pl, profs := range next {
+		m.vramHeld.WithLabelValues(pl)
+		m.sleepVRAMHeld.WithLabelValues(pl)
+		for _, prof := range profs {
+			for _, r := range startResults {
+				m.engineStarts.WithLabelValues(pl, prof, r)
+			}
+			for _, r := range exitReasons {
+				m.engineExits.WithLabelValues(pl, prof, r)
+			}
+		}
+	}
+	m.configured = next
+}
+
 // ConfigLoaded records the outcome of a profiles load.
 func (m *Metrics) ConfigLoaded(ok bool, at time.Time) {
 	if !ok {
@@ -140,6 +203,22 @@ func (m *Metrics) SleepVRAMNotReleased(poolName string) {
 	m.sleepVRAMHeld.WithLabelValues(poolName).Inc()
 }
 
+// Outcomes of a request (Record.Outcome): how its answer ended, whatever its
+// status.
+const (
+	// OutcomeCompleted: the answer reached the client whole.
+	OutcomeCompleted = "completed"
+	// OutcomeUpstreamAborted: the engine broke the answer off (it died
+	// mid-stream, or sent less than it promised); the client got an error
+	// event or a cut connection.
+	OutcomeUpstreamAborted = "upstream_aborted"
+	// OutcomeClientAborted: the client went away before the answer ended.
+	OutcomeClientAborted = "client_aborted"
+	// OutcomeShutdownCut: poold's shutdown cut the answer at the end of the
+	// drain.
+	OutcomeShutdownCut = "shutdown_cut"
+)
+
 // Record is everything known about one finished request. It feeds the request
 // metrics and is the access-log line. Pool and Profile are empty when the request
 // never reached a pool (bad body, unknown model).
@@ -151,31 +230,23 @@ type Record struct {
 	Client    string // the client class (never a key)
 	Status    int
 	Stream    bool
-	// Counted reports whether the engine reported usage.
-	Counted          bool
-	PromptTokens     int
-	CompletionTokens int
-	QueueWait        time.Duration
-	TTFB             time.Duration
-	Duration         time.Duration
-	// For the usage ledger (docs/usage.md): Outcome is how the request
-	// ended (one of the Outcome constants; "" counts as OutcomeOK);
-	// TokensEstimated reports that the engine reported no usage and the
-	// token counts are poold's estimate (never added to the token
-	// counters); CausedSwap reports that the request made its pool swap.
-	Outcome         string
-	TokensEstimated bool
-	CausedSwap      bool
+	// Outcome is how the answer ended (the Outcome constants); "" means
+	// OutcomeCompleted.
+	Outcome string
+	// Counted reports whether the engine reported usage. TokensEstimated
+	// reports instead that the counts are poold's estimate, for a stream
+	// that ended without usage (cut or abandoned): the chunks of generated
+	// text the client received.
+	Counted, TokensEstimated bool
+	PromptTokens             int
+	CompletionTokens         int
+	QueueWait                time.Duration
+	TTFB                     time.Duration
+	Duration                 time.Duration
+	// CausedSwap reports that the request was the one whose wait made its
+	// pool swap (pool.Lease.CausedSwap), for the usage ledger.
+	CausedSwap bool
 }
-
-// How a request ended (Record.Outcome).
-const (
-	OutcomeOK       = "ok"       // answered in full with a status under 400
-	OutcomeError    = "error"    // answered in full with a 4xx or 5xx
-	OutcomeRejected = "rejected" // refused by poold before any engine saw it: 503 (queue full or too long, backoff, shutdown)
-	OutcomeCut      = "cut"      // the engine broke off its answer
-	OutcomeAborted  = "aborted"  // the client went away before the end
-)
 
 // Observe adds a finished request to the metrics. Requests that reached no
 // profile are counted under pool and model "none", so that request input never
@@ -190,7 +261,7 @@ func (m *Metrics) Observe(r *Record) {
 		pl = "none"
 	}
 	stream := strconv.FormatBool(r.Stream)
-	m.requests.WithLabelValues(pl, model, codeClass(r.Status), stream, r.Client).Inc()
+	m.requests.WithLabelValues(pl, model, codeClass(r.Status), stream, r.Client, cmp.Or(r.Outcome, OutcomeCompleted)).Inc()
 	m.duration.WithLabelValues(pl, model, stream).Observe(r.Duration.Seconds())
 	if r.Pool == "" {
 		return
@@ -199,7 +270,7 @@ func (m *Metrics) Observe(r *Record) {
 	if r.TTFB > 0 {
 		m.ttfb.WithLabelValues(pl, model).Observe(r.TTFB.Seconds())
 	}
-	if r.Counted {
+	if r.Counted || r.TokensEstimated {
 		m.promptTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.PromptTokens))
 		m.completionTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.CompletionTokens))
 	}
@@ -215,12 +286,13 @@ func (r *Record) Log(log *slog.Logger) {
 		slog.String("client", r.Client),
 		slog.Int("status", r.Status),
 		slog.Bool("stream", r.Stream),
+		slog.String("outcome", cmp.Or(r.Outcome, OutcomeCompleted)),
 		slog.Int("prompt_tokens", r.PromptTokens),
 		slog.Int("completion_tokens", r.CompletionTokens),
+		slog.Bool("tokens_estimated", r.TokensEstimated),
 		slog.Int64("queue_wait_ms", r.QueueWait.Milliseconds()),
 		slog.Int64("ttfb_ms", r.TTFB.Milliseconds()),
 		slog.Int64("duration_ms", r.Duration.Milliseconds()),
-		slog.Bool("tokens_estimated", r.TokensEstimated),
 	)
 }
 
@@ -282,4 +354,14 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, st.Name, string(s))
 		}
 	}
+}
+
+// AccessLogDropped exports the access-log lines lost so far, read from
+// dropped at scrape time: lines the queue in front of the log's
+// destination could not hold, or that the destination refused.
+func AccessLogDropped(dropped func() uint64) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "poold_access_log_dropped_lines_total",
+		Help: "Access-log lines lost: the destination did not keep up (its queue was full) or refused the write.",
+	}, func() float64 { return float64(dropped()) })
 }

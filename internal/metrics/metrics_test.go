@@ -16,6 +16,7 @@ import (
 
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -72,11 +73,11 @@ func TestObserveCountsTokensPerClient(t *testing.T) {
 # HELP poold_completion_tokens_total Completion tokens reported by the engines.
 # TYPE poold_completion_tokens_total counter
 poold_completion_tokens_total{client="team-a",model="qwen",pool="gpu0"} 36
-# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming and client class.
+# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming, client class and outcome (completed, upstream_aborted, client_aborted, shutdown_cut).
 # TYPE poold_requests_total counter
-poold_requests_total{client="other",code_class="4xx",model="none",pool="none",stream="false"} 1
-poold_requests_total{client="team-a",code_class="2xx",model="qwen",pool="gpu0",stream="false"} 1
-poold_requests_total{client="team-a",code_class="2xx",model="qwen",pool="gpu0",stream="true"} 1
+poold_requests_total{client="other",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"} 1
+poold_requests_total{client="team-a",code_class="2xx",model="qwen",outcome="completed",pool="gpu0",stream="false"} 1
+poold_requests_total{client="team-a",code_class="2xx",model="qwen",outcome="completed",pool="gpu0",stream="true"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_requests_total", "poold_completion_tokens_total"); err != nil {
 		t.Fatal(err)
@@ -312,5 +313,69 @@ func TestClientCardinalityIsBoundedByConfig(t *testing.T) {
 		if strings.Contains(exposition.String(), k) || strings.Contains(logBuf.String(), k) {
 			t.Fatalf("key %q appears in the metrics or the access log", k)
 		}
+	}
+}
+
+// Configure creates the per-pool and per-profile counters at zero, so that
+// the first event is an increase, and deletes those of a removed pool or
+// profile.
+func TestConfigureCreatesSeriesAtZero(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg, func() []statusapi.Pool { return nil }, "v", "r")
+	parse := func(s string) *profile.Config {
+		t.Helper()
+		cfg, err := profile.Parse([]byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	m.Configure(parse(`{"pools": [{"name": "p0", "gpus": [0]}, {"name": "p1", "gpus": [1]}],
+	  "profiles": [{"id": "a", "model": "m"}, {"id": "b", "model": "m", "pools": ["p1"]}]}`))
+	series := func() map[string]bool {
+		t.Helper()
+		got := make(map[string]bool)
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, mt := range mf.GetMetric() {
+				labels := []string{}
+				for _, lp := range mt.GetLabel() {
+					labels = append(labels, lp.GetName()+"="+lp.GetValue())
+				}
+				got[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = mt.GetCounter().GetValue() == 0
+			}
+		}
+		return got
+	}
+	got := series()
+	for _, want := range []string{
+		"poold_engine_starts_total{pool=p0,profile=a,result=failed}",
+		"poold_engine_starts_total{pool=p1,profile=b,result=ok}",
+		"poold_engine_exits_total{pool=p1,profile=a,reason=crashed}",
+		"poold_engine_exits_total{pool=p1,profile=b,reason=load_failed}",
+		"poold_vram_not_released_total{pool=p0}",
+		"poold_sleep_vram_not_released_total{pool=p1}",
+	} {
+		if zero, ok := got[want]; !ok || !zero {
+			t.Errorf("%s: present %v, at zero %v", want, ok, zero)
+		}
+	}
+	if _, ok := got["poold_engine_starts_total{pool=p0,profile=b,result=ok}"]; ok {
+		t.Error("a series for b on p0, where it may not run")
+	}
+
+	// p1 and b go away; a stays on p0.
+	m.Configure(parse(`{"pools": [{"name": "p0", "gpus": [0]}], "profiles": [{"id": "a", "model": "m"}]}`))
+	got = series()
+	for name := range got {
+		if strings.Contains(name, "pool=p1") || strings.Contains(name, "profile=b") {
+			t.Errorf("%s survived its pool's or profile's removal", name)
+		}
+	}
+	if _, ok := got["poold_engine_starts_total{pool=p0,profile=a,result=ok}"]; !ok {
+		t.Error("a kept series was deleted")
 	}
 }

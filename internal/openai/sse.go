@@ -47,6 +47,10 @@ type SSEReader struct {
 	usage   Usage
 	counted bool // usage was seen
 	events  int  // data events passed to the client, [DONE] excluded
+	// content counts the events passed to the client that carry generated
+	// text (content, text or tool-call arguments): about one token each.
+	content int
+	ended   bool // Read returned io.EOF: everything reached the caller
 }
 
 // sseReadSize is the free space buf offers each read from src (and its
@@ -89,6 +93,7 @@ func (s *SSEReader) Read(p []byte) (int, error) {
 				s.ready = len(s.buf)
 				break
 			}
+			s.ended = s.err == io.EOF
 			return 0, s.err
 		}
 		if cap(s.buf)-len(s.buf) < sseReadSize/4 {
@@ -117,13 +122,23 @@ func (s *SSEReader) Close() error { return s.src.Close() }
 // Call it once the stream has been read.
 func (s *SSEReader) Usage() (Usage, bool) { return s.usage, s.counted }
 
-// Events is the number of data events passed to the client so far, [DONE]
-// and a withheld usage chunk excluded.
-func (s *SSEReader) Events() int { return s.events }
+// ContentChunks counts the chunks passed to the client that carried
+// generated text: for a stream that ended without usage (cut or abandoned),
+// an estimate of the completion tokens the client received.
+func (s *SSEReader) ContentChunks() int { return s.content }
 
-// Err is the error that ended the upstream stream: nil while it runs (or
-// when it was abandoned before its end), io.EOF when it ended normally.
-func (s *SSEReader) Err() error { return s.err }
+// Ended reports whether the whole stream was read: the upstream ended it and
+// every byte was returned.
+func (s *SSEReader) Ended() bool { return s.ended }
+
+// Err is the error that ended the upstream stream before its end (the
+// engine broke it off, or an event was too large), or nil.
+func (s *SSEReader) Err() error {
+	if s.err == io.EOF {
+		return nil
+	}
+	return s.err
+}
 
 // split marks every complete event after buf[:ready] ready, or removes it when
 // it is withheld. It resumes the search for an event's end where the last one
@@ -154,31 +169,71 @@ func (s *SSEReader) split() {
 }
 
 // streamError is the SSE event that ends a stream the engine broke off.
+// A *StreamError from the upstream body gives that event its status, code
+// and message; any other error is engine_stream_failed.
 func streamError(err error) []byte {
-	b, _ := json.Marshal(map[string]apiError{"error": {
-		Message: "engine stream failed: " + err.Error(),
-		Type:    errorType(http.StatusBadGateway),
-		Code:    "engine_stream_failed",
-	}})
+	e := apiError{Message: "engine stream failed: " + err.Error(), Type: errorType(http.StatusBadGateway), Code: "engine_stream_failed"}
+	if se, ok := errors.AsType[*StreamError](err); ok {
+		e = apiError{Message: se.Message, Type: errorType(se.Status), Code: se.Code}
+	}
+	b, _ := json.Marshal(map[string]apiError{"error": e})
 	return append(append([]byte("data: "), b...), "\n\n"...)
 }
 
+// StreamError is why a stream was ended early by the proxy rather than by
+// the engine (poold's shutdown, say): an upstream body that fails with it
+// makes SSEReader end the stream with this error event instead of
+// engine_stream_failed.
+type StreamError struct {
+	Status  int    // the HTTP status the error would have had, for its type
+	Code    string // the machine-readable code
+	Message string
+}
+
+func (e *StreamError) Error() string { return e.Message }
+
 // eventEnd returns the length of the first complete event in b (through its
-// terminating blank line), or -1.
+// terminating blank line), or -1. Lines end with LF, CRLF or a lone CR, as
+// the SSE format allows; a CR at the very end of b may be half of a CRLF, so
+// the search waits for the next byte before deciding on it.
 func eventEnd(b []byte) int {
 	for i := 0; i < len(b); i++ {
-		if b[i] != '\n' {
+		n := lineEnd(b, i)
+		if n == 0 {
 			continue
 		}
-		// A blank line follows this newline, with or without a carriage return.
-		if i+1 < len(b) && b[i+1] == '\n' {
-			return i + 2
+		if n < 0 {
+			return -1
 		}
-		if i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n' {
-			return i + 3
+		// A blank line: another line end right after this one.
+		if m := lineEnd(b, i+n); m != 0 {
+			if m < 0 {
+				return -1
+			}
+			return i + n + m
 		}
+		i += n - 1
 	}
 	return -1
+}
+
+// lineEnd returns the length of the line end at b[i] (1 for LF or a lone CR,
+// 2 for CRLF), 0 when b[i] ends no line, and -1 when it cannot tell yet: i is
+// past the end of b, or b[i] is a CR that b's last byte.
+func lineEnd(b []byte, i int) int {
+	switch {
+	case i >= len(b):
+		return -1
+	case b[i] == '\n':
+		return 1
+	case b[i] != '\r':
+		return 0
+	case i+1 >= len(b):
+		return -1
+	case b[i+1] == '\n':
+		return 2
+	}
+	return 1
 }
 
 var (
@@ -194,6 +249,9 @@ func (s *SSEReader) keep(ev []byte) bool {
 		return true
 	}
 	s.events++
+	if hasContent(data) {
+		s.content++
+	}
 	if !hasUsage(data) {
 		return true
 	}
@@ -210,6 +268,31 @@ func (s *SSEReader) keep(ev []byte) bool {
 		return false
 	}
 	return true
+}
+
+// contentKeys are the JSON keys whose non-empty string value is generated
+// text in a chat or completion chunk.
+var contentKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"arguments"`)}
+
+// hasContent reports whether a chunk carries generated text: one of
+// contentKeys with a non-empty string value. A role-only or finish-only
+// chunk does not.
+func hasContent(data []byte) bool {
+	for _, key := range contentKeys {
+		for rest := data; ; {
+			i := bytes.Index(rest, key)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(key):]
+			v, isKey := bytes.CutPrefix(bytes.TrimLeft(rest, " \t\r\n"), []byte(":"))
+			v = bytes.TrimLeft(v, " \t\r\n")
+			if isKey && len(v) > 1 && v[0] == '"' && v[1] != '"' {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // hasUsage reports whether data may hold a usage object: a "usage" key whose
@@ -231,10 +314,15 @@ func hasUsage(data []byte) bool {
 
 // eventData returns the payload of an event's data line, trimmed, or nil.
 func eventData(ev []byte) []byte {
-	for line := range bytes.Lines(ev) {
-		if rest, ok := bytes.CutPrefix(line, dataPrefix); ok {
+	for len(ev) > 0 {
+		end := bytes.IndexAny(ev, "\r\n")
+		if end < 0 {
+			end = len(ev)
+		}
+		if rest, ok := bytes.CutPrefix(ev[:end], dataPrefix); ok {
 			return bytes.TrimSpace(rest)
 		}
+		ev = ev[min(end+1, len(ev)):]
 	}
 	return nil
 }
@@ -245,7 +333,8 @@ type TailReader struct {
 	src     io.ReadCloser
 	onFirst func()
 	tail    []byte
-	err     error // src's last error; io.EOF once the body was read whole
+	err     error // src's error other than io.EOF
+	ended   bool  // src returned io.EOF
 }
 
 const tailSize = 16 * 1024
@@ -258,6 +347,12 @@ func NewTailReader(src io.ReadCloser, onFirst func()) *TailReader {
 
 func (t *TailReader) Read(p []byte) (int, error) {
 	n, err := t.src.Read(p)
+	switch {
+	case err == io.EOF:
+		t.ended = true
+	case err != nil:
+		t.err = err
+	}
 	if n > 0 {
 		if t.onFirst != nil {
 			t.onFirst()
@@ -268,17 +363,17 @@ func (t *TailReader) Read(p []byte) (int, error) {
 			t.tail = append(t.tail[:0], t.tail[over:]...)
 		}
 	}
-	if err != nil {
-		t.err = err
-	}
 	return n, err
 }
 
-// Err is the error that ended the body: nil while it is read (or when it
-// was abandoned before its end), io.EOF when it was read whole.
+func (t *TailReader) Close() error { return t.src.Close() }
+
+// Err is the error that ended the body before its end (an engine that
+// promised more bytes than it sent, say), or nil.
 func (t *TailReader) Err() error { return t.err }
 
-func (t *TailReader) Close() error { return t.src.Close() }
+// Ended reports whether the whole body was read.
+func (t *TailReader) Ended() bool { return t.ended }
 
 // Usage finds the last "usage" member holding an object in the tail. Later
 // occurrences of the string "usage" that are not a key (a decoded token in

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -86,6 +87,9 @@ type sseCase struct {
 func sseCases() []sseCase {
 	stream := evRole + evHello + evWorld + evFinish + evUsage + evDone
 	crlf := strings.ReplaceAll(stream, "\n\n", "\r\n\r\n")
+	cr := strings.ReplaceAll(stream, "\n", "\r")
+	fields := "event: message\nid: 1\n" + strings.TrimSuffix(evHello, "\n\n")
+	mixed := strings.ReplaceAll(fields, "\n", "\r") + "\r\n\n" + strings.ReplaceAll(evUsage, "\n\n", "\r\r") + evDone
 	cont := contEvent("a", 5, 1) + contEvent("b", 5, 2) + contEvent("", 5, 3) +
 		`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}` + "\n\n" + evDone
 	noUsage := evRole + evHello + evWorld + evFinish + evDone
@@ -98,6 +102,14 @@ func sseCases() []sseCase {
 			want:  strings.ReplaceAll(evRole+evHello+evWorld+evFinish+evDone, "\n\n", "\r\n\r\n"),
 			usage: Usage{wantUsage, 4}, counted: true, events: 4, wantErr: io.EOF},
 		{name: "crlf pass through", in: crlf, want: crlf, usage: Usage{wantUsage, 4}, counted: true, events: 5, wantErr: io.EOF},
+		// The SSE format also ends lines with a lone CR.
+		{name: "cr withhold", in: cr, withhold: true,
+			want:  strings.ReplaceAll(evRole+evHello+evWorld+evFinish+evDone, "\n", "\r"),
+			usage: Usage{wantUsage, 4}, counted: true, events: 4, wantErr: io.EOF},
+		{name: "cr pass through", in: cr, want: cr, usage: Usage{wantUsage, 4}, counted: true, events: 5, wantErr: io.EOF},
+		{name: "mixed line ends withhold", in: mixed, withhold: true,
+			want:  strings.ReplaceAll(fields, "\n", "\r") + "\r\n\n" + evDone,
+			usage: Usage{wantUsage, 4}, counted: true, events: 1, wantErr: io.EOF},
 		{name: "continuous usage", in: cont, want: cont, usage: Usage{5, 3}, counted: true, events: 4, wantErr: io.EOF},
 		{name: "continuous usage withheld", in: cont, withhold: true, want: strings.TrimSuffix(cont, cont[strings.LastIndex(cont[:len(cont)-len(evDone)-2], "\n\n")+2:]) + evDone,
 			usage: Usage{5, 3}, counted: true, events: 3, wantErr: io.EOF},
@@ -416,5 +428,67 @@ func TestTailReader(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A stream the engine breaks off tells why, and how many chunks with
+// generated text the client received: the estimate of its completion tokens.
+func TestSSEReaderCutStream(t *testing.T) {
+	in := evRole + evHello + evWorld + `data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments": "{\"x\""}}]}}]}` + "\n\n" +
+		`data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}` + "\n\n"
+	cut := errors.New("connection reset by engine")
+	s := NewSSEReader(&scriptReader{parts: [][]byte{[]byte(in)}, err: cut}, true, nil)
+	out, err := io.ReadAll(s)
+	if err != cut {
+		t.Fatalf("read error %v, want %v", err, cut)
+	}
+	if !bytes.Contains(out, []byte("engine_stream_failed")) {
+		t.Fatalf("no error event in %q", out)
+	}
+	if _, counted := s.Usage(); counted {
+		t.Fatal("usage counted on a stream without usage")
+	}
+	if n := s.ContentChunks(); n != 3 {
+		t.Fatalf("ContentChunks = %d, want 3 (two texts and a tool call's arguments; not the role or empty chunks)", n)
+	}
+	if s.Err() != cut {
+		t.Fatalf("Err = %v, want %v", s.Err(), cut)
+	}
+
+	whole := NewSSEReader(io.NopCloser(strings.NewReader(evRole+evHello+evUsage+evDone)), true, nil)
+	if _, err := io.ReadAll(whole); err != nil || whole.Err() != nil {
+		t.Fatalf("a whole stream: read %v, Err %v", err, whole.Err())
+	}
+}
+
+// A JSON body cut short (an engine that promised more than it sent) is
+// reported by the TailReader.
+func TestTailReaderCut(t *testing.T) {
+	tr := NewTailReader(&scriptReader{parts: [][]byte{[]byte(`{"usage":`)}, err: io.ErrUnexpectedEOF}, nil)
+	if _, err := io.ReadAll(tr); err != io.ErrUnexpectedEOF || tr.Err() != io.ErrUnexpectedEOF {
+		t.Fatalf("read %v, Err %v", err, tr.Err())
+	}
+	whole := NewTailReader(io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":1}}`)), nil)
+	if _, err := io.ReadAll(whole); err != nil || whole.Err() != nil {
+		t.Fatalf("a whole body: read %v, Err %v", err, whole.Err())
+	}
+}
+
+// An upstream body that fails with a *StreamError ends the stream with that
+// error, not engine_stream_failed.
+func TestSSEReaderStreamError(t *testing.T) {
+	cut := &StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: "poold is shutting down"}
+	s := NewSSEReader(&scriptReader{parts: [][]byte{[]byte(evRole + evHello)}, err: cut}, false, nil)
+	out, err := io.ReadAll(s)
+	if err != cut {
+		t.Fatalf("read error %v", err)
+	}
+	events := strings.Split(strings.TrimSpace(string(out)), "\n\n")
+	var e struct {
+		Error apiError `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(events[len(events)-1], "data: ")), &e); err != nil ||
+		e.Error.Code != "shutting_down" || e.Error.Type != "service_unavailable" || e.Error.Message != "poold is shutting down" {
+		t.Fatalf("last event %q (%v)", events[len(events)-1], err)
 	}
 }

@@ -74,8 +74,11 @@ func (e *QueueError) Unwrap() error { return e.Err }
 // client goes away (leaving the queue at once), a *QueueError when the queue is
 // full or the wait exceeds maxQueueWait (the profile's, else the pool's), or a
 // *LoadError when the engine fails to load.
-func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile) (*Lease, error) {
-	return p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority}, prof)
+//
+// hold, if not nil, is the Waiter's Hold: asked whether the request may
+// queue when it cannot be admitted at once.
+func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile, hold func() bool) (*Lease, error) {
+	return p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority, Hold: hold}, prof)
 }
 
 // Load has prof loaded in this pool through the scheduler: the explicit load
@@ -96,61 +99,89 @@ func (p *Pool) Unload(ctx context.Context) error {
 	return err
 }
 
-// enqueue hands w to the scheduler and waits for its grant. prof is w's
-// profile (nil for an unload); the wait is bounded by its maxQueueWait.
+// enqueue hands w to the scheduler and waits for its grant.
 func (p *Pool) enqueue(ctx context.Context, w *Waiter, prof *profile.Profile) (*Lease, error) {
+	a, err := p.arrive(w, prof)
+	if err != nil {
+		return nil, err
+	}
+	return p.await(ctx, a)
+}
+
+// arrival is a request (or intent) that reached a pool's scheduler: admitted
+// at once, holding lease (nil for an intent), or queued as w.
+type arrival struct {
+	w        *Waiter
+	admitted bool
+	lease    *Lease
+	maxWait  time.Duration // bounds the wait of a queued one; zero: none
+}
+
+// arrive hands w to the scheduler without waiting. prof is w's profile (nil
+// for an unload).
+func (p *Pool) arrive(w *Waiter, prof *profile.Profile) (arrival, error) {
 	w.Arrived = p.opts.Now()
 	w.done = make(chan grant, 1)
 	p.mu.Lock()
 	if p.refused != nil {
 		p.mu.Unlock()
-		return nil, p.refused
+		return arrival{}, p.refused
 	}
 	if prof != nil && !p.servesLocked(prof.ID) {
 		p.mu.Unlock()
-		return nil, ErrProfileRemoved // a reload took it away on the request's way here
+		return arrival{}, ErrProfileRemoved // a reload took it away on the request's way here
 	}
 	if prof != nil && p.sched.Loaded() != prof.ID {
 		if err := p.backoff.refusal(p.cfg.Lookup(prof.ID), w.Arrived); err != nil {
 			p.mu.Unlock()
-			return nil, err
+			return arrival{}, err
 		}
 	}
-	admitted, err := p.sched.Arrive(w)
-	var lease *Lease
-	if admitted && !w.Intent {
-		lease = p.leaseLocked(prof, 0)
+	if w.Hold != nil && !p.sched.Admits(w) && !w.Hold() {
+		retry := p.retryAfterLocked()
+		p.mu.Unlock()
+		return arrival{}, &QueueError{Err: ErrQueueBudget, RetryAfter: retry}
 	}
-	maxWait := p.spec.MaxQueueWait.Duration
+	admitted, err := p.sched.Arrive(w)
+	a := arrival{w: w, admitted: admitted, maxWait: p.spec.MaxQueueWait.Duration}
+	if admitted && !w.Intent {
+		a.lease = p.leaseLocked(prof, 0)
+	}
 	if prof != nil {
-		maxWait = prof.QueueWait(p.spec)
+		a.maxWait = prof.QueueWait(p.spec)
 	}
 	retry := p.retryAfterLocked()
 	p.mu.Unlock()
 	if err != nil {
-		return nil, &QueueError{Err: err, RetryAfter: retry}
+		return arrival{}, &QueueError{Err: err, RetryAfter: retry}
 	}
-	if admitted {
-		return lease, nil
+	if !admitted {
+		p.wake()
 	}
-	p.wake()
+	return a, nil
+}
 
+// await waits for a queued arrival's grant, bounded by its maxWait and ctx.
+func (p *Pool) await(ctx context.Context, a arrival) (*Lease, error) {
+	if a.admitted {
+		return a.lease, nil
+	}
 	var timeout <-chan time.Time
-	if maxWait > 0 {
-		t := time.NewTimer(maxWait)
+	if a.maxWait > 0 {
+		t := time.NewTimer(a.maxWait)
 		defer t.Stop()
 		timeout = t.C
 	}
 	select {
-	case g := <-w.done:
+	case g := <-a.w.done:
 		return g.lease, g.err
 	case <-ctx.Done():
-		return nil, p.leave(w, ctx.Err())
+		return nil, p.leave(a.w, ctx.Err())
 	case <-timeout:
 		p.mu.Lock()
 		retry := p.retryAfterLocked()
 		p.mu.Unlock()
-		return nil, p.leave(w, &QueueError{Err: ErrQueueTimeout, RetryAfter: retry})
+		return nil, p.leave(a.w, &QueueError{Err: ErrQueueTimeout, RetryAfter: retry})
 	}
 }
 

@@ -30,6 +30,7 @@ const logLines = 30
 type engine struct {
 	profile   *profile.Profile
 	port      int
+	gpus      []int    // the pool's GPUs when it started: a reload may move the pool, not the engine
 	target    *url.URL // http://127.0.0.1:port, shared read-only by every lease
 	pid       int      // also the process group id
 	startedAt time.Time
@@ -41,6 +42,9 @@ type engine struct {
 	startTicks uint64
 
 	http clients // its probe and control clients
+	// hurry, once closed, cuts the SIGTERM grace of a stop short (a second
+	// signal at shutdown); nil never is.
+	hurry <-chan struct{}
 
 	exited  chan struct{}
 	exitErr error         // valid once exited is closed
@@ -51,7 +55,7 @@ type engine struct {
 // startEngine starts prof's engine for the pool on a free loopback port.
 // self is poold's own executable, substituted for {poold} in commands; hc
 // are the clients of poold's calls to it.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, hc clients, log *slog.Logger) (*engine, error) {
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, hc clients, hurry <-chan struct{}, log *slog.Logger) (*engine, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
@@ -80,6 +84,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 	e := &engine{
 		profile:   prof,
 		port:      port,
+		gpus:      slices.Clone(spec.GPUs),
 		target:    loopbackURL(port),
 		pid:       cmd.Process.Pid,
 		startedAt: time.Now(),
@@ -87,6 +92,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		env:       env,
 		token:     token,
 		http:      hc,
+		hurry:     hurry,
 		exited:    make(chan struct{}),
 		pumped:    make(chan struct{}),
 		logs:      &ring{max: logLines},
@@ -195,13 +201,13 @@ const killWait = 10 * time.Second
 func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
 	pgid := e.pid
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	if waitGroupGone(pgid, grace) {
+	if waitGroupGone(pgid, grace, e.hurry) {
 		<-e.exited
 		return nil
 	}
-	log.Warn("engine ignored SIGTERM; sending SIGKILL", "profile", e.profile.ID, "pgid", pgid, "grace", grace)
+	log.Warn("engine did not stop on SIGTERM; sending SIGKILL", "profile", e.profile.ID, "pgid", pgid, "grace", grace, "hurried", isClosed(e.hurry))
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	if !waitGroupGone(pgid, killWait) {
+	if !waitGroupGone(pgid, killWait, nil) {
 		return fmt.Errorf("process group %d still has live members %v after SIGKILL", pgid, groupMembers(pgid))
 	}
 	<-e.exited
@@ -272,4 +278,14 @@ func (r *ring) tail(n int) string {
 		return "(none)"
 	}
 	return strings.Join(l, " | ")
+}
+
+// isClosed reports whether c is closed; a nil c never is.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }

@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +21,7 @@ func TestFailureWaitsForLastOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, Options{})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.http, p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.http, nil, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,5 +34,26 @@ func TestFailureWaitsForLastOutput(t *testing.T) {
 	msg := e.failure().Error()
 	if !strings.Contains(msg, "exit status 3") || !strings.Contains(msg, "first | last-words") {
 		t.Fatalf("failure %q lacks the exit status or the last output", msg)
+	}
+}
+
+// An engine that lists another model id fails its load with what it listed,
+// not only "not ready".
+func TestWaitReadySaysWhatWasListed(t *testing.T) {
+	cfg := reloadConfig(t, `{"name": "a", "gpus": [0]}`,
+		strings.Replace(simProfile("x", []string{"a"}), `"--served-model-name","{id}"`, `"--served-model-name","other-name"`, 1))
+	p := newPool(cfg.Pool("a"), cfg, Options{})
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := startEngine(cfg.Lookup("x"), cfg.Pool("a"), self, nil, p.http, nil, p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.stop(0, p.log) })
+	err = e.waitReady(context.Background(), 3*time.Second)
+	if err == nil || !strings.Contains(err.Error(), `it lists ["other-name"], not "x"`) {
+		t.Fatalf("waitReady: %v; want it to say what /v1/models listed", err)
 	}
 }

@@ -181,7 +181,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
-		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.http, p.log)
+		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.http, p.opts.hurry, p.log)
 		if err != nil {
 			p.failSwap(prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
@@ -293,7 +293,7 @@ func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
 func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration, err error) {
 	var released func() error
 	if p.opts.VRAM != nil {
-		released = p.opts.VRAM.Watch(p.spec.GPUs, groupMembers(e.pid))
+		released = p.opts.VRAM.Watch(e.gpus, groupMembers(e.pid))
 	}
 	if err := e.stop(grace, p.log); err != nil {
 		return 0, err
@@ -304,7 +304,7 @@ func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration,
 	}
 	t := p.opts.Now()
 	if err := released(); err != nil {
-		p.log.Warn("engine's GPU memory not released", "profile", e.profile.ID, "gpus", p.spec.GPUs, "err", err)
+		p.log.Warn("engine's GPU memory not released", "profile", e.profile.ID, "gpus", e.gpus, "err", err)
 		if p.opts.Observer != nil {
 			p.opts.Observer.VRAMNotReleased(p.name)
 		}

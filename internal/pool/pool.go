@@ -106,6 +106,8 @@ type Options struct {
 	// spawn starts the engines of all pools of a Set from one long-lived
 	// thread (see spawner); set by NewSet (nil, outside a Set, starts directly).
 	spawn spawner
+	// hurry is closed by Set.Hurry; set by NewSet (nil, outside a Set: never).
+	hurry chan struct{}
 	// ProbeClient sends the engines' readiness probes; nil means one whose
 	// requests time out after 2 s. ControlClient sends the sleep-mode and
 	// warm-up calls, each bounded by its own context; nil means a plain

@@ -46,18 +46,20 @@ func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
 	interval := 2 * time.Millisecond
 	t := time.NewTimer(0)
 	defer t.Stop()
+	seen := "no answer yet" // what the last probe found
 	for {
 		select {
 		case <-e.exited:
 			return fmt.Errorf("while loading: %w", e.failure())
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("engine %q not ready after startupTimeout %s; last output: %s", e.profile.ID, timeout, e.logs.tail(5))
+				return fmt.Errorf("engine %q not ready after startupTimeout %s: GET /v1/models: %s; last output: %s", e.profile.ID, timeout, seen, e.logs.tail(5))
 			}
 			return ctx.Err()
 		case <-t.C:
 		}
-		if e.serves(ctx) {
+		var ok bool
+		if ok, seen = e.serves(ctx); ok {
 			return nil
 		}
 		t.Reset(interval)
@@ -65,34 +67,37 @@ func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// serves reports whether the engine's /v1/models lists the profile's id.
-func (e *engine) serves(ctx context.Context) bool {
+// serves reports whether the engine's /v1/models lists the profile's id,
+// and when it does not, what it found instead.
+func (e *engine) serves(ctx context.Context) (ok bool, seen string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.base()+"/v1/models", nil)
 	if err != nil {
-		return false
+		return false, err.Error()
 	}
 	resp, err := e.http.probe.Do(req)
 	if err != nil {
-		return false
+		return false, err.Error()
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return false
+		return false, "answered " + resp.Status
 	}
 	var list struct {
 		Data []struct {
 			ID string `json:"id"`
 		} `json:"data"`
 	}
-	if json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list) != nil {
-		return false
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
+		return false, "undecodable answer: " + err.Error()
 	}
+	ids := make([]string, 0, len(list.Data))
 	for _, m := range list.Data {
 		if m.ID == e.profile.ID {
-			return true
+			return true, ""
 		}
+		ids = append(ids, strconv.Quote(m.ID))
 	}
-	return false
+	return false, fmt.Sprintf("it lists [%s], not %q (check --served-model-name)", strings.Join(ids, ", "), e.profile.ID)
 }
 
 // warmupTimeout bounds the warm-up probe after a wake.

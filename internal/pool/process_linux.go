@@ -39,18 +39,26 @@ func newSpawner() spawner {
 	return s
 }
 
-// waitGroupGone polls until process group pgid has no live member, or d passes.
-func waitGroupGone(pgid int, d time.Duration) bool {
-	deadline := time.Now().Add(d)
+// waitGroupGone polls until process group pgid has no live member, or d
+// passes, or hurry is closed (nil: never).
+func waitGroupGone(pgid int, d time.Duration, hurry <-chan struct{}) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
 	interval := time.Millisecond
 	for {
 		if len(groupMembers(pgid)) == 0 {
 			return true
 		}
-		if time.Now().After(deadline) {
-			return false
+		t := time.NewTimer(interval)
+		select {
+		case <-deadline.C:
+			t.Stop()
+			return len(groupMembers(pgid)) == 0
+		case <-hurry:
+			t.Stop()
+			return len(groupMembers(pgid)) == 0
+		case <-t.C:
 		}
-		time.Sleep(interval)
 		interval = min(interval*2, 50*time.Millisecond)
 	}
 }

@@ -18,7 +18,7 @@ func engineProcAttr() (*syscall.SysProcAttr, error) { return nil, errNotLinux }
 func processSpawner() spawner { return nil }
 
 // waitGroupGone reports the group gone: no engine ran here.
-func waitGroupGone(int, time.Duration) bool { return true }
+func waitGroupGone(int, time.Duration, <-chan struct{}) bool { return true }
 
 // groupMembers finds no process: no engine ran here.
 func groupMembers(int) []int { return nil }

@@ -8,7 +8,10 @@ import (
 
 // Scheduling errors a waiting request can get.
 var (
-	ErrQueueFull    = errors.New("queue full")
+	ErrQueueFull = errors.New("queue full")
+	// ErrQueueBudget refuses a request that would queue while the host's
+	// waiting requests already hold all the memory they may.
+	ErrQueueBudget  = errors.New("the requests waiting on this host hold all the memory they may")
 	ErrQueueTimeout = errors.New("timed out waiting for the model to load")
 )
 
@@ -57,6 +60,11 @@ type Waiter struct {
 	// the admin API rather than a request: it queues, is ordered and closes
 	// the gate like a request, but holds no lease once admitted.
 	Intent bool
+	// Hold, if not nil, is asked by the pool whether the request may queue,
+	// when it cannot be admitted at once: a queued request holds memory (its
+	// body) while it waits. It runs under the pool's mutex and must not
+	// block; false refuses the request with ErrQueueBudget.
+	Hold func() bool
 
 	done       chan grant // buffered(1); the pool sends exactly one grant
 	causedSwap bool       // set by markSwapCause
@@ -105,7 +113,7 @@ type Scheduler struct {
 // (false), or refuses it with ErrQueueFull. An admitted request holds a lease;
 // an admitted intent is simply done.
 func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
-	if !s.swapping && w.Profile == s.loaded && !s.gateClosed(w.Arrived) {
+	if s.Admits(w) {
 		if !w.Intent {
 			s.inFlight++
 			s.lastUsed = w.Arrived
@@ -117,6 +125,11 @@ func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
 	}
 	s.queue = append(s.queue, w)
 	return false, nil
+}
+
+// Admits reports whether Arrive would admit w at once rather than queue it.
+func (s *Scheduler) Admits(w *Waiter) bool {
+	return !s.swapping && w.Profile == s.loaded && !s.gateClosed(w.Arrived)
 }
 
 // Cancel removes a queued waiter and reports whether it was still queued (false

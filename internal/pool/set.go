@@ -19,6 +19,15 @@ type Set struct {
 	opts Options
 	list atomic.Pointer[poolList] // the pools in service, replaced whole by Apply
 
+	// placeMu maps a profile id to the *sync.Mutex that makes placement and
+	// arrival atomic for it (see Acquire); entries live as long as the Set.
+	placeMu sync.Map
+	// placed, when set (tests only), is called between the placement of a
+	// request for profile and its arrival at p.
+	placed func(profile string, p *Pool)
+
+	hurryOnce sync.Once // closes opts.hurry
+
 	mu  sync.Mutex      // guards ctx; serialises Run and Apply
 	ctx context.Context // the pools' parent context, set by Run; nil before
 	wg  sync.WaitGroup  // counts running pool loops, removed pools' included
@@ -34,6 +43,7 @@ type poolList struct {
 func NewSet(cfg *profile.Config, opts Options) *Set {
 	opts.host = new(hostSleep)
 	opts.spawn = processSpawner()
+	opts.hurry = make(chan struct{})
 	hc := defaultClients(opts) // shared by every pool of the set
 	opts.ProbeClient, opts.ControlClient = hc.probe, hc.control
 	s := &Set{opts: opts}
@@ -78,20 +88,45 @@ func (s *Set) Pool(name string) *Pool { return s.list.Load().by[name] }
 func (s *Set) Pools() []*Pool { return s.list.Load().all }
 
 // Acquire places a request for prof on a pool and waits for its lease. A
-// non-empty pin names the only pool allowed.
-func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string) (*Lease, error) {
+// non-empty pin names the only pool allowed; hold is as in Pool.Acquire.
+//
+// Placement and arrival are atomic for a profile: two first requests for it
+// arriving together join one pool, instead of each finding the pools as they
+// were before the other arrived and starting the model twice.
+func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string, hold func() bool) (*Lease, error) {
 	if pin != "" {
 		p := s.Pool(pin)
 		if p == nil || !prof.EligibleOn(pin) {
 			return nil, ErrNoPool
 		}
-		return p.Acquire(ctx, prof)
+		return p.Acquire(ctx, prof, hold)
 	}
+	mu := s.placing(prof.ID)
+	mu.Lock()
 	p := s.place(prof)
 	if p == nil {
+		mu.Unlock()
 		return nil, ErrProfileRemoved // every pool it ran on was removed by a reload
 	}
-	return p.Acquire(ctx, prof)
+	if s.placed != nil {
+		s.placed(prof.ID, p)
+	}
+	a, err := p.arrive(&Waiter{Profile: prof.ID, Priority: prof.Priority, Hold: hold}, prof)
+	mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return p.await(ctx, a)
+}
+
+// placing returns the mutex that makes placement and arrival atomic for
+// profile id.
+func (s *Set) placing(id string) *sync.Mutex {
+	if mu, ok := s.placeMu.Load(id); ok {
+		return mu.(*sync.Mutex)
+	}
+	mu, _ := s.placeMu.LoadOrStore(id, new(sync.Mutex))
+	return mu.(*sync.Mutex)
 }
 
 // place chooses the pool for prof among those it is eligible on, by the
@@ -131,6 +166,13 @@ func (p *Pool) candidate(id string) placement.Candidate {
 		Waiting:    s.QueueLen(),
 		LastUsed:   s.LastUsed(),
 	}, id, now, s.Policy.IdleGrace)
+}
+
+// Hurry cuts short the SIGTERM grace of every engine stop from now on,
+// under way or to come: the stops SIGKILL at once (a second signal at
+// shutdown). It may be called more than once.
+func (s *Set) Hurry() {
+	s.hurryOnce.Do(func() { close(s.opts.hurry) })
 }
 
 // Refuse makes every pool answer new and queued requests with ErrShutdown;

@@ -26,7 +26,7 @@ const (
 func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	p.mu.Lock()
 	prof := p.cfg.Lookup(old.profile.ID)
-	level, maxSleeping, budget, gpus := 0, p.spec.MaxSleeping, p.cfg.Defaults.SleepMemoryBudget, p.spec.GPUs
+	level, maxSleeping, budget, gpus := 0, p.spec.MaxSleeping, p.cfg.Defaults.SleepMemoryBudget, old.gpus
 	if !retired && p.servesLocked(old.profile.ID) && old.runs(prof, p.spec, p.opts.Self) {
 		level = prof.SleepLevel()
 	}

@@ -19,6 +19,7 @@ type fakeVRAM struct {
 
 	mu          sync.Mutex // guards every field below
 	gpus        []int
+	watched     [][]int // the gpus of every Watch, in order
 	pids        []int
 	waited      bool
 	sleepGPUs   []int
@@ -32,6 +33,7 @@ func (f *fakeVRAM) Watch(gpus, pids []int) func() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gpus, f.pids = gpus, pids
+	f.watched = append(f.watched, gpus)
 	return func() error {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -113,7 +115,7 @@ func startSleeper(t *testing.T, opts Options) (*Pool, *engine) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, opts)
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.http, p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.http, nil, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}

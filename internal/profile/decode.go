@@ -2,11 +2,13 @@ package profile
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 )
 
 // Load reads and parses the profiles file at path. It returns the raw bytes as well,
@@ -25,9 +27,12 @@ func Load(path string) (*Config, []byte, error) {
 //
 // Decoding is strict: unknown or duplicate fields, values of the wrong type and
 // anything after the top-level object are errors. On failure the error is an
-// errors.Join of every problem found, in document order, each naming its JSON path
-// (for example `profiles[2] "llama-70b": pools[0] "gpu9": no such pool`). A file
-// that does not decode reports only its decoding errors.
+// errors.Join of every problem found, each naming its JSON path (for example
+// `profiles[2] "llama-70b": pools[0] "gpu9": no such pool`): the decoding
+// problems in document order, then the validation problems of what did decode.
+// A value of the wrong type is left out of validation, and so are the problems
+// its absence would cause. A file that is not JSON reports only its syntax
+// error.
 func Parse(data []byte) (*Config, error) {
 	var raw json.RawMessage
 	if err := json.Unmarshal(data, &raw); err != nil {
@@ -38,19 +43,25 @@ func Parse(data []byte) (*Config, error) {
 		return nil, err
 	}
 	root := buildTree(data)
-	var errs []error
-	checkValue(root, kConfig, "", &errs)
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	var d decodeCheck
+	clean := d.value(root, kConfig, "")
+	if clean == nil { // the top level is not an object
+		return nil, errors.Join(d.errs...)
 	}
 
 	c := new(Config)
-	dec := json.NewDecoder(bytes.NewReader(data))
+	dec := json.NewDecoder(bytes.NewReader(clean.appendJSON(nil)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(c); err != nil {
-		return nil, err // unreachable: the tree check accepts only what decodes
+		return nil, err // unreachable: the check keeps only what decodes
 	}
-	if errs := c.validate(root.keys); len(errs) > 0 {
+	errs := d.errs
+	for _, err := range c.validate(root.keys) {
+		if !d.causedByDrop(err) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	c.applyDefaults()
@@ -79,7 +90,7 @@ func syntaxError(data []byte, se *json.SyntaxError) error {
 // A node is one JSON value, with object members kept in document order.
 type node struct {
 	kind byte   // '{', '[', 's' string, 'n' number, 'b' bool, 'z' null
-	text string // string contents or number literal
+	text string // string contents, number literal, or "true" or "false"
 	keys []string
 	kids []*node // object member values (parallel to keys) or array elements
 }
@@ -110,9 +121,38 @@ func buildNode(dec *json.Decoder) *node {
 	case json.Number:
 		return &node{kind: 'n', text: string(t)}
 	case bool:
-		return &node{kind: 'b'}
+		return &node{kind: 'b', text: strconv.FormatBool(t)}
 	}
 	return &node{kind: 'z'}
+}
+
+// appendJSON appends n, encoded as JSON, to b.
+func (n *node) appendJSON(b []byte) []byte {
+	switch n.kind {
+	case '{', '[':
+		b = append(b, n.kind)
+		for i, kid := range n.kids {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if n.kind == '{' {
+				b = appendString(b, n.keys[i])
+				b = append(b, ':')
+			}
+			b = kid.appendJSON(b)
+		}
+		return append(b, n.kind+2) // '{'+2 is '}', '['+2 is ']'
+	case 's':
+		return appendString(b, n.text)
+	case 'n', 'b':
+		return append(b, n.text...)
+	}
+	return append(b, "null"...)
+}
+
+func appendString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always encodes
+	return append(b, q...)
 }
 
 // member returns the value of the object member key, or nil.
@@ -206,53 +246,95 @@ var (
 	sleepFields = []field{{"level", kInt}}
 )
 
-// checkValue appends to errs, in document order, every reason n would not decode
-// into k. Exactly what passes decodes with encoding/json, whose case-insensitive
-// field matching and silent duplicate handling this check is stricter than. As
-// encoding/json does, null is accepted anywhere and leaves the zero value.
-func checkValue(n *node, k kind, path string, errs *[]error) {
+// A decodeCheck finds, in document order, every reason a tree would not
+// decode into a Config, and builds the tree of what does decode.
+type decodeCheck struct {
+	errs []error
+	// dropped are the paths of the values left out for their type: the zero
+	// values left in their place are not reported again by validation.
+	dropped []string
+}
+
+// fail records the problem at path; drop says that the value is left out.
+func (d *decodeCheck) fail(path string, drop bool, format string, args ...any) {
+	d.errs = append(d.errs, at(path, format, args...))
+	if drop {
+		d.dropped = append(d.dropped, path)
+	}
+}
+
+// causedByDrop reports whether the validation error err is about a value
+// left out (`pools[0]`, or `pools[0] ""` as validation names it), or about
+// something inside it.
+func (d *decodeCheck) causedByDrop(err error) bool {
+	msg := err.Error()
+	for _, path := range d.dropped {
+		if rest, ok := strings.CutPrefix(msg, path); ok && (rest == "" || strings.ContainsRune(":[ ", rune(rest[0]))) {
+			return true
+		}
+	}
+	return false
+}
+
+// value returns n as it would decode into k, without what would not: nil
+// when n itself would not. Exactly what it returns decodes with
+// encoding/json, whose case-insensitive field matching and silent duplicate
+// handling this check is stricter than. As encoding/json does, null is
+// accepted anywhere and leaves the zero value.
+func (d *decodeCheck) value(n *node, k kind, path string) *node {
 	if n.kind == 'z' {
-		return
+		return n
 	}
 	if n.kind != jsonKinds[k] {
 		p := path
 		if p == "" {
 			p = "top level"
 		}
-		*errs = append(*errs, at(p, "cannot decode %s into %s", n.typeName(), kindNames[k]))
-		return
+		d.fail(p, true, "cannot decode %s into %s", n.typeName(), kindNames[k])
+		return nil
 	}
 	switch k {
 	case kInt:
 		if _, err := strconv.ParseInt(n.text, 10, strconv.IntSize); err != nil {
-			*errs = append(*errs, at(path, "cannot decode number %s into int", n.text))
+			d.fail(path, true, "cannot decode number %s into int", n.text)
+			return nil
 		}
 	case kStrings, kInts:
 		ek := kString
 		if k == kInts {
 			ek = kInt
 		}
+		out := &node{kind: '['}
 		for i, e := range n.kids {
-			checkValue(e, ek, fmt.Sprintf("%s[%d]", path, i), errs)
+			// A null keeps the element's place, so that later paths hold.
+			e = cmp.Or(d.value(e, ek, fmt.Sprintf("%s[%d]", path, i)), &node{kind: 'z'})
+			out.kids = append(out.kids, e)
 		}
+		return out
 	case kEnv:
+		out := &node{kind: '{'}
 		for i, key := range n.keys {
 			if duplicateKey(n, i) {
-				*errs = append(*errs, at(path, "duplicate key %q", key))
+				d.fail(path, false, "duplicate key %q", key)
+				continue
 			}
-			checkValue(n.kids[i], kString, fmt.Sprintf("%s[%q]", path, key), errs)
+			if v := d.value(n.kids[i], kString, fmt.Sprintf("%s[%q]", path, key)); v != nil {
+				out.keys, out.kids = append(out.keys, key), append(out.kids, v)
+			}
 		}
+		return out
 	case kConfig:
-		checkObject(n, configFields, path, errs)
+		return d.object(n, configFields, path)
 	case kDefaults:
-		checkObject(n, defaultsFields, path, errs)
+		return d.object(n, defaultsFields, path)
 	case kSleep:
-		checkObject(n, sleepFields, path, errs)
+		return d.object(n, sleepFields, path)
 	case kPools, kProfiles:
 		section, fields, nameKey := "pools", poolFields, "name"
 		if k == kProfiles {
 			section, fields, nameKey = "profiles", profileFields, "id"
 		}
+		out := &node{kind: '['}
 		for i, e := range n.kids {
 			name := ""
 			if e.kind == '{' {
@@ -262,29 +344,37 @@ func checkValue(n *node, k kind, path string, errs *[]error) {
 			}
 			p := elem(section, i, name)
 			if e.kind != '{' { // null too: it would decode to a nil element
-				*errs = append(*errs, at(p, "cannot decode %s into object", e.typeName()))
+				d.fail(p, true, "cannot decode %s into object", e.typeName())
+				out.kids = append(out.kids, &node{kind: '{'}) // keeps the element's place
 				continue
 			}
-			checkObject(e, fields, p, errs)
+			out.kids = append(out.kids, d.object(e, fields, p))
 		}
+		return out
 	}
+	return n
 }
 
-func checkObject(n *node, fields []field, path string, errs *[]error) {
+// object returns the members of n that are known fields and decode.
+func (d *decodeCheck) object(n *node, fields []field, path string) *node {
+	out := &node{kind: '{'}
 members:
 	for i, key := range n.keys {
 		if duplicateKey(n, i) {
-			*errs = append(*errs, at(path, "duplicate field %q", key))
+			d.fail(path, false, "duplicate field %q", key)
 			continue
 		}
 		for _, f := range fields {
 			if f.name == key {
-				checkValue(n.kids[i], f.kind, join(path, key), errs)
+				if v := d.value(n.kids[i], f.kind, join(path, key)); v != nil {
+					out.keys, out.kids = append(out.keys, key), append(out.kids, v)
+				}
 				continue members
 			}
 		}
-		*errs = append(*errs, at(path, "unknown field %q", key))
+		d.fail(path, false, "unknown field %q", key)
 	}
+	return out
 }
 
 // duplicateKey reports whether n.keys[i] appeared earlier in the object.

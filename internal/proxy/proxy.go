@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -36,6 +37,14 @@ type Options struct {
 	AccessLog    *slog.Logger
 	Metrics      *metrics.Metrics
 	Clients      *metrics.Clients
+	// QueueBodyBytes bounds the request bodies that the requests waiting
+	// for a lease hold together, host-wide; past it a request that would
+	// wait gets 503 queue_budget. Zero: DefaultQueueBodyBytes; negative:
+	// no bound.
+	QueueBodyBytes int64
+	// Degraded, if not nil, lists why the daemon serves in a degraded state
+	// (nil or empty: it does not); /health shows them.
+	Degraded func() []string
 	// Status fills the daemon-wide part of GET /status.
 	Status func() statusapi.Poold
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
@@ -66,17 +75,34 @@ type Handler struct {
 	// created is the "created" time of every /v1/models entry: when the
 	// profiles were loaded.
 	created int64
+	// bodies bounds the bodies held by requests waiting for a lease.
+	bodies bodyBudget
+	// draining, once set by Drain, makes /health answer 503.
+	draining atomic.Bool
+	// cut ends, by Cut, the requests still forwarded at the end of a
+	// shutdown's drain (cause errShutdownCut).
+	cut    context.Context
+	cutAll context.CancelFunc
 }
+
+// errShutdownCut is the cause of the end of a request still running when a
+// shutdown's drain bound passes.
+var errShutdownCut = errors.New("poold is shutting down: the request ran past the drain bound")
 
 // New builds the handler for cfg served by pools.
 func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = openai.DefaultMaxBodyBytes
 	}
+	if opts.QueueBodyBytes == 0 {
+		opts.QueueBodyBytes = DefaultQueueBodyBytes
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
+	h.cut, h.cutAll = context.WithCancel(context.Background())
+	h.bodies.max = opts.QueueBodyBytes
 	h.cfg.Store(cfg)
 	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout}
 	h.rp = &httputil.ReverseProxy{
@@ -119,9 +145,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.Serv
 // it once the server has stopped.
 func (h *Handler) Close() { h.tr.Close() }
 
+// Drain makes /health answer 503, so that a load balancer stops sending:
+// the first step of a shutdown.
+func (h *Handler) Drain() { h.draining.Store(true) }
+
+// Cut ends every request still forwarded, at the end of a shutdown's drain:
+// a stream gets a shutting_down error event, a request whose engine has not
+// answered yet a 503 shutting_down, and both are recorded with the outcome
+// shutdown_cut. Requests that arrive afterwards are cut at once.
+func (h *Handler) Cut() { h.cutAll() }
+
 // exchange is one forwarded request's state, carried in its context from
 // serveAPI through the ReverseProxy callbacks.
 type exchange struct {
+	ctx      context.Context // the forward's: the client's, cut by a shutdown; nil before
 	lease    *pool.Lease
 	body     []byte
 	withhold bool
@@ -135,6 +172,25 @@ type exchange struct {
 type exchangeKey struct{}
 
 func (x *exchange) markFirst() { x.first = time.Now() }
+
+// outcome says how the exchange ended (metrics.Outcome*), given the status
+// recorded and whether the client has gone.
+func (x *exchange) outcome(status int, clientGone bool) string {
+	ended, upErr := true, error(nil)
+	switch {
+	case x.sse != nil:
+		ended, upErr = x.sse.Ended(), x.sse.Err()
+	case x.tail != nil:
+		ended, upErr = x.tail.Ended(), x.tail.Err()
+	}
+	switch {
+	case status == 499 || clientGone && !ended:
+		return metrics.OutcomeClientAborted
+	case upErr != nil:
+		return metrics.OutcomeUpstreamAborted
+	}
+	return metrics.OutcomeCompleted
+}
 
 func (x *exchange) usage() (openai.Usage, bool) {
 	switch {
@@ -164,10 +220,20 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if !x.first.IsZero() {
 			rec.TTFB = x.first.Sub(start)
 		}
+		rec.Outcome = x.outcome(rec.Status, r.Context().Err() != nil)
+		// Cut by a shutdown: an answer under way, or none yet from the engine.
+		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != metrics.OutcomeCompleted || x.sse == nil && x.tail == nil) {
+			rec.Outcome = metrics.OutcomeShutdownCut
+		}
 		if u, ok := x.usage(); ok {
 			rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
+		} else if x.sse != nil && rec.Outcome != metrics.OutcomeCompleted {
+			// Cut or abandoned before the usage chunk: what the client got.
+			rec.TokensEstimated, rec.CompletionTokens = true, x.sse.ContentChunks()
 		}
-		account(rec, x, r)
+		if x.lease != nil {
+			rec.CausedSwap = x.lease.CausedSwap
+		}
 		h.finish(rec)
 	}()
 
@@ -185,16 +251,20 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Profile = prof.ID
 
+	// A request that must wait holds its body against the host's budget.
+	hold, unqueue, done := h.bodies.request(int64(len(body)))
+	defer done()
 	var lease *pool.Lease
 	var err error
 	if req.Stream && h.opts.KeepAliveInterval > 0 {
 		k := &keepAlive{ResponseWriter: w}
 		defer k.finish()
 		w = k
-		lease, err = h.acquireKeepAlive(k, r, prof, start)
+		lease, err = h.acquireKeepAlive(k, r, prof, start, hold)
 	} else {
-		lease, err = h.pools.Acquire(r.Context(), prof, r.PathValue("pool"))
+		lease, err = h.pools.Acquire(r.Context(), prof, r.PathValue("pool"), hold)
 	}
+	unqueue()
 	if err != nil {
 		rec.Status = h.acquireError(w, r, prof, err)
 		return
@@ -207,7 +277,12 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	x.lease = lease
 	x.body = openai.Rewrite(body, req, prof.ID, inject)
 	x.withhold = inject
-	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+	// The exchange ends with the client, or with a shutdown's cut.
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(h.cut, func() { cancel(errShutdownCut) })()
+	x.ctx = ctx
+	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(context.WithValue(ctx, exchangeKey{}, x)))
 }
 
 // finish records a finished request in the metrics and the access log.
@@ -235,6 +310,8 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		switch {
 		case errors.Is(err, pool.ErrQueueTimeout):
 			code = "queue_timeout"
+		case errors.Is(err, pool.ErrQueueBudget):
+			code = "queue_budget"
 		case errors.Is(err, pool.ErrBackoff):
 			code = "engine_backoff"
 		}
@@ -247,7 +324,7 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool")))
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrShutdown):
-		openai.WriteUnavailable(w, "shutting_down", err.Error(), 5*time.Second)
+		openai.WriteUnavailable(w, "shutting_down", err.Error(), shutdownRetry)
 		return http.StatusServiceUnavailable
 	case errors.Is(err, pool.ErrProfileRemoved):
 		openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
@@ -294,6 +371,7 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 // streams where poold asked for usage, withhold the usage-only chunk.
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	resp.Body = &cutBody{ReadCloser: resp.Body, ctx: x.ctx}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		resp.Body = x.sse
@@ -309,10 +387,14 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 // upstreamError answers a request whose engine could not be reached or failed
 // before sending a response.
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	x := r.Context().Value(exchangeKey{}).(*exchange)
+	if context.Cause(r.Context()) == errShutdownCut {
+		openai.WriteUnavailable(w, "shutting_down", errShutdownCut.Error(), shutdownRetry)
+		return
+	}
 	if r.Context().Err() != nil {
 		return // the client went away; nobody to answer
 	}
-	x := r.Context().Value(exchangeKey{}).(*exchange)
 	h.log.Warn("engine request failed", "pool", x.lease.Pool, "profile", x.lease.Profile.ID, "err", err)
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		openai.WriteError(w, http.StatusGatewayTimeout, "engine_timeout", "", fmt.Sprintf("engine for %q did not answer in time: %v", x.lease.Profile.ID, err))
@@ -345,3 +427,22 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 func (s *statusWriter) Flush() { http.NewResponseController(s.ResponseWriter).Flush() }
 
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// shutdownRetry is the Retry-After of answers refused or cut by a shutdown:
+// another poold (or this one, restarted) may serve by then.
+const shutdownRetry = 5 * time.Second
+
+// cutBody is an engine's response body that, cut by a shutdown, fails with
+// the stream error that tells the client so (see openai.StreamError).
+type cutBody struct {
+	io.ReadCloser
+	ctx context.Context
+}
+
+func (b *cutBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && context.Cause(b.ctx) == errShutdownCut {
+		err = &openai.StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: errShutdownCut.Error()}
+	}
+	return n, err
+}

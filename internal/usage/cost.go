@@ -116,7 +116,7 @@ type Row struct {
 	Use               string  `json:"use"`
 	Tenant            string  `json:"tenant,omitempty"`
 	Requests          int64   `json:"requests"`
-	Failed            int64   `json:"failed"`
+	Failed            int64   `json:"failed"` // status 400 or more, or the answer cut off
 	PromptTokens      int64   `json:"promptTokens"`
 	CompletionTokens  int64   `json:"completionTokens"`
 	EstimatedRequests int64   `json:"estimatedRequests"`

@@ -438,7 +438,7 @@ func (l *Ledger) commit(what string, f func(tx *sql.Tx) error) bool {
 // appendRequest appends the values of r's row, which ended at end.
 func appendRequest(args []any, r *metrics.Record, end time.Time) []any {
 	return append(args, r.RequestID, end.Add(-r.Duration).UnixMicro(), end.UnixMicro(), r.Client, r.Model, r.Profile, r.Pool,
-		r.Status, cmp.Or(r.Outcome, metrics.OutcomeOK), r.Stream, r.PromptTokens, r.CompletionTokens, r.TokensEstimated,
+		r.Status, cmp.Or(r.Outcome, metrics.OutcomeCompleted), r.Stream, r.PromptTokens, r.CompletionTokens, r.TokensEstimated,
 		r.QueueWait.Microseconds(), r.TTFB.Microseconds(), r.Duration.Microseconds(), r.CausedSwap)
 }
 

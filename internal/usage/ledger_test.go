@@ -34,7 +34,7 @@ func openLedger(t testing.TB, opts Options) *Ledger {
 func record(i int, tenant string) *metrics.Record {
 	return &metrics.Record{RequestID: fmt.Sprintf("r%d", i), Pool: "p", Model: "alias", Profile: "m", Client: tenant, Status: 200,
 		Stream: i%2 == 0, Counted: true, PromptTokens: i, CompletionTokens: 2 * i, QueueWait: time.Millisecond,
-		TTFB: 2 * time.Millisecond, Duration: 3 * time.Millisecond, Outcome: metrics.OutcomeOK, CausedSwap: i == 0}
+		TTFB: 2 * time.Millisecond, Duration: 3 * time.Millisecond, Outcome: metrics.OutcomeCompleted, CausedSwap: i == 0}
 }
 
 func readAll(t *testing.T, path string) ([]Request, []Interval) {
@@ -79,7 +79,7 @@ func TestLedgerWritesRequestsAndIntervals(t *testing.T) {
 		t.Fatalf("%d request rows, want 2500", len(reqs))
 	}
 	r := reqs[7]
-	if r.RequestID != "r7" || r.Tenant != "team-b" || r.PromptTokens != 7 || r.CompletionTokens != 14 || r.Outcome != "ok" ||
+	if r.RequestID != "r7" || r.Tenant != "team-b" || r.PromptTokens != 7 || r.CompletionTokens != 14 || r.Outcome != "completed" ||
 		r.QueueWait != time.Millisecond || r.TTFT != 2*time.Millisecond || r.Duration != 3*time.Millisecond || r.Ended.Sub(r.Arrived) != 3*time.Millisecond ||
 		r.Pool != "p" || r.Profile != "m" || r.Model != "alias" || r.Stream || r.CausedSwap || !reqs[0].CausedSwap {
 		t.Errorf("row 7: %+v", r)
@@ -221,7 +221,7 @@ func TestLedgerPrunesPastTheRetention(t *testing.T) {
 	old := time.Now().Add(-100 * 24 * time.Hour)
 	if _, err := db.Exec(`INSERT INTO requests (request_id, arrived_us, ended_us, tenant, model, profile, pool, status, outcome, stream,
 		prompt_tokens, completion_tokens, tokens_estimated, queue_wait_us, ttft_us, duration_us, caused_swap)
-		VALUES ('old', ?, ?, 'a', 'm', 'm', 'p', 200, 'ok', 0, 1, 1, 0, 0, 0, 0, 0)`, old.UnixMicro(), old.UnixMicro()); err != nil {
+		VALUES ('old', ?, ?, 'a', 'm', 'm', 'p', 200, 'completed', 0, 1, 1, 0, 0, 0, 0, 0)`, old.UnixMicro(), old.UnixMicro()); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()

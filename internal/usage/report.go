@@ -9,7 +9,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/pool"
 )
 
@@ -180,7 +179,7 @@ func Attribute(ivs []Interval, reqs []Request, since, until time.Time, split Spl
 		}
 		a := add(Atom{Day: r.Ended.UTC().Format(time.DateOnly), Pool: poolKey(r.Host, r.Pool), Profile: r.Profile, Tenant: r.Tenant, Use: UseServing})
 		a.Requests++
-		if r.Outcome != metrics.OutcomeOK {
+		if r.Failed() {
 			a.Failed++
 		}
 		a.PromptTokens += r.PromptTokens

@@ -21,7 +21,7 @@ func iv(poolName string, a pool.Activity, profile string, from, to float64, gpus
 // req is a request on poolName holding its lease over [from, to].
 func req(poolName, tenant string, from, to float64, prompt, completion int64) Request {
 	return Request{Pool: poolName, Profile: "m", Tenant: tenant, Arrived: at(from), Ended: at(to), Duration: at(to).Sub(at(from)),
-		PromptTokens: prompt, CompletionTokens: completion, Outcome: "ok", Status: 200}
+		PromptTokens: prompt, CompletionTokens: completion, Outcome: "completed", Status: 200}
 }
 
 // line finds the GPU-microseconds of (key, use, tenant) in rep.
@@ -82,7 +82,7 @@ func TestAttributeSharesServingTimeAndKeepsIdleApart(t *testing.T) {
 		// p1's: only c, and zero tokens (a cut stream).
 		req("p1", "c", 1, 29, 0, 0),
 		// Reached no pool: counted, no GPU time.
-		{Tenant: "a", Ended: at(50), Arrived: at(50), Outcome: "error", Status: 404},
+		{Tenant: "a", Ended: at(50), Arrived: at(50), Outcome: "completed", Status: 404},
 	}
 	u := Attribute(ivs, reqs, t0, at(100), SplitTokens)
 	rep := u.Report(ByPool, &Prices{GPUHour: 3.6, Currency: "EUR", PromptPerMillion: 1e6})
@@ -149,7 +149,7 @@ func TestAttributeClipsTheWindowAndCutsDays(t *testing.T) {
 	ivs := []Interval{
 		{Pool: "p", Activity: pool.ActivityServing, Profile: "m", GPUs: []int{0}, Start: midnight.Add(-time.Hour), End: midnight.Add(time.Hour)},
 	}
-	reqs := []Request{{Pool: "p", Tenant: "a", Arrived: midnight.Add(-time.Hour), Ended: midnight.Add(time.Hour), PromptTokens: 3, Outcome: "ok"}}
+	reqs := []Request{{Pool: "p", Tenant: "a", Arrived: midnight.Add(-time.Hour), Ended: midnight.Add(time.Hour), PromptTokens: 3, Outcome: "completed"}}
 	// The window starts half an hour before midnight: half of the first
 	// day's hour is in it.
 	u := Attribute(ivs, reqs, midnight.Add(-30*time.Minute), midnight.Add(2*time.Hour), SplitTokens)

@@ -13,6 +13,7 @@ package usage
 import (
 	"time"
 
+	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/pool"
 )
 
@@ -35,6 +36,12 @@ type Request struct {
 	TokensEstimated              bool
 	QueueWait, TTFT, Duration    time.Duration
 	CausedSwap                   bool
+}
+
+// Failed reports whether the request did not get a whole, successful
+// answer: a status of 400 or more, or an answer cut off.
+func (r *Request) Failed() bool {
+	return r.Status >= 400 || r.Outcome != metrics.OutcomeCompleted
 }
 
 // leaseStart is when the request's lease began, as far as its row tells.

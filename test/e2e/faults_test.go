@@ -257,9 +257,10 @@ func TestHungEngineTimesOut(t *testing.T) {
 }
 
 // portCommand is a simulator command line whose --port is port; the {port}
-// placeholder, which the profile requires, sits in a shell comment.
+// placeholder, which the profile requires, sits in a shell comment. The
+// simulator reports a taken port as a Go engine does.
 func portCommand(port string, marker string) []string {
-	sim := `exec {poold} engine-sim /models/x --served-model-name {id} --port `
+	sim := `exec {poold} engine-sim /models/x --served-model-name {id} --sim-port-message go --port `
 	script := sim + port + ` # {port}`
 	if marker != "" {
 		// The first start takes the held port, later ones the one poold chose.

@@ -1,0 +1,123 @@
+package profile
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+)
+
+// A Host is what the checks of a profile against the machine that would run
+// its engine look up there. A nil function skips the checks that need it.
+type Host struct {
+	// LookPath resolves an engine binary as exec.LookPath does.
+	LookPath func(file string) (string, error)
+	// Stat describes a file as os.Stat does.
+	Stat func(name string) (fs.FileInfo, error)
+	// Self is this poold's executable, which {poold} names.
+	Self string
+}
+
+// removedFlags are `vllm serve` flags that current vLLM no longer accepts
+// (given one, it exits at argument parsing), each with what to do instead,
+// grouped by the release that dropped them.
+var removedFlags = map[string]string{
+	// v0.13
+	"--task":                                    "use --runner pooling, or nothing: vLLM detects pooling models",
+	"--cuda-graph-sizes":                        "use --cudagraph-capture-sizes",
+	"--disable-mm-preprocessor-cache":           "use --mm-processor-cache-gb 0",
+	"--enable-multimodal-encoder-data-parallel": "use --mm-encoder-tp-mode data",
+	// v0.12
+	"--guided-decoding-backend":                       "use --structured-outputs-config",
+	"--guided-decoding-disable-fallback":              "use --structured-outputs-config",
+	"--guided-decoding-disable-any-whitespace":        "use --structured-outputs-config",
+	"--guided-decoding-disable-additional-properties": "use --structured-outputs-config",
+	"--num-redundant-experts":                         "use --eplb-config",
+	"--eplb-window-size":                              "use --eplb-config",
+	"--eplb-step-interval":                            "use --eplb-config",
+	"--eplb-log-balancedness":                         "use --eplb-config",
+	// v0.11 and earlier (the V0 engine's)
+	"--speculative-model":           "use --speculative-config",
+	"--num-speculative-tokens":      "use --speculative-config",
+	"--device":                      "drop it: vLLM detects the platform, and CUDA_VISIBLE_DEVICES picks the GPUs",
+	"--num-scheduler-steps":         "drop it: multi-step scheduling is gone",
+	"--multi-step-stream-outputs":   "drop it: multi-step scheduling is gone",
+	"--enable-prompt-adapter":       "drop it: prompt adapters are gone",
+	"--max-prompt-adapters":         "drop it: prompt adapters are gone",
+	"--max-prompt-adapter-token":    "drop it: prompt adapters are gone",
+	"--tokenizer-pool-size":         "drop it: tokenizer pools are gone",
+	"--tokenizer-pool-type":         "drop it: tokenizer pools are gone",
+	"--tokenizer-pool-extra-config": "drop it: tokenizer pools are gone",
+	"--use-v2-block-manager":        "drop it",
+	"--preemption-mode":             "drop it",
+	"--scheduler-delay-factor":      "drop it",
+	"--disable-async-output-proc":   "drop it",
+	"--max-seq-len-to-capture":      "drop it",
+	"--override-neuron-config":      "drop it: Neuron support is gone",
+}
+
+// Preflight returns what would make p's engine fail to start on h although p
+// is valid: a flag that vLLM has removed, an engine binary that does not
+// resolve (Command[0] with {poold} replaced, or vllm), a local model path
+// (absolute, or relative from ./ or ../) that does not exist. Each error
+// names its field as a JSON path within the profile.
+func (p *Profile) Preflight(h Host) []error {
+	var errs []error
+	field, args := "args", p.Args
+	if p.Command != nil {
+		field, args = "command", p.Command
+	}
+	for i, a := range args {
+		if flag, hint := removedFlag(a); hint != "" {
+			errs = append(errs, fmt.Errorf("%s[%d]: vLLM no longer accepts %s; %s", field, i, flag, hint))
+		}
+	}
+	if h.LookPath != nil {
+		bin, where := "vllm", "engine binary \"vllm\" (the default command)"
+		if p.Command != nil {
+			bin = strings.ReplaceAll(p.Command[0], "{poold}", h.Self)
+			where = fmt.Sprintf("command[0]: engine binary %q", bin)
+		}
+		if _, err := h.LookPath(bin); err != nil {
+			errs = append(errs, fmt.Errorf("%s does not resolve on this host: %w", where, err))
+		}
+	}
+	if h.Stat != nil && isLocalPath(p.Model) {
+		if _, err := h.Stat(p.Model); errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("model %q: no such file or directory on this host", p.Model))
+		} else if err != nil {
+			errs = append(errs, fmt.Errorf("model %q: %w", p.Model, err))
+		}
+	}
+	return errs
+}
+
+// Warnings returns the Preflight problems of every profile, each prefixed
+// with the profile's JSON path: what would fail on h in a valid file.
+func (c *Config) Warnings(h Host) []error {
+	var out []error
+	for i, p := range c.Profiles {
+		for _, err := range p.Preflight(h) {
+			out = append(out, fmt.Errorf("%s: %w", elem("profiles", i, p.ID), err))
+		}
+	}
+	return out
+}
+
+// removedFlag returns the flag that arg gives ("--task" for "--task=embed"
+// or "--task") and, when vLLM has removed it, what replaced it. vLLM reads
+// underscores in flag names as dashes.
+func removedFlag(arg string) (flag, hint string) {
+	if !strings.HasPrefix(arg, "--") {
+		return "", ""
+	}
+	flag, _, _ = strings.Cut(arg, "=")
+	flag = "--" + strings.ReplaceAll(flag[2:], "_", "-")
+	return flag, removedFlags[flag]
+}
+
+// isLocalPath reports whether model names a local path rather than a
+// model on a hub: absolute, or relative from ./ or ../.
+func isLocalPath(model string) bool {
+	return strings.HasPrefix(model, "/") || strings.HasPrefix(model, "./") || strings.HasPrefix(model, "../")
+}

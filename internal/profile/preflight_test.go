@@ -1,0 +1,91 @@
+package profile
+
+import (
+	"errors"
+	"io/fs"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// fakeHost has the binaries and files it lists; /root is unreadable.
+func fakeHost(bins, files []string) Host {
+	has := func(list []string, name string) bool {
+		for _, n := range list {
+			if n == name {
+				return true
+			}
+		}
+		return false
+	}
+	return Host{
+		Self: "/usr/local/bin/poold",
+		LookPath: func(file string) (string, error) {
+			if has(bins, file) {
+				return file, nil
+			}
+			return "", &exec.Error{Name: file, Err: exec.ErrNotFound}
+		},
+		Stat: func(name string) (fs.FileInfo, error) {
+			switch {
+			case strings.HasPrefix(name, "/root/"):
+				return nil, &fs.PathError{Op: "stat", Path: name, Err: fs.ErrPermission}
+			case has(files, name):
+				return fakeInfo{}, nil
+			}
+			return nil, &fs.PathError{Op: "stat", Path: name, Err: fs.ErrNotExist}
+		},
+	}
+}
+
+type fakeInfo struct{ fs.FileInfo }
+
+func TestWarnings(t *testing.T) {
+	c := load(t, "good-host-warnings.json")
+	got := c.Warnings(fakeHost([]string{"/usr/local/bin/poold"}, []string{"./models/llama"}))
+	want := []string{
+		`profiles[0] "embed": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models`,
+		`profiles[0] "embed": engine binary "vllm" (the default command) does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
+		`profiles[0] "embed": model "/srv/models/bge-m3": no such file or directory on this host`,
+		`profiles[1] "chat": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models`,
+		`profiles[1] "chat": args[1]: vLLM no longer accepts --num-scheduler-steps; drop it: multi-step scheduling is gone`,
+		`profiles[1] "chat": engine binary "vllm" (the default command) does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
+		// A command's own flags are checked; its unused args are not.
+		`profiles[2] "local": command[5]: vLLM no longer accepts --device; drop it: vLLM detects the platform, and CUDA_VISIBLE_DEVICES picks the GPUs`,
+		`profiles[2] "local": command[0]: engine binary "/opt/vllm/bin/vllm" does not resolve on this host: exec: "/opt/vllm/bin/vllm": executable file not found in $PATH`,
+		// {poold} is poold itself.
+		`profiles[3] "sim": model "../models/sim": no such file or directory on this host`,
+		`profiles[4] "locked": command[0]: engine binary "venv/bin/vllm" does not resolve on this host: exec: "venv/bin/vllm": executable file not found in $PATH`,
+		`profiles[4] "locked": model "/root/models/x": stat /root/models/x: permission denied`,
+	}
+	if msg := errors.Join(got...); msg == nil || msg.Error() != strings.Join(want, "\n") {
+		t.Errorf("warnings:\n%v\nwant:\n%s", msg, strings.Join(want, "\n"))
+	}
+
+	// With the binary and the files there, only the flags remain.
+	got = c.Warnings(fakeHost([]string{"vllm", "/opt/vllm/bin/vllm", "/usr/local/bin/poold", "venv/bin/vllm"},
+		[]string{"/srv/models/bge-m3", "./models/llama", "../models/sim", "/root/models/x"}))
+	if len(got) != 5 {
+		t.Errorf("%d warnings, want the 4 flags and the unreadable path:\n%v", len(got), errors.Join(got...))
+	}
+	// A host without lookups checks only the flags.
+	if got := c.Warnings(Host{}); len(got) != 4 {
+		t.Errorf("no host: %d warnings, want 4:\n%v", len(got), errors.Join(got...))
+	}
+}
+
+// TestRemovedFlagsAreFlags: every entry is a long flag as vLLM spells it,
+// with what to do instead.
+func TestRemovedFlagsAreFlags(t *testing.T) {
+	for flag, hint := range removedFlags {
+		if !strings.HasPrefix(flag, "--") || strings.ContainsAny(flag, "_= ") || strings.ToLower(flag) != flag ||
+			!strings.HasPrefix(hint, "use --") && !strings.HasPrefix(hint, "drop it") {
+			t.Errorf("%q: %q", flag, hint)
+		}
+	}
+	for _, arg := range []string{"--runner", "-tp", "embed", "--task-name", "--tasks", "--"} {
+		if _, hint := removedFlag(arg); hint != "" {
+			t.Errorf("%q reported as removed", arg)
+		}
+	}
+}
