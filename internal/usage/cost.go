@@ -112,19 +112,14 @@ func ParseBy(s string) (By, error) {
 // (or UseUnattributed) otherwise; Tenant names the tenant of a serving line
 // where the key is not the tenant.
 type Row struct {
-	Key               string  `json:"key"`
-	Use               string  `json:"use"`
-	Tenant            string  `json:"tenant,omitempty"`
-	Requests          int64   `json:"requests"`
-	Failed            int64   `json:"failed"` // status 400 or more, or the answer cut off
-	PromptTokens      int64   `json:"promptTokens"`
-	CompletionTokens  int64   `json:"completionTokens"`
-	EstimatedRequests int64   `json:"estimatedRequests"`
-	GPUMicros         int64   `json:"gpuMicroseconds"`
-	GPUSeconds        float64 `json:"gpuSeconds"`
-	GPUCost           float64 `json:"gpuCost"`
-	TokenCost         float64 `json:"tokenCost"`
-	Cost              float64 `json:"cost"`
+	Key    string `json:"key"`
+	Use    string `json:"use"`
+	Tenant string `json:"tenant,omitempty"`
+	Counts
+	GPUSeconds float64 `json:"gpuSeconds"`
+	GPUCost    float64 `json:"gpuCost"`
+	TokenCost  float64 `json:"tokenCost"`
+	Cost       float64 `json:"cost"`
 }
 
 // Report is a window's usage grouped, priced and checked.
@@ -173,12 +168,7 @@ func (u *Usage) Report(by By, prices *Prices) *Report {
 		gpuCost := float64(a.GPUMicros) / 3.6e9 * prices.gpuHour(a.Pool, a.GPUModel)
 		tokenCost := (float64(a.PromptTokens)*prices.PromptPerMillion + float64(a.CompletionTokens)*prices.CompletionPerMillion) / 1e6
 		for _, r := range []*Row{r, &rep.Total} {
-			r.Requests += a.Requests
-			r.Failed += a.Failed
-			r.PromptTokens += a.PromptTokens
-			r.CompletionTokens += a.CompletionTokens
-			r.EstimatedRequests += a.EstimatedRequests
-			r.GPUMicros += a.GPUMicros
+			r.add(a.Counts)
 			r.GPUCost += gpuCost
 			r.TokenCost += tokenCost
 		}

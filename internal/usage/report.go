@@ -54,13 +54,27 @@ type Atom struct {
 	Tenant   string // serving only
 	Use      string
 	GPUModel string
+	Counts
+}
+
+// Counts are what atoms and report rows add up.
+type Counts struct {
+	Requests          int64 `json:"requests"`
+	Failed            int64 `json:"failed"` // status 400 or more, or the answer cut off
+	PromptTokens      int64 `json:"promptTokens"`
+	CompletionTokens  int64 `json:"completionTokens"`
+	EstimatedRequests int64 `json:"estimatedRequests"` // requests whose tokens are estimates
 	// GPUMicros is GPU-microseconds: wall time times the GPUs held.
-	GPUMicros         int64
-	Requests          int64
-	Failed            int64 // requests whose outcome was not ok
-	PromptTokens      int64
-	CompletionTokens  int64
-	EstimatedRequests int64 // requests whose tokens are estimates
+	GPUMicros int64 `json:"gpuMicroseconds"`
+}
+
+func (c *Counts) add(o Counts) {
+	c.Requests += o.Requests
+	c.Failed += o.Failed
+	c.PromptTokens += o.PromptTokens
+	c.CompletionTokens += o.CompletionTokens
+	c.EstimatedRequests += o.EstimatedRequests
+	c.GPUMicros += o.GPUMicros
 }
 
 // PoolTotal is one pool's check: the GPU time its intervals cover in the
@@ -105,7 +119,7 @@ func poolKey(host, name string) string {
 // that straddle its edges.
 func Attribute(ivs []Interval, reqs []Request, since, until time.Time, split Split) *Usage {
 	u := &Usage{Since: since, Until: until, Split: split}
-	atoms := make(map[Atom]*Atom) // keyed by the atom with zero counts
+	atoms := make(map[Atom]*Atom) // keyed by the atom with zero Counts
 	add := func(key Atom) *Atom {
 		a := atoms[key]
 		if a == nil {
@@ -221,12 +235,7 @@ func mergeModels(atoms []Atom) []Atom {
 		if n := len(out); n > 0 && a.GPUModel == "" {
 			p := &out[n-1]
 			if p.Day == a.Day && p.Pool == a.Pool && p.Profile == a.Profile && p.Tenant == a.Tenant && p.Use == a.Use {
-				p.GPUMicros += a.GPUMicros
-				p.Requests += a.Requests
-				p.Failed += a.Failed
-				p.PromptTokens += a.PromptTokens
-				p.CompletionTokens += a.CompletionTokens
-				p.EstimatedRequests += a.EstimatedRequests
+				p.add(a.Counts)
 				continue
 			}
 		}
