@@ -73,7 +73,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	m.Configure(cfg)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
-	ledger, err := openState(s.StateDir, log)
+	contain, err := containment(s.Containment, log)
+	if err != nil {
+		return err
+	}
+	ledger, err := openState(s.StateDir, contain, log)
 	if err != nil {
 		return err
 	}
@@ -104,7 +108,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	defer usageLedger.close()
 
-	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger,
+	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, Activity: usageLedger.activity()})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
@@ -122,6 +126,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		AdminToken:        s.AdminToken,
 		// Reliability: a hung engine answers 504 after this.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
+		StreamIdleTimeout:     s.StreamIdleTimeout,
 		Degraded: func() []string {
 			if access.DroppedWithin(accessDropWindow) {
 				return []string{"access log lines are being dropped: its destination does not keep up"}
@@ -133,11 +138,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		UsageReport: usageLedger.report(s.Usage),
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
-				Version: version,
-				Host:    host,
-				Config:  rl.status(),
-				GPU:     gpuStatus(gpus),
-				Usage:   usageLedger.status(),
+				Version:     version,
+				Host:        host,
+				Config:      rl.status(),
+				GPU:         gpuStatus(gpus),
+				Containment: contain.Status(),
+				Usage:       usageLedger.status(),
 			}
 		},
 	})

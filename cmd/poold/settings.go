@@ -55,6 +55,10 @@ type settings struct {
 	VRAMReleaseTimeout time.Duration
 	// StateDir holds the engines file and the lock (crash clean-up).
 	StateDir string
+	// Containment is how engines' processes are kept account of: "auto"
+	// (a cgroup per engine where poold's cgroup is delegated to it, else
+	// process groups), "cgroup" (required) or "process-group".
+	Containment string
 	// Watch makes poold reload the profiles file when it changes; SIGHUP
 	// reloads either way.
 	Watch bool
@@ -68,8 +72,10 @@ type settings struct {
 	// MaxHeaderBytes caps the headers' size. RestartBackoff and
 	// MaxRestartBackoff space out restarts of a failing engine.
 	UpstreamHeaderTimeout, ReadTimeout, ReadHeaderTimeout time.Duration
-	MaxHeaderBytes                                        int
-	RestartBackoff, MaxRestartBackoff                     time.Duration
+	// StreamIdleTimeout bounds an engine's silence within an answer (0: none).
+	StreamIdleTimeout                 time.Duration
+	MaxHeaderBytes                    int
+	RestartBackoff, MaxRestartBackoff time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
 	APIKeys *openai.APIKeys
@@ -104,9 +110,11 @@ func serveFlags() *pflag.FlagSet {
 	cli.BytesFlag(fl, "access-log-buffer", logqueue.DefaultMaxBytes, "access-log lines held while the destination is slow; lines beyond are dropped and counted, never waited for")
 	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
+	fl.String("containment", pool.ModeAuto, "how engines' processes are contained: auto (a cgroup per engine when poold's cgroup is delegated to it, else process groups), cgroup or process-group")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
 	fl.Duration("upstream-header-timeout", 10*time.Minute, "how long an engine may take to start answering a request (504 after); 0 waits as long as the client")
+	fl.Duration("stream-idle-timeout", 2*time.Minute, "how long an engine may send nothing in the middle of an answer before the answer ends (engine_timeout) and the engine is restarted; 0: no bound")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
@@ -139,6 +147,7 @@ func loadSettings(args []string) (settings, error) {
 	s.AccessLogBuffer = v.Bytes("access-log-buffer")
 	s.VRAMReleaseTimeout = v.Duration("vram-release-timeout")
 	s.StateDir = v.String("state-dir")
+	s.Containment = v.String("containment")
 	s.Watch = v.Bool("watch")
 	s.ReloadDebounce = v.Duration("reload-debounce")
 	s.Metrics = v.Bool("metrics")
@@ -166,10 +175,16 @@ func loadSettings(args []string) (settings, error) {
 	if s.StateDir == "" {
 		errs = append(errs, errors.New("state-dir: must not be empty"))
 	}
+	switch s.Containment {
+	case pool.ModeAuto, pool.ModeCgroup, pool.ModeProcessGroup:
+	default:
+		errs = append(errs, fmt.Errorf("containment: %q is not auto, cgroup or process-group", s.Containment))
+	}
 	var usageErrs []error
 	s.Usage, usageErrs = loadUsageSettings(v, s.StateDir)
 	errs = append(errs, usageErrs...)
 	s.UpstreamHeaderTimeout = v.Duration("upstream-header-timeout")
+	s.StreamIdleTimeout = v.Duration("stream-idle-timeout")
 	s.ReadTimeout = v.Duration("read-timeout")
 	s.ReadHeaderTimeout = v.Duration("read-header-timeout")
 	s.MaxHeaderBytes = int(v.Bytes("max-header-bytes"))

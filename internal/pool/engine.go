@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/poold/poold/internal/profile"
@@ -34,12 +33,15 @@ type engine struct {
 	target    *url.URL // http://127.0.0.1:port, shared read-only by every lease
 	pid       int      // also the process group id
 	startedAt time.Time
-	argv, env []string // the command line, and the environment poold added
+	argv, env []string // the command line and the environment (engineEnv), but the token
 	// token is POOLD_ENGINE_TOKEN in the environment of the engine and its
 	// descendants, which tells them from unrelated processes after a crash.
 	token string
 	// startTicks is the leader's start time (see procStat); 0 if unknown.
 	startTicks uint64
+	// cgroup is the directory of the engine's own cgroup in cgroup mode
+	// (Containment); "" in process-group mode.
+	cgroup string
 
 	http clients // its probe and control clients
 	// hurry, once closed, cuts the SIGTERM grace of a stop short (a second
@@ -52,35 +54,52 @@ type engine struct {
 	logs    *ring
 }
 
-// startEngine starts prof's engine for the pool on a free loopback port.
-// self is poold's own executable, substituted for {poold} in commands; hc
-// are the clients of poold's calls to it.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, hc clients, hurry <-chan struct{}, log *slog.Logger) (*engine, error) {
+// startEngine starts prof's engine for the pool on a free loopback port, in
+// a cgroup of its own in contain's cgroup mode. self is poold's own
+// executable, substituted for {poold} in commands; hc are the clients of
+// poold's calls to it; hurry, once closed, cuts its stop's grace short.
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, contain *Containment, hc clients, hurry <-chan struct{}, log *slog.Logger) (*engine, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
 	}
 	argv := prof.Argv(port, spec, self)
-	env := prof.Environ(spec)
+	env := engineEnv(prof, spec)
 	token := rand.Text()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(append(os.Environ(), env...), tokenEnv+"="+token)
+	cmd.Env = append(slices.Clip(env), tokenEnv+"="+token)
 	if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
 		return nil, err
+	}
+	var cgroup string
+	if contain.Mode() == ModeCgroup {
+		dir, fd, err := newEngineGroup(contain.base, spec.Name, token)
+		if err != nil {
+			return nil, err
+		}
+		defer fd.Close()
+		cgroup = dir
+		cgroupAttr(cmd.SysProcAttr, fd)
 	}
 	// The engine writes into a pipe that we read ourselves, so that cmd.Wait does
 	// not wait for grandchildren that inherited the pipe.
 	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("creating log pipe: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	if err := spawn.start(cmd); err != nil {
-		r.Close()
+	if err == nil {
+		cmd.Stdout, cmd.Stderr = w, w
+		if err = spawn.start(cmd); err != nil {
+			r.Close()
+			err = fmt.Errorf("running %q: %w", argv[0], err)
+		}
 		w.Close()
-		return nil, fmt.Errorf("running %q: %w", argv[0], err)
+	} else {
+		err = fmt.Errorf("creating log pipe: %w", err)
 	}
-	w.Close()
+	if err != nil {
+		if cgroup != "" {
+			_ = removeCgroup(cgroup)
+		}
+		return nil, err
+	}
 	e := &engine{
 		profile:   prof,
 		port:      port,
@@ -91,6 +110,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		argv:      argv,
 		env:       env,
 		token:     token,
+		cgroup:    cgroup,
 		http:      hc,
 		hurry:     hurry,
 		exited:    make(chan struct{}),
@@ -101,7 +121,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		e.startTicks = st.start
 	}
 	log = log.With("profile", prof.ID, "pid", e.pid)
-	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "))
+	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", cgroup)
 	go e.pump(r, log)
 	go func() {
 		e.exitErr = cmd.Wait()
@@ -113,7 +133,13 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 // runs reports whether e runs prof on spec as prof would be started now: the
 // same command line and environment.
 func (e *engine) runs(prof *profile.Profile, spec *profile.PoolSpec, self string) bool {
-	return slices.Equal(e.argv, prof.Argv(e.port, spec, self)) && slices.Equal(e.env, prof.Environ(spec))
+	return slices.Equal(e.argv, prof.Argv(e.port, spec, self)) && slices.Equal(e.env, engineEnv(prof, spec))
+}
+
+// engineEnv is the environment prof's engine starts with on spec, but its
+// token: what it inherits of poold's environment, then what the profile sets.
+func engineEnv(prof *profile.Profile, spec *profile.PoolSpec) []string {
+	return append(prof.Inherited(os.Environ()), prof.Environ(spec)...)
 }
 
 // base is the engine's loopback URL.
@@ -192,43 +218,49 @@ func (s spawner) start(cmd *exec.Cmd) error {
 	return <-done
 }
 
-// killWait bounds the wait for a SIGKILLed group to vanish.
+// killWait bounds the wait for a SIGKILLed engine's processes to vanish.
 const killWait = 10 * time.Second
 
-// stop ends the engine's whole process group: SIGTERM, up to grace for the group
-// to empty, then SIGKILL. It returns only when no live process of the group
-// remains, or with an error naming the survivors.
+// stop ends all of the engine's processes (its cgroup, or its process group
+// and what left it: see Containment): SIGTERM, up to grace for them to end,
+// then SIGKILL. It returns only when no live process of the engine remains,
+// or with an error naming the survivors. In cgroup mode the group is then
+// removed.
 func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
-	pgid := e.pid
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	if waitGroupGone(pgid, grace, e.hurry) {
-		<-e.exited
-		return nil
-	}
-	log.Warn("engine did not stop on SIGTERM; sending SIGKILL", "profile", e.profile.ID, "pgid", pgid, "grace", grace, "hurried", isClosed(e.hurry))
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	if !waitGroupGone(pgid, killWait, nil) {
-		return fmt.Errorf("process group %d still has live members %v after SIGKILL", pgid, groupMembers(pgid))
+	if err := e.tree().end(grace, e.hurry, log.With("profile", e.profile.ID, "pid", e.pid)); err != nil {
+		return err
 	}
 	<-e.exited
+	if e.cgroup != "" {
+		if err := removeCgroup(e.cgroup); err != nil {
+			log.Warn("removing the engine's cgroup", "profile", e.profile.ID, "cgroup", e.cgroup, "err", err)
+		}
+	}
 	return nil
 }
 
+// tree is what stopping the engine ends.
+func (e *engine) tree() tree {
+	if e.cgroup != "" {
+		t := cgroupTree(e.cgroup)
+		t.pgid = e.pid
+		return t
+	}
+	// What one scan found stays the engine's while it runs: a process whose
+	// parent died meanwhile (SIGTERMed first, say) is still known.
+	known := make(map[int]uint64)
+	return tree{
+		what:    fmt.Sprintf("process group %d", e.pid),
+		pgid:    e.pid,
+		members: func() []int { return treeMembers(e.pid, e.token, e.startTicks, true, known) },
+	}
+}
+
+// members lists the engine's live processes.
+func (e *engine) members() []int { return e.tree().members() }
+
 // portAttempts bounds the starts of one engine whose port was taken.
 const portAttempts = 3
-
-// portTaken reports whether the engine exited because its port was in use.
-// Call it once the engine's group is stopped: it waits (bounded) for the
-// engine's last output lines.
-func (e *engine) portTaken() bool {
-	select {
-	case <-e.exited:
-	default:
-		return false
-	}
-	e.awaitOutput()
-	return e.logs.contains("address already in use")
-}
 
 // freePort asks the kernel for a free loopback port.
 func freePort() (int, error) {
@@ -257,16 +289,11 @@ func (r *ring) add(line string) {
 	r.lines = append(r.lines, line)
 }
 
-// contains reports whether a kept line contains s.
-func (r *ring) contains(s string) bool {
+// snapshot returns a copy of the kept lines.
+func (r *ring) snapshot() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, l := range r.lines {
-		if strings.Contains(l, s) {
-			return true
-		}
-	}
-	return false
+	return slices.Clone(r.lines)
 }
 
 // tail returns the last n lines joined by " | ", or "(none)".

@@ -21,7 +21,7 @@ func TestFailureWaitsForLastOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, Options{})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.http, nil, p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.opts.Containment, p.http, nil, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestWaitReadySaysWhatWasListed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := startEngine(cfg.Lookup("x"), cfg.Pool("a"), self, nil, p.http, nil, p.log)
+	e, err := startEngine(cfg.Lookup("x"), cfg.Pool("a"), self, nil, p.opts.Containment, p.http, nil, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -165,7 +165,7 @@ func (p *Pool) candidate(id string) placement.Candidate {
 		InFlight:   s.InFlight(),
 		Waiting:    s.QueueLen(),
 		LastUsed:   s.LastUsed(),
-	}, id, now, s.Policy.IdleGrace)
+	}, id, now, s.IdleGrace())
 }
 
 // Hurry cuts short the SIGTERM grace of every engine stop from now on,

@@ -81,7 +81,7 @@ func waitGroupMembers(t *testing.T, pgid, n int) {
 // after 20 s.
 func waitGroupGoneT(t *testing.T, pgid int, what string) {
 	t.Helper()
-	if !waitGroupGone(pgid, 20*time.Second, nil) {
+	if !waitGroupGone(pgid, 20*time.Second) {
 		t.Fatalf("%s: process group %d still has live members %v", what, pgid, groupMembers(pgid))
 	}
 }

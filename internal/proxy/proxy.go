@@ -56,6 +56,11 @@ type Options struct {
 	// UpstreamHeaderTimeout bounds the wait for an engine's response headers
 	// (504 after it); zero waits as long as the client does.
 	UpstreamHeaderTimeout time.Duration
+	// StreamIdleTimeout bounds the silence of an engine's answer, between
+	// the bytes of its body: past it the answer ends (a stream with an
+	// engine_timeout error event) and the engine, stalled, is restarted.
+	// Zero: no bound.
+	StreamIdleTimeout time.Duration
 	// Usage, when set, receives every finished request's record (usage.go);
 	// UsageReport, when set with an AdminToken, serves GET /usage behind it.
 	Usage       Usage
@@ -104,7 +109,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	h.cut, h.cutAll = context.WithCancel(context.Background())
 	h.bodies.max = opts.QueueBodyBytes
 	h.cfg.Store(cfg)
-	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout}
+	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout, BodyIdleTimeout: opts.StreamIdleTimeout}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewriteOut,
 		Transport:      h.tr,
@@ -118,8 +123,6 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 		// would start a goroutine per response that sends the headers ahead.
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
-	mux.HandleFunc("POST /pools/{pool}/v1/{path...}", h.serveAPI)
 	mux.HandleFunc("GET /v1/models", h.serveModels)
 	mux.HandleFunc("GET /pools/{pool}/metrics", h.serveEngineMetrics)
 	mux.HandleFunc("GET /status", h.serveStatus)
@@ -139,7 +142,16 @@ func (h *Handler) SetConfig(cfg *profile.Config) { h.cfg.Store(cfg) }
 // Handle adds another route (such as /metrics) to the handler's mux.
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+// ServeHTTP serves every POST but the admin API's as an inference request,
+// which serveAPI routes by its path (routeOf), before the mux could clean or
+// redirect it; everything else goes through the mux.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && !strings.HasPrefix(r.URL.Path, "/admin/") {
+		h.serveAPI(w, r)
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
 
 // Close closes the idle connections to engines and stops their sweep. Call
 // it once the server has stopped.
@@ -160,6 +172,7 @@ func (h *Handler) Cut() { h.cutAll() }
 type exchange struct {
 	ctx      context.Context // the forward's: the client's, cut by a shutdown; nil before
 	lease    *pool.Lease
+	path     string // the engine's path: an inference route
 	body     []byte
 	withhold bool
 	start    time.Time
@@ -202,7 +215,9 @@ func (x *exchange) usage() (openai.Usage, bool) {
 	return openai.Usage{}, false
 }
 
-// serveAPI handles POST /v1/* and its pinned form /pools/{pool}/v1/*.
+// serveAPI handles a POST to an inference route and its pinned form
+// /pools/{pool}/<route>; any other path gets a 404 before the body is read,
+// so that it costs no swap.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
@@ -236,6 +251,20 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		}
 		h.finish(rec)
 	}()
+
+	rt, ok := routeOf(r.URL)
+	if !ok {
+		rec.Status = http.StatusNotFound
+		openai.WriteError(w, rec.Status, "unknown_route", "", fmt.Sprintf("POST %s is not an inference route that poold forwards", strconv.Quote(r.URL.EscapedPath())))
+		return
+	}
+	r.SetPathValue("pool", rt.pool)
+	x.path = rt.path
+	if ok, why := forwardedHeaders(r.Header); !ok {
+		rec.Status = http.StatusRequestHeaderFieldsTooLarge
+		openai.WriteError(w, rec.Status, "headers_too_large", "", why)
+		return
+	}
 
 	body, req, status := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
 	if status != 0 {
@@ -272,8 +301,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer lease.Release()
 	rec.Pool, rec.QueueWait = lease.Pool, lease.Waited
 
-	path := r.PathValue("path")
-	inject := req.Stream && !req.IncludeUsage && (path == "chat/completions" || path == "completions")
+	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
 	x.lease = lease
 	x.body = openai.Rewrite(body, req, prof.ID, inject)
 	x.withhold = inject
@@ -352,26 +380,25 @@ func (h *Handler) unknownModel(name string) string {
 }
 
 // rewriteOut builds the upstream request: the engine's URL, the rewritten body,
-// and no client credentials (engines are not meant to see API keys).
+// and the client's headers but those poold owns (its credentials among them:
+// engines are not meant to see API keys) and the hop-by-hop ones.
 func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	x := pr.In.Context().Value(exchangeKey{}).(*exchange)
 	out := pr.Out
 	out.URL.Scheme = x.lease.Target.Scheme
 	out.URL.Host = x.lease.Target.Host
-	out.URL.Path = "/v1/" + pr.In.PathValue("path")
+	out.URL.Path = x.path
 	out.URL.RawPath = ""
 	out.Host = ""
 	upstream.SetBody(out, x.body)
-	out.Header.Del("Authorization")
-	out.Header.Del("X-Api-Key")
-	out.Header.Del("Accept-Encoding")
+	dropOwned(out.Header)
 }
 
 // modifyResponse wraps the engine's response body to count tokens and, for
 // streams where poold asked for usage, withhold the usage-only chunk.
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
-	resp.Body = &cutBody{ReadCloser: resp.Body, ctx: x.ctx}
+	resp.Body = &engineBody{ReadCloser: resp.Body, x: x}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		resp.Body = x.sse
@@ -432,17 +459,25 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // another poold (or this one, restarted) may serve by then.
 const shutdownRetry = 5 * time.Second
 
-// cutBody is an engine's response body that, cut by a shutdown, fails with
-// the stream error that tells the client so (see openai.StreamError).
-type cutBody struct {
+// engineBody is an engine's response body. When it fails because poold's
+// shutdown cut it, or because the engine stalled (nothing for the stream
+// idle timeout: the engine is then reported failed to its pool), it fails
+// with the stream error that tells the client why (see openai.StreamError).
+type engineBody struct {
 	io.ReadCloser
-	ctx context.Context
+	x *exchange
 }
 
-func (b *cutBody) Read(p []byte) (int, error) {
+func (b *engineBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && context.Cause(b.ctx) == errShutdownCut {
+	switch {
+	case err == nil || err == io.EOF:
+	case context.Cause(b.x.ctx) == errShutdownCut:
 		err = &openai.StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: errShutdownCut.Error()}
+	case errors.Is(err, upstream.ErrBodyIdle):
+		b.x.lease.Fail(fmt.Errorf("engine stalled while serving: %w", err))
+		err = &openai.StreamError{Status: http.StatusGatewayTimeout, Code: "engine_timeout",
+			Message: fmt.Sprintf("the engine for %q stalled: %v; it is being restarted", b.x.lease.Profile.ID, err)}
 	}
 	return n, err
 }

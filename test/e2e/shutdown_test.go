@@ -24,6 +24,30 @@ func (d *daemon) healthCode() int {
 	return resp.StatusCode
 }
 
+// stopHurried stops poold with two SIGTERMs, the second once it drains: it
+// kills its engines at once rather than waiting their stop grace.
+func (d *daemon) stopHurried() {
+	d.t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		d.t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for d.healthCode() == http.StatusOK {
+		if time.Now().After(deadline) {
+			d.t.Fatal("/health did not answer 503 while poold drained")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		d.t.Fatal(err)
+	}
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		d.t.Fatal("poold did not exit after a second SIGTERM")
+	}
+}
+
 // At the end of the drain bound, a stream still running gets an error event
 // (shutting_down) rather than a silent cut, and a plain request still
 // waiting for its engine's answer gets a 503; both are recorded as
