@@ -100,9 +100,16 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	access := newAccessQueue(accessOut, int(s.AccessLogBuffer), log)
 	defer access.Close(accessFlush)
 	reg.MustRegister(metrics.AccessLogDropped(access.Dropped))
+	// Closed after the pools have stopped (their last intervals) and the
+	// requests have drained: deferred before both.
+	usageLedger, err := openUsage(ctx, s, host, log, reg, gpus)
+	if err != nil {
+		return err
+	}
+	defer usageLedger.close()
 
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
-		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
+		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, Activity: usageLedger.activity()})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
@@ -126,6 +133,9 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 			}
 			return nil
 		},
+		// The usage ledger: every finished request, and GET /usage.
+		Usage:       usageLedger.requests(),
+		UsageReport: usageLedger.report(s.Usage),
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version:     version,
@@ -133,6 +143,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 				Config:      rl.status(),
 				GPU:         gpuStatus(gpus),
 				Containment: contain.Status(),
+				Usage:       usageLedger.status(),
 			}
 		},
 	})

@@ -85,10 +85,12 @@ type settings struct {
 	Metrics bool
 	// Loaded says where the settings came from, for the start-up log.
 	Loaded *cli.Settings
+	// Usage is the usage ledger's (usage_settings.go).
+	Usage usageSettings
 }
 
 // serveSources are where serve's settings come from besides its flags.
-var serveSources = cli.Sources{EnvPrefix: "POOLD", FileFlag: "config", DefaultFile: defaultSettingsFile, FileOnly: []string{"clients"}}
+var serveSources = cli.Sources{EnvPrefix: "POOLD", FileFlag: "config", DefaultFile: defaultSettingsFile, FileOnly: []string{"clients", "usage-cost"}}
 
 // serveFlags defines serve's flags.
 func serveFlags() *pflag.FlagSet {
@@ -121,6 +123,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.Bool("metrics", true, "record per-request metrics (requests, latencies, tokens); false leaves /metrics with the pool, swap, GPU and Go collectors")
+	usageFlags(fl)
 	return fl
 }
 
@@ -177,6 +180,9 @@ func loadSettings(args []string) (settings, error) {
 	default:
 		errs = append(errs, fmt.Errorf("containment: %q is not auto, cgroup or process-group", s.Containment))
 	}
+	var usageErrs []error
+	s.Usage, usageErrs = loadUsageSettings(v, s.StateDir)
+	errs = append(errs, usageErrs...)
 	s.UpstreamHeaderTimeout = v.Duration("upstream-header-timeout")
 	s.StreamIdleTimeout = v.Duration("stream-idle-timeout")
 	s.ReadTimeout = v.Duration("read-timeout")

@@ -20,6 +20,9 @@ type Lease struct {
 	Target *url.URL
 	// Waited is how long the request queued before admission.
 	Waited time.Duration
+	// CausedSwap reports that the request was the oldest one waiting for the
+	// swap that loaded its profile: the one that caused it.
+	CausedSwap bool
 
 	p    *Pool
 	eng  *engine // the engine the lease is on
@@ -40,6 +43,7 @@ func (l *Lease) Release() {
 		p := l.p
 		p.mu.Lock()
 		p.sched.Release(p.opts.Now())
+		p.noteActivityLocked()
 		kick := p.loopWaitsLocked()
 		p.mu.Unlock()
 		if kick {
@@ -213,6 +217,7 @@ func (p *Pool) leave(w *Waiter, err error) error {
 // leaseLocked makes a lease on the current engine; p.mu must be held and the
 // scheduler must have counted it in flight.
 func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
+	p.noteActivityLocked()
 	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, Waited: waited, p: p, eng: p.eng}
 }
 
@@ -245,7 +250,9 @@ func (p *Pool) answerLocked(ws []*Waiter, err error) {
 		case w.Intent:
 			w.done <- grant{} // done; an intent holds no lease
 		default:
-			w.done <- grant{lease: p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))}
+			l := p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))
+			l.CausedSwap = w.causedSwap
+			w.done <- grant{lease: l}
 		}
 	}
 }

@@ -13,7 +13,9 @@ import (
 // decisions until ctx ends, and then stops the engine.
 func (p *Pool) run(ctx context.Context) {
 	defer close(p.done)
+	defer p.endActivity()
 	p.mu.Lock()
+	p.noteActivityLocked()
 	if def := p.cfg.Lookup(p.spec.Default); def != nil && p.sched.QueueLen() == 0 {
 		retired := p.beginLocked(def.ID)
 		p.mu.Unlock()
@@ -281,7 +283,10 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	p.backoff.ready(now)
 	p.lastSwap = now.Sub(begin)
 	p.setStateLocked(StateReady)
-	p.answerLocked(p.sched.Ready(prof.ID, now), nil)
+	admitted := p.sched.Ready(prof.ID, now)
+	p.noteActivityLocked() // the state went ready before the scheduler knew the profile
+	markSwapCause(admitted)
+	p.answerLocked(admitted, nil)
 	p.mu.Unlock()
 	p.log.Info("engine ready", "profile", prof.ID, "from", from, "kind", kind, "took", now.Sub(begin))
 	p.observeSwap(from, prof.ID, kind, "ok", phases)

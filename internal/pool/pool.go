@@ -94,6 +94,9 @@ type Options struct {
 	Logger   *slog.Logger
 	Observer Observer
 	VRAM     VRAM
+	// Activity receives the pool's activity changes, for the usage ledger
+	// (activity.go); nil means none.
+	Activity ActivityObserver
 	// Ledger records the engines started, for crash clean-up; nil records none.
 	Ledger *Ledger
 	// Containment is how engines' processes are kept account of; nil is
@@ -160,6 +163,9 @@ type Pool struct {
 	// failed is why the engine serving failed though its process lives
 	// (Lease.Fail), for the run loop to stop it; nil when it did not.
 	failed error
+	// activity and activityProfile are what Options.Activity was last told.
+	activity        Activity
+	activityProfile string
 }
 
 func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
@@ -223,6 +229,7 @@ func (p *Pool) setStateLocked(s State) {
 	}
 	p.state = s
 	p.since = p.opts.Now()
+	p.noteActivityLocked()
 }
 
 func (p *Pool) observeSwap(from, to, kind, result string, phases map[string]time.Duration) {

@@ -106,7 +106,8 @@ type Waiter struct {
 	// block; false refuses the request with ErrQueueBudget.
 	Hold func() bool
 
-	done chan grant // buffered(1); the pool sends exactly one grant
+	done       chan grant // buffered(1); the pool sends exactly one grant
+	causedSwap bool       // set by markSwapCause
 }
 
 // Decision is what the scheduler wants the pool to do next.

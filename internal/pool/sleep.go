@@ -127,6 +127,7 @@ func (p *Pool) removeSleeperLocked(sl *sleeper) {
 	if i := slices.Index(p.sleepers, sl); i >= 0 {
 		p.sleepers = slices.Delete(p.sleepers, i, i+1)
 		p.dropSleeper(sl)
+		p.noteActivityLocked()
 	}
 }
 

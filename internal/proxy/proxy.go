@@ -61,6 +61,10 @@ type Options struct {
 	// engine_timeout error event) and the engine, stalled, is restarted.
 	// Zero: no bound.
 	StreamIdleTimeout time.Duration
+	// Usage, when set, receives every finished request's record (usage.go);
+	// UsageReport, when set with an AdminToken, serves GET /usage behind it.
+	Usage       Usage
+	UsageReport http.Handler
 }
 
 // Handler serves the OpenAI API and the operations endpoints.
@@ -242,6 +246,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			// Cut or abandoned before the usage chunk: what the client got.
 			rec.TokensEstimated, rec.CompletionTokens = true, x.sse.ContentChunks()
 		}
+		if x.lease != nil {
+			rec.CausedSwap = x.lease.CausedSwap
+		}
 		h.finish(rec)
 	}()
 
@@ -313,6 +320,9 @@ func (h *Handler) finish(rec *metrics.Record) {
 	}
 	if h.opts.AccessLog != nil {
 		rec.Log(h.opts.AccessLog)
+	}
+	if h.opts.Usage != nil {
+		h.opts.Usage.Request(rec)
 	}
 }
 

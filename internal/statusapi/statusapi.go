@@ -20,6 +20,8 @@ type Poold struct {
 	// Containment says how poold keeps account of its engines' processes.
 	Containment Containment `json:"containment"`
 	Pools       []Pool      `json:"pools"`
+	// Usage describes the usage ledger; absent when it is off.
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // Containment says how poold keeps account of its engines' processes
@@ -32,6 +34,31 @@ type Containment struct {
 	Mode   string `json:"mode"`
 	Cgroup string `json:"cgroup,omitempty"`
 	Reason string `json:"reason,omitempty"`
+}
+
+// Usage is the usage ledger's state (docs/usage.md): its database, the rows
+// waiting for its writer, those written and those lost since start, the
+// last failed write (nil after a good one), and, when it ships rows to
+// PostgreSQL, the shipping.
+type Usage struct {
+	Path      string    `json:"path"`
+	Queued    int       `json:"queued"`
+	Written   uint64    `json:"written"`
+	Dropped   uint64    `json:"dropped"`
+	LastError *string   `json:"lastError"`
+	Shipping  *Shipping `json:"shipping,omitempty"`
+}
+
+// Shipping is the state of the usage rows' shipping to PostgreSQL: where
+// to (no credentials), the rows not shipped yet and the age of the oldest
+// (0 when none waits), when rows were last shipped (nil: not yet), and the
+// last error (nil after a good attempt).
+type Shipping struct {
+	Target            string     `json:"target"`
+	BacklogRows       int64      `json:"backlogRows"`
+	BacklogAgeSeconds float64    `json:"backlogAgeSeconds"`
+	LastShippedAt     *time.Time `json:"lastShippedAt"`
+	LastError         *string    `json:"lastError"`
 }
 
 // File describes a watched settings file in force: poold's profiles file or

@@ -34,6 +34,8 @@ var allowed = map[string][]string{
 	"internal/metrics":     {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},
 	"internal/proxy":       {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics"},
 	"internal/fleet":       {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement"},
+	"internal/usage":       {"internal/metrics", "internal/pool", "internal/statusapi", "internal/openai"},
+	"internal/pgtest":      nil,
 }
 
 type pkg struct {
