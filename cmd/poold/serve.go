@@ -73,9 +73,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return err
 	}
 	defer ledger.Close()
-	nvml, closeGPUs := gpu.Open(log.With("component", "gpu"))
+	telemetry, closeGPUs, err := openGPUs(s, log.With("component", "gpu"))
+	if err != nil {
+		return err
+	}
 	defer closeGPUs()
-	gpus := gpu.Shared(nvml) // /status, scrapes and pools read the GPUs at once
+	gpus := gpu.Shared(telemetry) // /status, scrapes and pools read the GPUs at once
 	reg.MustRegister(metrics.GPUCollector(gpus))
 	// With NVML, the pools check that stopped and sleeping engines release
 	// their GPU memory, and evict sleepers when a start would not fit.

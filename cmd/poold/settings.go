@@ -46,6 +46,9 @@ type settings struct {
 	Clients *metrics.Clients
 	// VRAMReleaseTimeout bounds the wait for a stopped or sleeping engine's GPU memory.
 	VRAMReleaseTimeout time.Duration
+	// GPUSimDir, when set, is a simulated-GPU directory (engine-sim's
+	// --sim-gpu-dir) read instead of NVML: for the simulator and the demo.
+	GPUSimDir string
 	// StateDir holds the engines file and the lock (crash clean-up).
 	StateDir string
 	// Watch makes poold reload the profiles file when it changes; SIGHUP
@@ -92,6 +95,8 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("admin-token-file", "", "file holding the admin token")
 	fl.String("access-log", "stdout", "where the JSON access log goes: stdout, stderr or a file path")
 	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
+	fl.String("gpu-sim-dir", "", "read GPU telemetry from this simulated-GPU directory (engine-sim --sim-gpu-dir) instead of NVML: for the simulator and the demo")
+	_ = fl.MarkHidden("gpu-sim-dir")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
@@ -124,6 +129,7 @@ func loadSettings(args []string) (settings, error) {
 	s.KeepAliveInterval = v.Duration("keepalive-interval")
 	s.AccessLog = v.String("access-log")
 	s.VRAMReleaseTimeout = v.Duration("vram-release-timeout")
+	s.GPUSimDir = v.String("gpu-sim-dir")
 	s.StateDir = v.String("state-dir")
 	s.Watch = v.Bool("watch")
 	s.ReloadDebounce = v.Duration("reload-debounce")

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,6 +48,9 @@ type engine struct {
 	exitErr error         // valid once exited is closed
 	pumped  chan struct{} // closed once every writer closed the log pipe
 	logs    *ring
+	// noted has a bit set for each kind of output line (noteLines) the log
+	// pump has seen.
+	noted atomic.Uint32
 }
 
 // startEngine starts prof's engine for the pool on a free loopback port.
@@ -129,6 +133,7 @@ func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
 	sc.Buffer(make([]byte, 0, 4096), 64*1024)
 	for sc.Scan() {
 		line := sc.Text()
+		e.note(line)
 		e.logs.add(line)
 		log.Info(line, "stream", "engine")
 	}

@@ -163,7 +163,11 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		}
 	}
 
-	p.makeGPURoom(prof, spec.GPUs)
+	var own []int // a sleeper about to wake reclaims the memory it holds
+	if sl != nil {
+		own = groupMembers(sl.eng.pid)
+	}
+	p.makeGPURoom(prof, spec.GPUs, own)
 	p.mu.Lock()
 	p.setStateLocked(StateStarting)
 	if sl != nil {
@@ -175,7 +179,9 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		kind = KindWake
 	}
 	// An engine that could not bind its port (taken between freePort and the
-	// engine's bind) is started again on another, a bounded number of times.
+	// engine's bind) is started again on another, a bounded number of times;
+	// one that found too little free GPU memory, once, after an eviction.
+	memoryRetried := false
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
@@ -209,6 +215,11 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 				continue
 			}
 			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
+		}
+		if !memoryRetried && e.memoryShort() && p.evictOldest("vLLM found too little free GPU memory for "+prof.ID) {
+			memoryRetried = true
+			p.log.Warn("engine found too little free GPU memory; evicted a sleeper, starting it again", "profile", prof.ID, "attempt", attempt)
+			continue
 		}
 		p.failSwap(prof, from, phases, err)
 		return

@@ -1,0 +1,94 @@
+package e2e
+
+// What real vLLM does that poold must get right (docs/gpu.md, "vLLM
+// behaviour poold relies on"), against the simulator, which behaves as
+// vLLM does on each point.
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// simGPUs writes a simulated-GPU directory holding one GPU of total bytes
+// per entry (GPU 0, 1, …) and returns its path.
+func simGPUs(t *testing.T, totals ...uint64) string {
+	t.Helper()
+	dir := t.TempDir()
+	doc := `{"gpus": [`
+	for i, total := range totals {
+		if i > 0 {
+			doc += ", "
+		}
+		doc += fmt.Sprintf(`{"index": %d, "totalBytes": %d}`, i, total)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "gpus.json"), []byte(doc+"]}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// memorySleepers are two sleep-enabled profiles on one simulated GPU of 10
+// GiB: each claims 9 GiB awake (vLLM's default --gpu-memory-utilization
+// 0.9) and keeps 2 GiB asleep, so that the other cannot start beside it.
+func memorySleepers(t *testing.T, tag string) ([]byte, string) {
+	dir := simGPUs(t, 10<<30)
+	flags := []string{"--enable-sleep-mode", "--sim-gpu-dir", dir, "--sim-sleep-residue-mib", "2048"}
+	extra := map[string]any{"sleep": map[string]any{"level": 1}, "weightBytes": 1000}
+	return profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "a", Extra: map[string]any{"minResidency": "0s"}}},
+		[]sim{{ID: "a", Flags: flags, Extra: extra}, {ID: "b", Flags: flags, Extra: extra}}, nil), dir
+}
+
+// coldStartBesideSleeper asks d for b while a is loaded: a falls asleep,
+// then must be evicted for b to start. It checks that the request
+// succeeded, that no sleeper is left and a's process group is gone.
+func coldStartBesideSleeper(t *testing.T, d *daemon) {
+	t.Helper()
+	a := d.waitPool("p0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "a" })
+	d.chat("b")
+	if p := d.pool("p0"); p.Profile != "b" || p.LastError != "" {
+		t.Fatalf("pool %+v, want b loaded without error", p)
+	}
+	if s := d.sleeping("p0"); len(s) != 0 {
+		t.Fatalf("sleeping %+v, want a evicted", s)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(groupAlive(a.Engine.PID)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if left := groupAlive(a.Engine.PID); len(left) > 0 {
+		t.Fatalf("a's group still has %v", left)
+	}
+}
+
+// Item 2: with GPU telemetry (here the simulated GPUs, --gpu-sim-dir),
+// poold applies vLLM's rule per GPU before a cold start and evicts the
+// sleeper whose residue would make vLLM refuse it.
+func TestColdStartBesideSleeperEvictsIt(t *testing.T) {
+	tag := t.Name()
+	profiles, dir := memorySleepers(t, tag)
+	d := startPoold(t, tag, profiles, "--gpu-sim-dir", dir)
+	coldStartBesideSleeper(t, d)
+	if len(d.logLines("engine found too little free GPU memory")) != 0 {
+		t.Fatal("b's start failed first: the sleeper was not evicted before it")
+	}
+	if len(d.logLines("stopping sleeping engine")) != 1 {
+		t.Fatalf("log: %d sleepers stopped, want 1", len(d.logLines("stopping sleeping engine")))
+	}
+}
+
+// Item 2, without telemetry: vLLM's refusal ("Free memory on device … is
+// less than desired GPU memory utilization") makes poold evict a sleeper
+// and start the engine once more.
+func TestStartRefusedForMemoryEvictsAndRetries(t *testing.T) {
+	tag := t.Name()
+	profiles, _ := memorySleepers(t, tag)
+	d := startPoold(t, tag, profiles)
+	coldStartBesideSleeper(t, d)
+	if len(d.logLines("engine found too little free GPU memory")) != 1 {
+		t.Fatal("no retry after vLLM refused the start for memory")
+	}
+}
