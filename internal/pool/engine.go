@@ -218,19 +218,6 @@ func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
 // portAttempts bounds the starts of one engine whose port was taken.
 const portAttempts = 3
 
-// portTaken reports whether the engine exited because its port was in use.
-// Call it once the engine's group is stopped: it waits (bounded) for the
-// engine's last output lines.
-func (e *engine) portTaken() bool {
-	select {
-	case <-e.exited:
-	default:
-		return false
-	}
-	e.awaitOutput()
-	return e.logs.contains("address already in use")
-}
-
 // freePort asks the kernel for a free loopback port.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -256,18 +243,6 @@ func (r *ring) add(line string) {
 		r.lines = r.lines[:r.max-1]
 	}
 	r.lines = append(r.lines, line)
-}
-
-// contains reports whether a kept line contains s.
-func (r *ring) contains(s string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, l := range r.lines {
-		if strings.Contains(l, s) {
-			return true
-		}
-	}
-	return false
 }
 
 // tail returns the last n lines joined by " | ", or "(none)".

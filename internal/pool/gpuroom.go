@@ -60,21 +60,8 @@ func (p *Pool) makeGPURoom(prof *profile.Profile, gpus, own []int) {
 	}
 }
 
-// memoryShortLine is (lower-cased) what vLLM's error says when a GPU has
+// memoryShortLine is what vLLM's error says when a GPU has
 // less free memory than --gpu-memory-utilization asks for at start-up:
 // "ValueError: Free memory on device cuda:0 (…) on startup is less than
 // desired GPU memory utilization (…)".
 const memoryShortLine = "less than desired gpu memory utilization"
-
-// memoryShort reports whether the engine exited because vLLM found too
-// little free GPU memory at start-up. Call it once the engine's group is
-// stopped: it waits (bounded) for the engine's last output lines.
-func (e *engine) memoryShort() bool {
-	select {
-	case <-e.exited:
-	default:
-		return false
-	}
-	e.awaitOutput()
-	return e.noted.Load()&noteMemoryShort != 0
-}

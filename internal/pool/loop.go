@@ -209,14 +209,14 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		p.eng = nil
 		p.mu.Unlock()
 		p.observeExit(prof.ID, "load_failed")
-		if e.portTaken() {
+		if e.printed(notePortTaken) {
 			if attempt < portAttempts {
 				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt)
 				continue
 			}
 			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
 		}
-		if !memoryRetried && e.memoryShort() && p.evictOldest("vLLM found too little free GPU memory for "+prof.ID) {
+		if !memoryRetried && e.printed(noteMemoryShort) && p.evictOldest("vLLM found too little free GPU memory for "+prof.ID) {
 			memoryRetried = true
 			p.log.Warn("engine found too little free GPU memory; evicted a sleeper, starting it again", "profile", prof.ID, "attempt", attempt)
 			continue
