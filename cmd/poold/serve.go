@@ -118,6 +118,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 			}
 		},
 	})
+	reg.MustRegister(metrics.EngineConnsClosed(h.EngineConnsClosed))
 	h.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	rl.pools, rl.h = pools, h
 

@@ -43,6 +43,8 @@ type engine struct {
 	startTicks uint64
 
 	http clients // its probe and control clients
+	// idle is how long a connection to it may stay idle (idleTimeout).
+	idle time.Duration
 
 	exited  chan struct{}
 	exitErr error         // valid once exited is closed
@@ -93,6 +95,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		env:       env,
 		token:     token,
 		http:      hc,
+		idle:      idleTimeout(cmd.Env),
 		exited:    make(chan struct{}),
 		pumped:    make(chan struct{}),
 		logs:      &ring{max: logLines},

@@ -115,6 +115,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.Serv
 // it once the server has stopped.
 func (h *Handler) Close() { h.tr.Close() }
 
+// EngineConnsClosed is how many idle connections an engine closed before
+// poold did (upstream.Transport.UpstreamClosed).
+func (h *Handler) EngineConnsClosed() uint64 { return h.tr.UpstreamClosed() }
+
 // exchange is one forwarded request's state, carried in its context from
 // serveAPI through the ReverseProxy callbacks.
 type exchange struct {
@@ -225,7 +229,8 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	x.lease = lease
 	x.body = openai.Rewrite(body, req, prof.ID, inject)
 	x.withhold = inject
-	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+	ctx := upstream.WithIdleTimeout(context.WithValue(r.Context(), exchangeKey{}, x), lease.IdleTimeout)
+	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(ctx))
 }
 
 // finish records a finished request in the metrics and the access log.

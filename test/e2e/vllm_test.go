@@ -92,3 +92,24 @@ func TestStartRefusedForMemoryEvictsAndRetries(t *testing.T) {
 		t.Fatal("no retry after vLLM refused the start for memory")
 	}
 }
+
+// Item 4: vLLM closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+// seconds (here 2, set in the profiles' environment); poold closes its idle
+// connections to the engine sooner, so that between requests further apart
+// than that the engine never closes one first (a request on such a
+// connection would fail, or at best be sent again), while requests close
+// together still share one.
+func TestEngineKeepAliveIsRespected(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{{ID: "m"}}, map[string]any{"env": map[string]string{"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "2"}}))
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	for _, gap := range []time.Duration{0, 100 * time.Millisecond, 2500 * time.Millisecond, 2500 * time.Millisecond} {
+		time.Sleep(gap) // the idle time under test, not a wait for an event
+		d.chat("m")
+	}
+	if n := d.metricValue("poold_engine_connections_closed_by_engine_total"); n != 0 {
+		t.Fatalf("the engine closed %v idle connections before poold did, want 0", n)
+	}
+}
