@@ -142,9 +142,11 @@ func (e *engine) isSleeping(ctx context.Context) (bool, error) {
 }
 
 // sleep puts the engine to sleep at level and confirms it with /is_sleeping.
-// The pool has drained it: vLLM's sleep aborts the requests in flight.
+// The pool has drained it: vLLM's sleep aborts the requests in flight by
+// default, and mode=wait (which versions before it ignore) would let any
+// still running finish.
 func (e *engine) sleep(ctx context.Context, level int) error {
-	if _, _, err := e.call(ctx, http.MethodPost, "/sleep?level="+strconv.Itoa(level), ""); err != nil {
+	if _, _, err := e.call(ctx, http.MethodPost, "/sleep?level="+strconv.Itoa(level)+"&mode=wait", ""); err != nil {
 		return err
 	}
 	asleep, err := e.isSleeping(ctx)
@@ -154,8 +156,8 @@ func (e *engine) sleep(ctx context.Context, level int) error {
 	return err
 }
 
-// wakeUp wakes a sleeping engine: /wake_up (after level 2 also reload_weights
-// and a prefix-cache reset), the readiness gate, and a 1-token warm-up probe
+// wakeUp wakes a sleeping engine: /wake_up (after level 2 in vLLM's
+// documented order, below), the readiness gate, and a 1-token warm-up probe
 // that proves it generates. timeout bounds it all.
 func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) error {
 	select {
@@ -165,14 +167,8 @@ func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) e
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, _, err := e.call(ctx, http.MethodPost, "/wake_up", ""); err != nil {
-		return err
-	}
-	if level == 2 {
-		if _, _, err := e.call(ctx, http.MethodPost, "/collective_rpc", `{"method":"reload_weights"}`); err != nil {
-			return err
-		}
-		if _, _, err := e.call(ctx, http.MethodPost, "/reset_prefix_cache", ""); err != nil {
+	for _, c := range wakeCalls(level) {
+		if _, _, err := e.call(ctx, http.MethodPost, c.path, c.body); err != nil {
 			return err
 		}
 	}
@@ -180,6 +176,23 @@ func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) e
 		return err
 	}
 	return e.warmUp(ctx)
+}
+
+// wakeCalls are the POSTs that wake an engine asleep at level. At level 2
+// the weights were discarded: vLLM documents waking the weights' memory
+// alone, reloading them, and only then allocating the KV cache, so that the
+// reload does not run beside a full KV cache (a higher peak of GPU memory);
+// the prefix cache, whose blocks are gone, is reset last.
+func wakeCalls(level int) []struct{ path, body string } {
+	if level != 2 {
+		return []struct{ path, body string }{{"/wake_up", ""}}
+	}
+	return []struct{ path, body string }{
+		{"/wake_up?tags=weights", ""},
+		{"/collective_rpc", `{"method":"reload_weights"}`},
+		{"/wake_up?tags=kv_cache", ""},
+		{"/reset_prefix_cache", ""},
+	}
 }
 
 // warmUp sends a 1-token completion. Any answer but a 5xx passes: a 4xx
