@@ -5,9 +5,15 @@ package e2e
 // vLLM does on each point.
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -111,5 +117,75 @@ func TestEngineKeepAliveIsRespected(t *testing.T) {
 	}
 	if n := d.metricValue("poold_engine_connections_closed_by_engine_total"); n != 0 {
 		t.Fatalf("the engine closed %v idle connections before poold did, want 0", n)
+	}
+}
+
+// postTo sends body to url and returns the status and body, failing the
+// test on a transport error.
+func postTo(t *testing.T, url, body string) (int, []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("POST %s: reading: %v", url, err)
+	}
+	return resp.StatusCode, b
+}
+
+// engineURL is the base URL of the engine loaded in pool name, to ask it
+// directly what vLLM would answer.
+func (d *daemon) engineURL(name string) string {
+	d.t.Helper()
+	p := d.pool(name)
+	if p.Engine == nil {
+		d.t.Fatalf("pool %s has no engine", name)
+	}
+	return "http://127.0.0.1:" + strconv.Itoa(p.Engine.Port)
+}
+
+// usageChunks counts a stream's usage-only chunks ("choices": [] and a
+// usage object).
+func usageChunks(t *testing.T, body []byte) int {
+	t.Helper()
+	n := 0
+	for _, ev := range sseEvents(body) {
+		var chunk struct {
+			Choices []json.RawMessage `json:"choices"`
+			Usage   *struct{}         `json:"usage"`
+		}
+		if ev != "[DONE]" && json.Unmarshal([]byte(ev), &chunk) == nil && chunk.Choices != nil && len(chunk.Choices) == 0 && chunk.Usage != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// Item 6: in vLLM, include_usage defaults to true inside a present
+// stream_options, so "stream_options": {} asks for usage. Through poold the
+// client gets the usage chunk exactly as from the engine directly.
+func TestEmptyStreamOptionsAskForUsage(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}}, []sim{{ID: "m"}}, nil))
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	body := `{"model":"m","stream":true,"stream_options":{},"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`
+	code, direct := postTo(t, d.engineURL("p0")+"/v1/chat/completions", body)
+	if code != http.StatusOK || usageChunks(t, direct) != 1 {
+		t.Fatalf("the engine itself: %d, %d usage chunks; want 200 and 1:\n%s", code, usageChunks(t, direct), direct)
+	}
+	code, proxied := postTo(t, d.url+"/v1/chat/completions", body)
+	if code != http.StatusOK || usageChunks(t, proxied) != 1 || len(sseEvents(proxied)) != len(sseEvents(direct)) {
+		t.Fatalf("through poold: %d, %d usage chunks, %d events; want 200, 1 and %d, as directly:\n%s", code, usageChunks(t, proxied), len(sseEvents(proxied)), len(sseEvents(direct)), proxied)
 	}
 }
