@@ -107,8 +107,10 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,
 		AdminToken:        s.AdminToken,
-		// Reliability: a hung engine answers 504 after this.
+		// Reliability: a hung engine answers 504 after this; an event larger
+		// than this ends its stream.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
+		MaxEventBytes:         s.MaxEventBytes,
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version: version,

@@ -61,10 +61,12 @@ type settings struct {
 	// Limits and faults (docs/reliability.md). UpstreamHeaderTimeout bounds
 	// the wait for an engine's response headers (0: none). ReadTimeout bounds
 	// reading a request, body included, and ReadHeaderTimeout its headers;
-	// MaxHeaderBytes caps the headers' size. RestartBackoff and
-	// MaxRestartBackoff space out restarts of a failing engine.
+	// MaxHeaderBytes caps the headers' size, MaxEventBytes one server-sent
+	// event of an engine's stream. RestartBackoff and MaxRestartBackoff
+	// space out restarts of a failing engine.
 	UpstreamHeaderTimeout, ReadTimeout, ReadHeaderTimeout time.Duration
 	MaxHeaderBytes                                        int
+	MaxEventBytes                                         int64
 	RestartBackoff, MaxRestartBackoff                     time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
@@ -89,6 +91,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
 	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
+	cli.BytesFlag(fl, openai.MaxEventSetting, openai.DefaultMaxEvent, "largest server-sent event of an engine's stream (a larger one ends the stream with an error event); prompt_logprobs in a stream's first chunk may need more")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("keepalive-interval", 10*time.Second, "interval of the SSE comments sent to a stream waiting for a swap; 0 disables them")
 	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
@@ -125,6 +128,7 @@ func loadSettings(args []string) (settings, error) {
 	s.Profiles = v.String("profiles")
 	s.LogFormat = v.String("log-format")
 	s.MaxBodyBytes = v.Bytes("max-body-bytes")
+	s.MaxEventBytes = v.Bytes(openai.MaxEventSetting)
 	s.ShutdownTimeout = v.Duration("shutdown-timeout")
 	s.KeepAliveInterval = v.Duration("keepalive-interval")
 	s.AccessLog = v.String("access-log")
@@ -182,6 +186,9 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("max-body-bytes: must be positive, not %d", s.MaxBodyBytes))
+	}
+	if s.MaxEventBytes <= 0 {
+		errs = append(errs, fmt.Errorf("%s: must be positive, not %d", openai.MaxEventSetting, s.MaxEventBytes))
 	}
 	if s.ShutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("shutdown-timeout: must not be negative"))

@@ -34,11 +34,15 @@ const (
 )
 
 // HandlerOptions configures a Handler. Zero values: MaxBodyBytes →
-// openai.DefaultMaxBodyBytes; MaxAttempts → DefaultMaxAttempts;
+// openai.DefaultMaxBodyBytes; MaxEventBytes → openai.DefaultMaxEvent;
+// MaxAttempts → DefaultMaxAttempts;
 // AffinityHeader → DefaultAffinityHeader; AffinityBytes → DefaultAffinityBytes;
 // ScaleOutWait → scale-out off; Logger → discard; AccessLog → none.
 type HandlerOptions struct {
 	MaxBodyBytes int64
+	// MaxEventBytes bounds one server-sent event of a stream (larger ends
+	// the stream with an error event).
+	MaxEventBytes int64
 	// MaxAttempts bounds the hosts one request is tried on: a host is skipped
 	// for the next only when it could not be reached or answered 503, and
 	// never once a response byte reached the client.
@@ -269,7 +273,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	resp.Header.Set("X-Fleet-Host", a.host.name)
 	resp.Header.Del("X-Request-Id") // the answer has it already; poold's would be a second copy
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		resp.Body = openai.NewSSEReader(resp.Body, false, a.markFirst)
+		sse := openai.NewSSEReader(resp.Body, false, a.markFirst)
+		sse.SetMaxEvent(int(h.opts.MaxEventBytes))
+		resp.Body = sse
 	} else {
 		resp.Body = &firstByteReader{ReadCloser: resp.Body, onFirst: a.markFirst}
 	}

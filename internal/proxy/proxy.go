@@ -47,6 +47,10 @@ type Options struct {
 	// UpstreamHeaderTimeout bounds the wait for an engine's response headers
 	// (504 after it); zero waits as long as the client does.
 	UpstreamHeaderTimeout time.Duration
+	// MaxEventBytes bounds one server-sent event of an engine's stream
+	// (larger ends the stream with an error event); zero means
+	// openai.DefaultMaxEvent.
+	MaxEventBytes int64
 }
 
 // Handler serves the OpenAI API and the operations endpoints.
@@ -128,7 +132,7 @@ type exchange struct {
 	start    time.Time
 	first    time.Time // first response byte sent
 	sse      *openai.SSEReader
-	tail     *openai.TailReader
+	tail     *openai.UsageReader
 	status   int
 }
 
@@ -316,12 +320,13 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
+		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))
 		resp.Body = x.sse
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 		return nil
 	}
-	x.tail = openai.NewTailReader(resp.Body, x.markFirst)
+	x.tail = openai.NewUsageReader(resp.Body, x.markFirst)
 	resp.Body = x.tail
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -120,29 +119,6 @@ func TestEngineKeepAliveIsRespected(t *testing.T) {
 	}
 }
 
-// postTo sends body to url and returns the status and body, failing the
-// test on a transport error.
-func postTo(t *testing.T, url, body string) (int, []byte) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("POST %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("POST %s: reading: %v", url, err)
-	}
-	return resp.StatusCode, b
-}
-
 // engineURL is the base URL of the engine loaded in pool name, to ask it
 // directly what vLLM would answer.
 func (d *daemon) engineURL(name string) string {
@@ -180,12 +156,54 @@ func TestEmptyStreamOptionsAskForUsage(t *testing.T) {
 		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}}, []sim{{ID: "m"}}, nil))
 	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	body := `{"model":"m","stream":true,"stream_options":{},"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`
-	code, direct := postTo(t, d.engineURL("p0")+"/v1/chat/completions", body)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, _, direct := sendTo(ctx, t, d.engineURL("p0")+"/v1/chat/completions", body, nil)
 	if code != http.StatusOK || usageChunks(t, direct) != 1 {
 		t.Fatalf("the engine itself: %d, %d usage chunks; want 200 and 1:\n%s", code, usageChunks(t, direct), direct)
 	}
-	code, proxied := postTo(t, d.url+"/v1/chat/completions", body)
+	code, _, proxied := d.send(ctx, "/v1/chat/completions", body, nil)
 	if code != http.StatusOK || usageChunks(t, proxied) != 1 || len(sseEvents(proxied)) != len(sseEvents(direct)) {
 		t.Fatalf("through poold: %d, %d usage chunks, %d events; want 200, 1 and %d, as directly:\n%s", code, usageChunks(t, proxied), len(sseEvents(proxied)), len(sseEvents(direct)), proxied)
+	}
+}
+
+// Item 7: vLLM puts prompt_logprobs and prompt_token_ids after the usage
+// of a plain answer; for a long prompt they run to hundreds of KiB, and
+// poold still counts the tokens (in the access log and the metrics).
+func TestUsageBeforeLargeMembersIsCounted(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}}, []sim{{ID: "m"}}, nil))
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	body := `{"model":"m","max_tokens":2,"prompt_logprobs":1,"return_token_ids":true,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 3000) + `"}]}`
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, _, answer := d.send(ctx, "/v1/chat/completions", body, map[string]string{"X-Request-Id": "long-prompt"})
+	if code != http.StatusOK {
+		t.Fatalf("status %d: %.300s", code, answer)
+	}
+	prompt, completion := usageOf(t, answer, false)
+	if after := len(answer) - strings.Index(string(answer), `"usage"`); prompt < 3000 || after < 64<<10 {
+		t.Fatalf("usage %d prompt tokens with %d bytes from it to the end; want over 3000 and 64 KiB", prompt, after)
+	}
+	line := waitLogLine(t, d, "long-prompt")
+	if line["prompt_tokens"] != float64(prompt) || line["completion_tokens"] != float64(completion) {
+		t.Fatalf("access log counted %v prompt and %v completion tokens, want %d and %d: %v", line["prompt_tokens"], line["completion_tokens"], prompt, completion, line)
+	}
+}
+
+// Item 7: the largest event of a stream is a setting, which the error
+// event that ends a stream for it names.
+func TestSSEEventLimitIsASetting(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}}, []sim{{ID: "m"}}, nil), "--max-sse-event-bytes", "64")
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	// The stream ends with the error event, then the connection is cut.
+	r := d.timedPost(context.Background(), chatBody("m", true, 3))
+	events := sseEvents(r.body)
+	if r.code != http.StatusOK || len(events) != 1 || !strings.Contains(events[0], "over the 64-byte limit (setting max-sse-event-bytes)") {
+		t.Fatalf("status %d, events %q; want one error event naming the limit and its setting", r.code, events)
 	}
 }
