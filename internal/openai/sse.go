@@ -305,8 +305,9 @@ func hasContent(data []byte) bool {
 }
 
 // hasUsage reports whether data may hold a usage object: a "usage" key whose
-// value is not null. vLLM puts "usage":null in every chunk of a stream that
-// asked for usage, and decoding each of them would dominate a stream's cost.
+// value is not null. Current vLLM leaves the key out of every chunk but the
+// usage chunk; older versions put "usage":null in each, and decoding each of
+// them would dominate a stream's cost.
 func hasUsage(data []byte) bool {
 	for {
 		i := bytes.Index(data, usageKey)

@@ -207,3 +207,41 @@ func TestSSEEventLimitIsASetting(t *testing.T) {
 		t.Fatalf("status %d, events %q; want one error event naming the limit and its setting", r.code, events)
 	}
 }
+
+// Item 8: current vLLM leaves the usage key out of a stream's chunks but
+// the usage chunk; older versions put "usage": null in each. With either,
+// poold counts the stream's tokens, withholds the usage chunk it asked for
+// and passes one the client asked for.
+func TestStreamChunkShapes(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		flags []string
+	}{
+		{"no usage key", nil},
+		{"usage null", []string{"--sim-usage-null"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tag := t.Name()
+			d := startPoold(t, tag, profilesJSON(tag,
+				[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}}, []sim{{ID: "m", Flags: tt.flags}}, nil))
+			d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for _, ask := range []bool{false, true} {
+				id := fmt.Sprintf("shape-%t", ask)
+				body := chatBody("m", true, 5)
+				if ask {
+					body = strings.Replace(body, `"stream":true`, `"stream":true,"stream_options":{"include_usage":true}`, 1)
+				}
+				code, _, stream := d.send(ctx, "/v1/chat/completions", body, map[string]string{"X-Request-Id": id})
+				nulls := strings.Count(string(stream), `"usage":null`)
+				if code != http.StatusOK || usageChunks(t, stream) != map[bool]int{false: 0, true: 1}[ask] || (nulls > 0) != (tt.flags != nil) {
+					t.Fatalf("asked for usage %t: status %d, %d usage chunks, %d null usages:\n%s", ask, code, usageChunks(t, stream), nulls, stream)
+				}
+				if line := waitLogLine(t, d, id); line["completion_tokens"] != float64(5) || line["prompt_tokens"] == float64(0) {
+					t.Fatalf("asked for usage %t: access log %v, want 5 completion tokens and some prompt tokens", ask, line)
+				}
+			}
+		})
+	}
+}
