@@ -92,8 +92,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	defer closeAccess()
 
+	health := s.EngineHealthInterval
+	if health == 0 {
+		health = -1 // the setting's 0 is the pools' "never"
+	}
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger,
-		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
+		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m

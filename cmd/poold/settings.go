@@ -63,10 +63,12 @@ type settings struct {
 	// reading a request, body included, and ReadHeaderTimeout its headers;
 	// MaxHeaderBytes caps the headers' size, MaxEventBytes one server-sent
 	// event of an engine's stream. RestartBackoff and MaxRestartBackoff
-	// space out restarts of a failing engine.
+	// space out restarts of a failing engine. EngineHealthInterval is how
+	// often a serving engine's /health is polled (0: never).
 	UpstreamHeaderTimeout, ReadTimeout, ReadHeaderTimeout time.Duration
 	MaxHeaderBytes                                        int
 	MaxEventBytes                                         int64
+	EngineHealthInterval                                  time.Duration
 	RestartBackoff, MaxRestartBackoff                     time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
@@ -107,6 +109,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
+	fl.Duration("engine-health-interval", pool.DefaultHealthInterval, "how often a serving engine's /health is polled; a 503 (vLLM's dead engine core) fails the engine over; 0 never polls")
 	fl.Duration("restart-backoff", pool.DefaultRestartBackoff, "wait before restarting an engine that failed twice in a row, doubling with each further failure")
 	fl.Duration("restart-backoff-max", pool.DefaultMaxRestartBackoff, "cap of the restart backoff; an engine ready this long ends a failure streak")
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
@@ -164,6 +167,10 @@ func loadSettings(args []string) (settings, error) {
 	s.ReadHeaderTimeout = v.Duration("read-header-timeout")
 	s.MaxHeaderBytes = int(v.Bytes("max-header-bytes"))
 	s.RestartBackoff = v.Duration("restart-backoff")
+	s.EngineHealthInterval = v.Duration("engine-health-interval")
+	if s.EngineHealthInterval < 0 {
+		errs = append(errs, errors.New("engine-health-interval: must not be negative"))
+	}
 	s.MaxRestartBackoff = v.Duration("restart-backoff-max")
 	errs = append(errs, s.checkLimits()...)
 	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"fmt"
 	"io"
@@ -27,7 +28,9 @@ const logLines = 30
 // engine is one engine subprocess in its own process group. Its fields are set
 // before start returns and not changed afterwards, except through the exited
 // channel (closed by the one goroutine that calls cmd.Wait, after setting
-// exitErr) and the log ring (which has its own mutex).
+// exitErr), the dead channel (closed by its /health poller, after setting
+// deadErr), unwatch (the run loop's alone), and the log ring and noted
+// (safe for concurrent use).
 type engine struct {
 	profile   *profile.Profile
 	port      int
@@ -53,6 +56,13 @@ type engine struct {
 	// noted has a bit set for each kind of output line (noteLines) the log
 	// pump has seen.
 	noted atomic.Uint32
+	// dead is closed by the /health poller when the engine reports its core
+	// dead, after setting deadErr (liveness.go).
+	dead    chan struct{}
+	deadErr error
+	// unwatch ends the /health poller; nil while none runs. Only the
+	// pool's run loop uses it.
+	unwatch context.CancelFunc
 }
 
 // startEngine starts prof's engine for the pool on a free loopback port.
@@ -97,6 +107,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		http:      hc,
 		idle:      idleTimeout(cmd.Env),
 		exited:    make(chan struct{}),
+		dead:      make(chan struct{}),
 		pumped:    make(chan struct{}),
 		logs:      &ring{max: logLines},
 	}

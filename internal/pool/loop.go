@@ -56,9 +56,9 @@ func (p *Pool) run(ctx context.Context) {
 		} else if !p.sched.Closing() && p.state == StateDraining && p.reload.step != reloadRetire {
 			p.setStateLocked(StateReady) // the gate reopened: those waiting for others left
 		}
-		var exited <-chan struct{}
+		var exited, dead <-chan struct{}
 		if p.eng != nil {
-			exited = p.eng.exited
+			exited, dead = p.eng.exited, p.eng.dead
 		}
 		p.mu.Unlock()
 		if next != nil {
@@ -79,28 +79,36 @@ func (p *Pool) run(ctx context.Context) {
 		case <-p.kick:
 		case <-recheck:
 		case <-exited:
-			p.engineExited()
+			p.loseEngine((*engine).failure, 0)
+		case <-dead:
+			p.loseEngine((*engine).deadFailure, -1)
 		}
 	}
 	p.shutdown()
 }
 
-// engineExited handles an engine that ended on its own while serving.
-func (p *Pool) engineExited() {
+// loseEngine handles an engine lost while serving: one that exited on its
+// own, or one that reported its core dead. The pool fails with why(e) as
+// its last error, and the engine's group is stopped: reaped with no grace
+// (grandchildren may survive their parent), or, with grace negative, under
+// the profile's stopTimeout. The next request starts a fresh engine.
+func (p *Pool) loseEngine(why func(*engine) error, grace time.Duration) {
 	p.mu.Lock()
 	e := p.eng
 	p.eng = nil
 	p.sched.Lost()
 	p.setStateLocked(StateFailed)
 	p.mu.Unlock()
-	err := e.failure() // waits for its last lines: outside the lock
+	err := why(e) // may wait for its last lines: outside the lock
 	p.mu.Lock()
 	p.lastErr = err
 	wait := p.backoff.failed(e.profile, err, p.opts.Now())
 	p.mu.Unlock()
-	p.log.Error("engine exited", "profile", e.profile.ID, "err", err, "restart_backoff", wait)
-	// Reap what is left of its group (grandchildren may survive their parent).
-	if _, stopErr := p.stopGroup(e, 0); stopErr != nil {
+	p.log.Error("engine lost", "profile", e.profile.ID, "err", err, "restart_backoff", wait)
+	if grace < 0 {
+		grace = e.profile.StopTimeout.Duration
+	}
+	if _, stopErr := p.stopGroup(e, grace); stopErr != nil {
 		p.log.Error("cleaning up engine", "profile", e.profile.ID, "err", stopErr)
 	}
 	p.observeExit(e.profile.ID, "crashed")
@@ -227,6 +235,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	now := p.opts.Now()
 
 	p.mu.Lock()
+	p.watchHealth(p.eng)
 	p.lastErr = nil
 	p.readyAt = now
 	p.backoff.ready(now)
@@ -297,6 +306,7 @@ func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
 // check that gives up is a warning, not a failed stop: the group is gone.
 // release is how long the check took, zero when it did not run or gave up.
 func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration, err error) {
+	e.unwatchHealth()
 	var released func() error
 	if p.opts.VRAM != nil {
 		released = p.opts.VRAM.Watch(e.gpus, groupMembers(e.pid))

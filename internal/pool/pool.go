@@ -110,6 +110,9 @@ type Options struct {
 	// warm-up calls, each bounded by its own context; nil means a plain
 	// client.
 	ProbeClient, ControlClient *http.Client
+	// HealthInterval is how often a serving engine's /health is polled
+	// (liveness.go); zero means DefaultHealthInterval, negative none.
+	HealthInterval time.Duration
 	// RestartBackoff is the wait before the second start in a row of a profile
 	// whose engine failed twice in a row, doubling with each further failure up
 	// to MaxRestartBackoff (restartBackoff in backoff.go). Zero values mean

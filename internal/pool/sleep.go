@@ -47,6 +47,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	p.mu.Lock()
 	p.setStateLocked(StateSleeping)
 	p.mu.Unlock()
+	old.unwatchHealth()
 	var released func() error
 	if p.opts.VRAM != nil {
 		released = p.opts.VRAM.WatchSleep(gpus, groupMembers(old.pid))

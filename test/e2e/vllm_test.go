@@ -245,3 +245,32 @@ func TestStreamChunkShapes(t *testing.T) {
 		})
 	}
 }
+
+// Item 9: an engine whose core died answers /health with 503 and every
+// request with 500, and, with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH, never exits.
+// poold polls /health while it serves, stops it, fails the pool with the
+// reason, and the next request starts a fresh engine.
+func TestDeadEngineCoreFailsOver(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{{ID: "m", Flags: []string{"--sim-core-dies-after", "1500ms"}}},
+		map[string]any{"env": map[string]string{"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}}),
+		"--engine-health-interval", "100ms")
+	first := d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	failed := d.waitPool("p0", 20*time.Second, "failed over", func(p poolView) bool { return p.State == "failed" })
+	if !strings.Contains(failed.LastError, `engine "m" failed over: GET /health answered 503`) {
+		t.Fatalf("lastError %q, want the /health failure", failed.LastError)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(groupAlive(first.Engine.PID)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if left := groupAlive(first.Engine.PID); len(left) > 0 {
+		t.Fatalf("the dead engine's group still has %v", left)
+	}
+	d.chat("m")
+	if p := d.pool("p0"); p.Engine == nil || p.Engine.PID == first.Engine.PID {
+		t.Fatalf("pool %+v, want a fresh engine", p)
+	}
+}

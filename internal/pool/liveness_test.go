@@ -1,0 +1,71 @@
+package pool
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The /health poller fails an engine over on a 503 only: not on a 200, a
+// 500 (a request's error) or a probe that got no answer.
+func TestHealthPollerSeesADeadCore(t *testing.T) {
+	var polls atomic.Int32
+	f := newFakeEngine(t, "m", func(call string) (int, string) {
+		if call != "GET /health" {
+			return 0, ""
+		}
+		switch polls.Add(1) {
+		case 1:
+			return http.StatusOK, ""
+		case 2:
+			return http.StatusInternalServerError, ""
+		case 3:
+			return http.StatusNotFound, "" // an engine without /health
+		}
+		return http.StatusServiceUnavailable, ""
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go f.pollHealth(ctx, 5*time.Millisecond)
+	select {
+	case <-f.dead:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a dead core was not seen")
+	}
+	if n := polls.Load(); n != 4 {
+		t.Fatalf("dead after %d polls, want 4", n)
+	}
+	if err := f.deadFailure(); !strings.Contains(err.Error(), `engine "m" failed over: GET /health answered 503 Service Unavailable: its engine core is dead`) {
+		t.Fatalf("deadFailure: %v", err)
+	}
+}
+
+// The poller stops when asked to (the engine sleeps or stops).
+func TestHealthPollerStops(t *testing.T) {
+	f := newFakeEngine(t, "m", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		f.pollHealth(ctx, time.Millisecond)
+		close(done)
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for !slices.Contains(f.recorded(), "GET /health") && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the poller did not stop")
+	}
+	select {
+	case <-f.dead:
+		t.Fatal("a live engine was declared dead")
+	default:
+	}
+}
