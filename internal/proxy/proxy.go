@@ -126,6 +126,7 @@ func (h *Handler) EngineConnsClosed() uint64 { return h.tr.UpstreamClosed() }
 // exchange is one forwarded request's state, carried in its context from
 // serveAPI through the ReverseProxy callbacks.
 type exchange struct {
+	id       string // the request id, sent upstream as X-Request-Id
 	lease    *pool.Lease
 	body     []byte
 	withhold bool
@@ -174,7 +175,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
 	w.Header().Set("X-Request-Id", rec.RequestID)
-	x := &exchange{start: start}
+	x := &exchange{id: rec.RequestID, start: start}
 	defer func() {
 		if rec.Status == 0 {
 			// Forwarded (or aborted mid-stream, which unwinds through here).
@@ -311,6 +312,9 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	upstream.SetBody(out, x.body)
 	out.Header.Del("Authorization")
 	out.Header.Del("X-Api-Key")
+	// The engine takes it as its own request id (vLLM does), so that its
+	// log lines match the access log's.
+	out.Header.Set("X-Request-Id", x.id)
 	out.Header.Del("Accept-Encoding")
 }
 
@@ -318,6 +322,9 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 // streams where poold asked for usage, withhold the usage-only chunk.
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	// The client has poold's X-Request-Id already; an engine's echo of it
+	// (vLLM's --enable-request-id-headers) would be a second.
+	resp.Header.Del("X-Request-Id")
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))

@@ -274,3 +274,39 @@ func TestDeadEngineCoreFailsOver(t *testing.T) {
 		t.Fatalf("pool %+v, want a fresh engine", p)
 	}
 }
+
+// Item 10: vLLM takes an incoming X-Request-Id as its request id and, with
+// --enable-request-id-headers, echoes it in its answer. poold sends its id
+// (the client's, or one it made) upstream, so that the engine's log lines
+// match the access log's, and answers with exactly one X-Request-Id.
+func TestRequestIDReachesTheEngineOnce(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{{ID: "m", Flags: []string{"--enable-request-id-headers"}}}, nil))
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, client := range []bool{false, true} {
+		for _, stream := range []bool{false, true} {
+			sent, hdr := "", map[string]string{}
+			if client {
+				sent = fmt.Sprintf("client-chosen-%t", stream)
+				hdr["X-Request-Id"] = sent
+			}
+			code, h, body := sendTo(ctx, t, d.url+"/v1/chat/completions", chatBody("m", stream, 2), hdr)
+			ids := h.Values("X-Request-Id")
+			if code != http.StatusOK || len(ids) != 1 || (sent != "" && ids[0] != sent) {
+				t.Fatalf("sent id %q, stream %t: status %d, X-Request-Id %q; want one, %q when sent: %s", sent, stream, code, ids, sent, body)
+			}
+			waitLogLine(t, d, ids[0])
+			deadline := time.Now().Add(10 * time.Second)
+			for !strings.Contains(d.stderr.String(), "path=/v1/chat/completions request_id="+ids[0]+" ") {
+				if time.Now().After(deadline) {
+					t.Fatalf("the engine logged no request with id %q", ids[0])
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+}
