@@ -100,8 +100,10 @@ func (e *engine) serves(ctx context.Context) (ok bool, seen string) {
 	return false, fmt.Sprintf("it lists [%s], not %q (check --served-model-name)", strings.Join(ids, ", "), e.profile.ID)
 }
 
-// warmupTimeout bounds the warm-up probe after a wake.
-const warmupTimeout = 30 * time.Second
+// warmupTimeout bounds the warm-up probe after a wake: a 1-token answer of
+// an awake engine takes milliseconds, while vLLM queues a request to an
+// engine not fully awake until it is, which may be never.
+const warmupTimeout = 10 * time.Second
 
 // call sends one sleep-mode request to the engine and returns the status and
 // (the start of) the body. It fails on a transport error (status 0) or a
@@ -157,8 +159,9 @@ func (e *engine) sleep(ctx context.Context, level int) error {
 }
 
 // wakeUp wakes a sleeping engine: /wake_up (after level 2 in vLLM's
-// documented order, below), the readiness gate, and a 1-token warm-up probe
-// that proves it generates. timeout bounds it all.
+// documented order, below), /is_sleeping confirming it is fully awake (else
+// the warm-up would only queue), the readiness gate, and a 1-token warm-up
+// probe that proves it generates. timeout bounds it all.
 func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) error {
 	select {
 	case <-e.exited:
@@ -171,6 +174,12 @@ func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) e
 		if _, _, err := e.call(ctx, http.MethodPost, c.path, c.body); err != nil {
 			return err
 		}
+	}
+	if asleep, err := e.isSleeping(ctx); err != nil || asleep {
+		if err == nil {
+			err = errors.New("GET /is_sleeping: still asleep after the wake")
+		}
+		return err
 	}
 	if err := e.waitReady(ctx, timeout); err != nil {
 		return err
@@ -195,9 +204,9 @@ func wakeCalls(level int) []struct{ path, body string } {
 	}
 }
 
-// warmUp sends a 1-token completion. Any answer but a 5xx passes: a 4xx
-// (an embedding model refusing completions, say) still comes from a live
-// model, while a sleeping engine fails with 500.
+// warmUp sends a 1-token completion, bounded by warmupTimeout. Any answer
+// but a 5xx passes: a 4xx (an embedding model refusing completions, say)
+// still comes from a live model.
 func (e *engine) warmUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, warmupTimeout)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -81,9 +82,9 @@ func TestSleepAndWakeCalls(t *testing.T) {
 		level int
 		want  []string
 	}{
-		{1, []string{"POST /sleep?level=1&mode=wait", "GET /is_sleeping", "POST /wake_up", warm}},
+		{1, []string{"POST /sleep?level=1&mode=wait", "GET /is_sleeping", "POST /wake_up", "GET /is_sleeping", warm}},
 		{2, []string{"POST /sleep?level=2&mode=wait", "GET /is_sleeping",
-			"POST /wake_up?tags=weights", `POST /collective_rpc {"method":"reload_weights"}`, "POST /wake_up?tags=kv_cache", "POST /reset_prefix_cache", warm}},
+			"POST /wake_up?tags=weights", `POST /collective_rpc {"method":"reload_weights"}`, "POST /wake_up?tags=kv_cache", "POST /reset_prefix_cache", "GET /is_sleeping", warm}},
 	} {
 		asleep := false
 		f := newFakeEngine(t, "m", func(call string) (int, string) {
@@ -107,5 +108,24 @@ func TestSleepAndWakeCalls(t *testing.T) {
 		if got := f.recorded(); !slices.Equal(got, tt.want) {
 			t.Errorf("level %d: calls\n%q\nwant\n%q", tt.level, got, tt.want)
 		}
+	}
+}
+
+// An engine that is not fully awake after the wake calls (its /is_sleeping
+// still true) queues every request, as vLLM does, so the warm-up would
+// only wait: the wake fails at once instead.
+func TestWakeFailsFastWhenStillAsleep(t *testing.T) {
+	f := newFakeEngine(t, "m", func(call string) (int, string) {
+		if call == "GET /is_sleeping" {
+			return http.StatusOK, `{"is_sleeping":true}`
+		}
+		return 0, ""
+	})
+	err := f.wakeUp(context.Background(), 1, time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "still asleep after the wake") {
+		t.Fatalf("wake: %v; want it to fail as still asleep", err)
+	}
+	if got := f.recorded(); !slices.Equal(got, []string{"POST /wake_up", "GET /is_sleeping"}) {
+		t.Fatalf("calls %q: the warm-up was sent to a sleeping engine", got)
 	}
 }
