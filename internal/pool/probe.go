@@ -204,15 +204,21 @@ func wakeCalls(level int) []struct{ path, body string } {
 	}
 }
 
-// warmUp sends a 1-token completion, bounded by warmupTimeout. Any answer
-// but a 5xx passes: a 4xx (an embedding model refusing completions, say)
-// still comes from a live model.
+// warmUp runs the model once, bounded by warmupTimeout: a 1-token
+// completion, or, where the engine serves no completions (404: vLLM
+// registers them only for generative models), an embedding of the same
+// text, as a pooling model serves. Any answer but a 5xx passes: a 4xx
+// still comes from a live engine (a reranker that serves neither route
+// answers 404 to both).
 func (e *engine) warmUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, warmupTimeout)
 	defer cancel()
 	id, _ := json.Marshal(e.profile.ID)
-	body := `{"model":` + string(id) + `,"prompt":"warm-up","max_tokens":1}`
-	if status, _, err := e.call(ctx, http.MethodPost, "/v1/completions", body); err != nil && (status == 0 || status >= 500) {
+	status, _, err := e.call(ctx, http.MethodPost, "/v1/completions", `{"model":`+string(id)+`,"prompt":"warm-up","max_tokens":1}`)
+	if status == http.StatusNotFound {
+		status, _, err = e.call(ctx, http.MethodPost, "/v1/embeddings", `{"model":`+string(id)+`,"input":"warm-up"}`)
+	}
+	if err != nil && (status == 0 || status >= 500) {
 		return fmt.Errorf("warm-up probe: %w", err)
 	}
 	return nil

@@ -129,3 +129,35 @@ func TestWakeFailsFastWhenStillAsleep(t *testing.T) {
 		t.Fatalf("calls %q: the warm-up was sent to a sleeping engine", got)
 	}
 }
+
+// A pooling model serves no completions (vLLM answers 404): the warm-up
+// runs it through /v1/embeddings instead, and fails when that fails.
+func TestWarmUpPoolingModel(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		embedding int // the status of /v1/embeddings
+		ok        bool
+	}{
+		{"embeds", http.StatusOK, true},
+		{"serves no embeddings either", http.StatusNotFound, true},
+		{"fails", http.StatusInternalServerError, false},
+	} {
+		f := newFakeEngine(t, "e", func(call string) (int, string) {
+			switch {
+			case strings.HasPrefix(call, "POST /v1/completions "):
+				return http.StatusNotFound, `{"detail":"Not Found"}`
+			case strings.HasPrefix(call, "POST /v1/embeddings "):
+				return tt.embedding, "{}"
+			}
+			return 0, ""
+		})
+		err := f.warmUp(context.Background())
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: warm-up %v, want ok %t", tt.name, err, tt.ok)
+		}
+		want := []string{`POST /v1/completions {"model":"e","prompt":"warm-up","max_tokens":1}`, `POST /v1/embeddings {"model":"e","input":"warm-up"}`}
+		if got := f.recorded(); !slices.Equal(got, want) {
+			t.Errorf("%s: calls %q, want %q", tt.name, got, want)
+		}
+	}
+}

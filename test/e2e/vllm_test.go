@@ -310,3 +310,54 @@ func TestRequestIDReachesTheEngineOnce(t *testing.T) {
 		}
 	}
 }
+
+// engineLog counts the lines that profile's engines logged (through poold's
+// log pump) containing text.
+func (d *daemon) engineLog(profile, text string) int {
+	n := 0
+	for _, m := range d.logLines(text) {
+		if m["profile"] == profile && m["stream"] == "engine" {
+			n++
+		}
+	}
+	return n
+}
+
+// Item 11: vLLM serves a pooling model's routes and no completions (404).
+// Woken, a sleep-enabled pooling model is warmed up through /v1/embeddings,
+// which runs it, not by the 404 of a completions route it lacks.
+func TestPoolingModelWakes(t *testing.T) {
+	tag := t.Name()
+	sleep := map[string]any{"sleep": map[string]any{"level": 1}, "weightBytes": 1000}
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "e", Extra: map[string]any{"minResidency": "0s"}}},
+		[]sim{
+			{ID: "e", Flags: []string{"--runner", "pooling", "--enable-sleep-mode"}, Extra: sleep},
+			{ID: "g", Flags: []string{"--enable-sleep-mode"}, Extra: sleep},
+		}, nil))
+	d.waitPool("p0", 20*time.Second, "e ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "e" })
+	embed := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if code, _, body := d.send(ctx, "/v1/embeddings", `{"model":"e","input":"hello"}`, nil); code != http.StatusOK {
+			t.Fatalf("embeddings: %d %s", code, body)
+		}
+	}
+	embed()
+	d.chat("g") // e falls asleep
+	embed()     // e wakes
+	woken := false
+	for _, m := range d.logLines("engine ready") {
+		woken = woken || m["profile"] == "e" && m["kind"] == "wake"
+	}
+	if !woken {
+		t.Fatal("e was not woken")
+	}
+	if n := d.engineLog("e", "path=/v1/completions"); n != 1 {
+		t.Fatalf("e's engine was asked for %d completions, want 1 (the warm-up's, answered 404)", n)
+	}
+	if n := d.engineLog("e", "path=/v1/embeddings"); n != 3 {
+		t.Fatalf("e's engine embedded %d times, want 3: two requests and the warm-up", n)
+	}
+}
