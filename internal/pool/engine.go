@@ -1,11 +1,9 @@
 package pool
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -136,21 +134,6 @@ func (e *engine) base() string { return "http://127.0.0.1:" + strconv.Itoa(e.por
 // loopbackURL is the base URL of an engine listening on port.
 func loopbackURL(port int) *url.URL {
 	return &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(port)}
-}
-
-// pump copies the engine's output lines into the log and the ring until every
-// writer (the engine and its descendants) has closed the pipe.
-func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
-	defer close(e.pumped)
-	defer r.Close()
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 4096), 64*1024)
-	for sc.Scan() {
-		line := sc.Text()
-		e.note(line)
-		e.logs.add(line)
-		log.Info(line, "stream", "engine")
-	}
 }
 
 // outputWait bounds the wait for an exited engine's last output lines: a

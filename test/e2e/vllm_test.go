@@ -361,3 +361,38 @@ func TestPoolingModelWakes(t *testing.T) {
 		t.Fatalf("e's engine embedded %d times, want 3: two requests and the warm-up", n)
 	}
 }
+
+// Item 12: engine output lines over 64 KiB (a 70,000-character start-up
+// line; an 80 KB prompt that vLLM with --enable-log-requests logs on one
+// line) are cut and marked in poold's log, and the engine lives on: poold
+// keeps reading its pipe.
+func TestLongEngineLogLines(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{{ID: "m", Flags: []string{"--sim-log-line-bytes", "70000", "--enable-log-requests", "--max-model-len", "65536"}}}, nil))
+	first := d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	long := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 16_000) + `"}]}`
+	for i, body := range []string{long, chatBody("m", false, 2), long, chatBody("m", true, 2)} {
+		if code, _, answer := d.send(ctx, "/v1/chat/completions", body, nil); code != http.StatusOK {
+			t.Fatalf("request %d: %d %.300s", i, code, answer)
+		}
+	}
+	if p := d.pool("p0"); p.State != "ready" || p.Engine == nil || p.Engine.PID != first.Engine.PID {
+		t.Fatalf("pool %+v, want the first engine (pid %d) still serving", p, first.Engine.PID)
+	}
+	// The pump reads the engine's output as it comes: poll for the lines.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cut, requests := d.engineLog("m", "[line truncated: "), d.engineLog("m", "path=/v1/chat/completions")
+		if cut == 3 && requests == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d truncated engine lines and %d of the 4 requests logged; want the start-up line and both prompts truncated, and every request", cut, requests)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
