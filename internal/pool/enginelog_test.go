@@ -6,9 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/poold/poold/internal/profile"
 )
 
 func TestNoteLines(t *testing.T) {
@@ -58,24 +55,7 @@ func TestReadLine(t *testing.T) {
 // pipe: every line is read (the long one cut and marked), and the engine
 // exits on its own, not of SIGPIPE.
 func TestPumpSurvivesLongLines(t *testing.T) {
-	cfg, err := profile.Parse([]byte(`{
-	  "pools": [{"name": "g", "gpus": [0]}],
-	  "profiles": [{"id": "s", "model": "m", "command": ["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x; echo; echo after; exit 7 # {port}"]}]
-	}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newPool(cfg.Pool("g"), cfg, Options{})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.http, p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.stop(0, p.log) })
-	select {
-	case <-e.exited:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the engine did not exit")
-	}
+	e := exitedEngine(t, "head -c 200000 /dev/zero | tr '\\0' x; echo; echo after; exit 7 # {port}")
 	msg := e.failure().Error()
 	if !strings.Contains(msg, "exit status 7") || !strings.Contains(msg, " … [line truncated: "+strconv.Itoa(200000-maxLogLine)+" more bytes] | after") {
 		t.Fatalf("failure %.300q…: want exit status 7 and the truncated line followed by the next", msg)
