@@ -11,8 +11,8 @@ const DefaultReleaseTimeout = 30 * time.Second
 
 // Releaser checks, after an engine's process group is gone, that the pool's
 // GPUs released its memory (the stop step of the swap contract,
-// docs/design.md), checks the same after an engine
-// is put to sleep, and reads the GPUs before an engine starts. It implements pool.VRAM; with the
+// docs/design.md), checks the same after an engine is put to sleep, and
+// reads the GPUs before an engine starts. It implements pool.VRAM; with the
 // Unavailable provider every read fails with ErrUnavailable. A zero Timeout
 // means DefaultReleaseTimeout.
 type Releaser struct {

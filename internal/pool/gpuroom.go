@@ -37,7 +37,8 @@ func gib(n uint64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }
 // while a GPU of the pool fails vLLM's start-up rule (gpuShortfall) with
 // prof's --gpu-memory-utilization. With none left to evict, or the GPUs
 // unreadable, the engine starts anyway: vLLM itself refuses a start that
-// does not fit, and startCold then evicts once more (memoryShort).
+// does not fit, and the swap then evicts once more and starts it again
+// (noteMemoryShort).
 func (p *Pool) makeGPURoom(prof *profile.Profile, gpus, own []int) {
 	if p.opts.VRAM == nil {
 		return
@@ -60,8 +61,8 @@ func (p *Pool) makeGPURoom(prof *profile.Profile, gpus, own []int) {
 	}
 }
 
-// memoryShortLine is what vLLM's error says when a GPU has
-// less free memory than --gpu-memory-utilization asks for at start-up:
-// "ValueError: Free memory on device cuda:0 (…) on startup is less than
-// desired GPU memory utilization (…)".
+// memoryShortLine is what vLLM's error says when a GPU has less free memory
+// than --gpu-memory-utilization asks for at start-up: "ValueError: Free
+// memory on device cuda:0 (…) on startup is less than desired GPU memory
+// utilization (…)".
 const memoryShortLine = "less than desired gpu memory utilization"

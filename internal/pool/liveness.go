@@ -15,7 +15,7 @@ const DefaultHealthInterval = 2 * time.Second
 // while it serves: vLLM answers 503 once its engine core is dead, and then
 // answers every request with 500 until a watchdog ends it, or forever with
 // VLLM_KEEP_ALIVE_ON_ENGINE_DEATH. On a 503 the poller records why in
-// e.deadErr and closes e.dead, which the run loop acts on (engineDead).
+// e.deadErr and closes e.dead, which the run loop acts on (loseEngine).
 // Only the run loop calls it, once e is ready; unwatchHealth ends it.
 func (p *Pool) watchHealth(e *engine) {
 	interval := p.opts.HealthInterval
