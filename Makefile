@@ -38,6 +38,8 @@ fuzz-smoke:
 	$(GO) test -run '^$$' -fuzz '^FuzzRewrite$$' -fuzztime $(FUZZTIME) ./internal/openai/
 	$(GO) test -run '^$$' -fuzz '^FuzzSSEReader$$' -fuzztime $(FUZZTIME) ./internal/openai/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/profile/
+	$(GO) test -run '^$$' -fuzz '^FuzzRouteOf$$' -fuzztime $(FUZZTIME) ./internal/proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzTransport$$' -fuzztime $(FUZZTIME) ./internal/upstream/
 
 # Checks that need tools outside Go. Each is skipped with a note when its tool is
 # missing, unless REQUIRE_TOOLS=1 (CI), where a missing tool fails.

@@ -10,6 +10,7 @@ func (s *settings) checkLimits() []error {
 		v    int64
 	}{
 		{"upstream-header-timeout", int64(s.UpstreamHeaderTimeout)},
+		{"stream-idle-timeout", int64(s.StreamIdleTimeout)},
 		{"read-timeout", int64(s.ReadTimeout)},
 		{"read-header-timeout", int64(s.ReadHeaderTimeout)},
 	} {

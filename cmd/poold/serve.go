@@ -5,19 +5,24 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
@@ -68,7 +73,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	m.Configure(cfg)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
-	ledger, err := openState(s.StateDir, log)
+	contain, err := containment(s.Containment, log)
+	if err != nil {
+		return err
+	}
+	ledger, err := openState(s.StateDir, contain, log)
 	if err != nil {
 		return err
 	}
@@ -91,36 +100,49 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return err
 	}
 	defer closeAccess()
+	access := newAccessQueue(accessOut, int(s.AccessLogBuffer), log)
+	defer access.Close(accessFlush)
+	reg.MustRegister(metrics.AccessLogDropped(access.Dropped))
 
 	health := s.EngineHealthInterval
 	if health == 0 {
 		health = -1 // the setting's 0 is the pools' "never"
 	}
-	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger,
+	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
 	}
 	h = proxy.New(cfg, pools, proxy.Options{
-		MaxBodyBytes: s.MaxBodyBytes,
-		Logger:       log,
-		AccessLog:    slog.New(slog.NewJSONHandler(&lossWriter{w: accessOut, log: log}, nil)).With("component", "access"),
-		Metrics:      reqMetrics,
-		Clients:      s.Clients,
+		MaxBodyBytes:   s.MaxBodyBytes,
+		QueueBodyBytes: s.QueueBodyBudget,
+		Logger:         log,
+		AccessLog:      slog.New(slog.NewJSONHandler(access, nil)).With("component", "access"),
+		Metrics:        reqMetrics,
+		Clients:        s.Clients,
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,
 		AdminToken:        s.AdminToken,
-		// Reliability: a hung engine answers 504 after this; an event larger
-		// than this ends its stream.
+		// Reliability: a hung engine answers 504 after the first, an event
+		// larger than the second or a silence longer than the third ends
+		// its stream.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
 		MaxEventBytes:         s.MaxEventBytes,
+		StreamIdleTimeout:     s.StreamIdleTimeout,
+		Degraded: func() []string {
+			if access.DroppedWithin(accessDropWindow) {
+				return []string{"access log lines are being dropped: its destination does not keep up"}
+			}
+			return nil
+		},
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
-				Version: version,
-				Host:    host,
-				Config:  rl.status(),
-				GPU:     gpuStatus(gpus),
+				Version:     version,
+				Host:        host,
+				Config:      rl.status(),
+				GPU:         gpuStatus(gpus),
+				Containment: contain.Status(),
 			}
 		},
 	})
@@ -168,20 +190,28 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 	<-servingCtx.Done()
 	log.Info("shutting down: draining requests", "timeout", s.ShutdownTimeout)
+	h.Drain() // /health answers 503: balancers stop sending
 	notify.stopping()
-	waitReloads()
-	pools.Refuse()
 	drainCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
+	stopHurry := hurryOnSecondSignal(log, cancel, pools)
+	defer stopHurry()
+	waitReloads()
+	pools.Refuse()
 	// The listener stays open until the requests in flight are done, so that
 	// new ones get a 503 shutting_down rather than a refused connection; no
 	// connection is kept alive, so that clients reconnect elsewhere.
 	srv.SetKeepAlivesEnabled(false)
 	if !waitDrained(drainCtx, h) {
-		log.Warn("drain bound reached with requests in flight", "timeout", s.ShutdownTimeout)
+		log.Warn("drain bound reached with requests in flight: cutting them", "timeout", s.ShutdownTimeout)
+		// Streams get a shutting_down error event, requests still waiting
+		// for their engine a 503; a moment for those answers to leave.
+		h.Cut()
 	}
-	if err := srv.Shutdown(drainCtx); err != nil {
-		log.Warn("drain timed out; closing remaining connections", "err", err)
+	cutCtx, cancelCut := context.WithTimeout(context.Background(), cutGrace)
+	defer cancelCut()
+	if err := srv.Shutdown(cutCtx); err != nil {
+		log.Warn("requests still open after the cut; closing their connections", "err", err)
 		_ = srv.Close()
 	}
 	servErr := serving.Wait()
@@ -195,6 +225,33 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	return nil
 }
 
+// cutGrace bounds the wait for the answers of requests cut at the end of the
+// drain to reach their clients.
+const cutGrace = 5 * time.Second
+
+// hurryOnSecondSignal makes a second SIGTERM or SIGINT during a shutdown
+// skip the rest of it: endDrain ends the drain at once (requests in flight
+// are cut) and the pools' engine stops SIGKILL without waiting their grace.
+// The returned function stops watching; call it when the shutdown is over.
+func hurryOnSecondSignal(log *slog.Logger, endDrain context.CancelFunc, pools *pool.Set) (stop func()) {
+	second := make(chan os.Signal, 1)
+	signal.Notify(second, syscall.SIGTERM, syscall.SIGINT)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-second:
+			log.Warn("second signal: skipping the drain; cutting requests and killing engines now", "signal", sig.String())
+			endDrain()
+			pools.Hurry()
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(second)
+		close(done)
+	}
+}
+
 // gpuStatus is the "gpu" part of /status: every GPU's telemetry, or why there
 // is none.
 func gpuStatus(p gpu.Provider) statusapi.GPUs {
@@ -206,4 +263,25 @@ func gpuStatus(p gpu.Provider) statusapi.GPUs {
 		return statusapi.GPUs{Reason: err.Error()}
 	}
 	return statusapi.GPUs{Available: true, Devices: devs}
+}
+
+// The access log's queue: lines are flushed for at most accessFlush at
+// exit, and /health reports the daemon degraded while lines were dropped
+// within accessDropWindow.
+const (
+	accessFlush      = 5 * time.Second
+	accessDropWindow = time.Minute
+)
+
+// newAccessQueue puts the access log's destination behind a queue that never
+// blocks a request (a FIFO nobody reads, a full disk): lines that do not fit
+// are dropped, counted (poold_access_log_dropped_lines_total) and warned
+// about at most every 10 s.
+func newAccessQueue(dst io.Writer, maxBytes int, log *slog.Logger) *logqueue.Writer {
+	var q *logqueue.Writer
+	warn := &rate.Sometimes{Interval: 10 * time.Second}
+	q = logqueue.New(dst, maxBytes, func(err error) {
+		warn.Do(func() { log.Warn("access log lines dropped", "dropped_total", q.Dropped(), "err", err) })
+	})
+	return q
 }

@@ -13,9 +13,11 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/proxy"
 )
 
 // defaultSettingsFile is read when it exists and no --config is given.
@@ -25,11 +27,14 @@ const defaultSettingsFile = "/etc/poold/poold.yaml"
 // Precedence, highest first: flags, POOLD_* environment variables, the settings
 // file, defaults.
 type settings struct {
-	Listen          string
-	Profiles        string
-	LogLevel        slog.Level
-	LogFormat       string
-	MaxBodyBytes    int64
+	Listen       string
+	Profiles     string
+	LogLevel     slog.Level
+	LogFormat    string
+	MaxBodyBytes int64
+	// QueueBodyBudget bounds the bodies that requests waiting for a lease
+	// hold together, host-wide.
+	QueueBodyBudget int64
 	ShutdownTimeout time.Duration
 	// KeepAliveInterval is how often a stream waiting for a swap gets an SSE
 	// comment line; zero disables them.
@@ -39,8 +44,10 @@ type settings struct {
 	// line of admin-token-file.
 	AdminToken string
 	// AccessLog is where the JSON access log goes: "stdout", "stderr" or a
-	// file path (appended to).
-	AccessLog string
+	// file path (appended to). AccessLogBuffer bounds, in bytes, the lines
+	// held while that destination is slow.
+	AccessLog       string
+	AccessLogBuffer int64
 	// Clients classifies requests for the client label; built from the settings
 	// file's `clients` section (nil when it has none).
 	Clients *metrics.Clients
@@ -51,6 +58,10 @@ type settings struct {
 	GPUSimDir string
 	// StateDir holds the engines file and the lock (crash clean-up).
 	StateDir string
+	// Containment is how engines' processes are kept account of: "auto"
+	// (a cgroup per engine where poold's cgroup is delegated to it, else
+	// process groups), "cgroup" (required) or "process-group".
+	Containment string
 	// Watch makes poold reload the profiles file when it changes; SIGHUP
 	// reloads either way.
 	Watch bool
@@ -70,6 +81,8 @@ type settings struct {
 	MaxEventBytes                                         int64
 	EngineHealthInterval                                  time.Duration
 	RestartBackoff, MaxRestartBackoff                     time.Duration
+	// StreamIdleTimeout bounds an engine's silence within an answer (0: none).
+	StreamIdleTimeout time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
 	APIKeys *openai.APIKeys
@@ -94,18 +107,22 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("log-format", "text", "log format: json or text")
 	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
 	cli.BytesFlag(fl, openai.MaxEventSetting, openai.DefaultMaxEvent, "largest server-sent event of an engine's stream (a larger one ends the stream with an error event); prompt_logprobs in a stream's first chunk may need more")
+	cli.BytesFlag(fl, "queue-body-budget", proxy.DefaultQueueBodyBytes, "request bodies that requests waiting for a model may hold together, host-wide (503 queue_budget past it)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("keepalive-interval", 10*time.Second, "interval of the SSE comments sent to a stream waiting for a swap; 0 disables them")
 	fl.String("admin-token", "", "token enabling the admin API (prefer POOLD_ADMIN_TOKEN or admin-token-file: flags show in ps)")
 	fl.String("admin-token-file", "", "file holding the admin token")
 	fl.String("access-log", "stdout", "where the JSON access log goes: stdout, stderr or a file path")
+	cli.BytesFlag(fl, "access-log-buffer", logqueue.DefaultMaxBytes, "access-log lines held while the destination is slow; lines beyond are dropped and counted, never waited for")
 	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
 	fl.String("gpu-sim-dir", "", "read GPU telemetry from this simulated-GPU directory (engine-sim --sim-gpu-dir) instead of NVML: for the simulator and the demo")
 	_ = fl.MarkHidden("gpu-sim-dir")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
+	fl.String("containment", pool.ModeAuto, "how engines' processes are contained: auto (a cgroup per engine when poold's cgroup is delegated to it, else process groups), cgroup or process-group")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
 	fl.Duration("upstream-header-timeout", 10*time.Minute, "how long an engine may take to start answering a request (504 after); 0 waits as long as the client")
+	fl.Duration("stream-idle-timeout", 2*time.Minute, "how long an engine may send nothing in the middle of an answer before the answer ends (engine_timeout) and the engine is restarted; 0: no bound")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
@@ -132,12 +149,15 @@ func loadSettings(args []string) (settings, error) {
 	s.LogFormat = v.String("log-format")
 	s.MaxBodyBytes = v.Bytes("max-body-bytes")
 	s.MaxEventBytes = v.Bytes(openai.MaxEventSetting)
+	s.QueueBodyBudget = v.Bytes("queue-body-budget")
 	s.ShutdownTimeout = v.Duration("shutdown-timeout")
 	s.KeepAliveInterval = v.Duration("keepalive-interval")
 	s.AccessLog = v.String("access-log")
+	s.AccessLogBuffer = v.Bytes("access-log-buffer")
 	s.VRAMReleaseTimeout = v.Duration("vram-release-timeout")
 	s.GPUSimDir = v.String("gpu-sim-dir")
 	s.StateDir = v.String("state-dir")
+	s.Containment = v.String("containment")
 	s.Watch = v.Bool("watch")
 	s.ReloadDebounce = v.Duration("reload-debounce")
 	s.Metrics = v.Bool("metrics")
@@ -159,10 +179,19 @@ func loadSettings(args []string) (settings, error) {
 	if s.AccessLog == "" {
 		errs = append(errs, errors.New("access-log: must be stdout, stderr or a file path"))
 	}
+	if s.AccessLogBuffer <= 0 {
+		errs = append(errs, fmt.Errorf("access-log-buffer: must be positive, not %d", s.AccessLogBuffer))
+	}
 	if s.StateDir == "" {
 		errs = append(errs, errors.New("state-dir: must not be empty"))
 	}
+	switch s.Containment {
+	case pool.ModeAuto, pool.ModeCgroup, pool.ModeProcessGroup:
+	default:
+		errs = append(errs, fmt.Errorf("containment: %q is not auto, cgroup or process-group", s.Containment))
+	}
 	s.UpstreamHeaderTimeout = v.Duration("upstream-header-timeout")
+	s.StreamIdleTimeout = v.Duration("stream-idle-timeout")
 	s.ReadTimeout = v.Duration("read-timeout")
 	s.ReadHeaderTimeout = v.Duration("read-header-timeout")
 	s.MaxHeaderBytes = int(v.Bytes("max-header-bytes"))
@@ -190,6 +219,9 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.Profiles == "" {
 		errs = append(errs, errors.New("profiles: a profiles file is required (--profiles or POOLD_PROFILES)"))
+	}
+	if s.QueueBodyBudget <= 0 {
+		errs = append(errs, fmt.Errorf("queue-body-budget: must be positive, not %d", s.QueueBodyBudget))
 	}
 	if s.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("max-body-bytes: must be positive, not %d", s.MaxBodyBytes))

@@ -14,21 +14,45 @@ import (
 // get between SIGTERM and SIGKILL.
 const leftoverGrace = 5 * time.Second
 
+// containment sets up how engines' processes are contained (mode is the
+// containment setting) and says which it is, once: process-group mode, where
+// a cgroup was possible but not found, is logged as a degraded mode.
+func containment(mode string, log *slog.Logger) (*pool.Containment, error) {
+	c, err := pool.NewContainment(mode)
+	if err != nil {
+		return nil, err
+	}
+	st := c.Status()
+	switch {
+	case st.Mode == pool.ModeCgroup:
+		log.Info("engines run in cgroups of their own", "containment", st.Mode, "cgroup", st.Cgroup)
+	case mode == pool.ModeAuto:
+		log.Warn("degraded containment: engines run in process groups, and a process that leaves its group and clears its environment can outlive its engine", "containment", st.Mode, "reason", st.Reason)
+	default:
+		log.Info("engines run in process groups", "containment", st.Mode, "reason", st.Reason)
+	}
+	return c, nil
+}
+
 // openState opens the state directory's engine ledger and stops what a
-// crashed predecessor left running, before any engine starts. A directory that
-// another poold holds is an error; one that cannot be created (poold run by a
-// user outside systemd) only disables the crash clean-up, with a warning.
-func openState(dir string, log *slog.Logger) (*pool.Ledger, error) {
+// crashed predecessor left running, before any engine starts: the engines it
+// recorded, then (cgroup mode) any engine group left under the delegated
+// cgroup. A directory that another poold holds is an error; one that cannot
+// be created (poold run by a user outside systemd) only disables the crash
+// clean-up of the ledger, with a warning.
+func openState(dir string, contain *pool.Containment, log *slog.Logger) (*pool.Ledger, error) {
 	ledger, err := pool.OpenLedger(dir, log)
 	switch {
 	case errors.Is(err, syscall.EWOULDBLOCK):
 		return nil, fmt.Errorf("state-dir: %w", err)
 	case err != nil:
 		log.Warn("no state directory: engines left by a crash will not be cleaned up at the next start", "state-dir", dir, "err", err)
-		return nil, nil
+		ledger = nil
 	}
 	reaped, err := ledger.Reap(leftoverGrace)
-	if err != nil {
+	strays, serr := contain.Reap(leftoverGrace, log)
+	reaped = append(reaped, strays...)
+	if err := errors.Join(err, serr); err != nil {
 		log.Error("stopping engines left by a previous run", "err", err)
 	} else if len(reaped) > 0 {
 		log.Warn("stopped engine processes left by a previous run", "pids", reaped)

@@ -352,3 +352,13 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+// AccessLogDropped exports the access-log lines lost so far, read from
+// dropped at scrape time: lines the queue in front of the log's
+// destination could not hold, or that the destination refused.
+func AccessLogDropped(dropped func() uint64) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "poold_access_log_dropped_lines_total",
+		Help: "Access-log lines lost: the destination did not keep up (its queue was full) or refused the write.",
+	}, func() float64 { return float64(dropped()) })
+}

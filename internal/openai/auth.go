@@ -100,20 +100,35 @@ func (k *APIKeys) valid(h http.Header) bool {
 	return ok == 1
 }
 
-// Require wraps next so that the OpenAI API (/v1/… and /pools/…/v1/…) answers
-// 401 in the OpenAI shape without an accepted key. The operations endpoints
-// (/health, /status, /metrics) and the admin API (its own token) pass through.
+// Require wraps next so that every request answers 401 in the OpenAI shape
+// without an accepted key, but for the operations endpoints (/health,
+// /status, /metrics and /pools/{pool}/metrics) and the admin API (/admin/…,
+// behind its own token), which pass through.
 func (k *APIKeys) Require(next http.Handler) http.Handler {
 	if k == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		api := strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/pools/") && strings.Contains(r.URL.Path, "/v1/")
-		if api && !k.valid(r.Header) {
+		if !keyFree(r.URL.Path) && !k.valid(r.Header) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="poold"`)
 			WriteError(w, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// keyFree reports whether path is one that needs no API key: an operations
+// endpoint or the admin API.
+func keyFree(path string) bool {
+	switch path {
+	case "/health", "/status", "/metrics":
+		return true
+	}
+	if strings.HasPrefix(path, "/admin/") {
+		return true
+	}
+	rest, pinned := strings.CutPrefix(path, "/pools/")
+	pool, metrics := strings.CutSuffix(rest, "/metrics")
+	return pinned && metrics && pool != "" && !strings.Contains(pool, "/")
 }

@@ -31,6 +31,16 @@ func TestAPIKeysRequire(t *testing.T) {
 		{"/health", "", "", http.StatusTeapot},
 		{"/status", "", "", http.StatusTeapot},
 		{"/metrics", "", "", http.StatusTeapot},
+		{"/pools/p0/metrics", "", "", http.StatusTeapot},
+		{"/admin/pools/p0/load", "", "", http.StatusTeapot},
+		// vLLM's un-prefixed inference routes, and any other path, need a key.
+		{"/score", "", "", http.StatusUnauthorized},
+		{"/pools/p0/tokenize", "", "", http.StatusUnauthorized},
+		{"/v2/rerank", "", "", http.StatusUnauthorized},
+		{"/pools/p0/v1/x/metrics", "", "", http.StatusUnauthorized},
+		{"/pools//metrics", "", "", http.StatusUnauthorized},
+		{"/anything", "", "", http.StatusUnauthorized},
+		{"/tokenize", "X-Api-Key", "plain-key", http.StatusTeapot},
 	}
 	for _, c := range cases {
 		r := httptest.NewRequest("POST", c.path, nil)

@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -126,8 +128,16 @@ func (r *Request) member(key, raw []byte, sp span) error {
 		_ = json.Unmarshal(key, &k) // valid: the body is
 		key = []byte(`"` + k + `"`)
 	}
+	if k := string(key[1 : len(key)-1]); k != "model" && strings.EqualFold(k, "model") {
+		// A case-insensitive decoder (Go's encoding/json, for one) would read
+		// it as the model: poold and the engine could disagree on which.
+		return &fieldError{k, fmt.Sprintf("%s is a case variant of \"model\": the model is ambiguous", strconv.Quote(k))}
+	}
 	switch string(key) {
 	case `"model"`:
+		if !r.modelSpan.empty() {
+			return &fieldError{"model", `"model" appears more than once: the model is ambiguous`}
+		}
 		if raw[0] != '"' {
 			return &fieldError{"model", `"model" must be a string`}
 		}

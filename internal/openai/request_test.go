@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -31,7 +33,6 @@ func TestParseRequestValid(t *testing.T) {
 		{"stream_options empty", `{"model":"m","stream":true,"stream_options":{}}`, "m", true, true, true},
 		{"options before model", `{"stream_options":{"include_usage":true},"stream":true,"model":"m"}`, "m", true, true, true},
 		{"nested model ignored", `{"messages":[{"model":"inner"}],"metadata":{"model":"x"},"model":"m"}`, "m", false, false, false},
-		{"duplicate model takes last", `{"model":"a","model":"b"}`, "b", false, false, false},
 		{"other members", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"temperature":0.5,"x":null}`, "m", false, false, false},
 	}
 	for _, tt := range tests {
@@ -56,6 +57,21 @@ func TestParseRequestValid(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An ambiguous model is refused with a 400 whose param names the key as
+// written.
+func TestParseRequestAmbiguousModel(t *testing.T) {
+	for body, param := range map[string]string{
+		`{"model":"llmd-alias","MODEL":"evil"}`: "MODEL",
+		`{"Model":"evil","model":"m"}`:          "Model",
+		`{"model":"a","model":"b"}`:             "model",
+	} {
+		_, err := parseRequest([]byte(body))
+		if got := errParam(err); got != param || !strings.Contains(err.Error(), strconv.Quote(param)) {
+			t.Errorf("%s: error %v with param %q, want param %q named in the message", body, err, got, param)
+		}
 	}
 }
 
@@ -102,6 +118,12 @@ func TestParseRequestErrors(t *testing.T) {
 		{"stream_options array", `{"model":"m","stream_options":[]}`},
 		{"include_usage string", `{"model":"m","stream_options":{"include_usage":"yes"}}`},
 		{"model case differs", `{"Model":"m"}`},
+		{"duplicate model", `{"model":"a","model":"b"}`},
+		{"duplicate model, same value", `{"model":"a","model":"a"}`},
+		{"duplicate model, escaped", `{"model":"a","mod\u0065l":"b"}`},
+		{"upper-case variant", `{"model":"a","MODEL":"b"}`},
+		{"case variant first", `{"mOdel":"b","model":"a"}`},
+		{"escaped case variant", `{"model":"a","\u004dodel":"b"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

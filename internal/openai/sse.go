@@ -192,14 +192,28 @@ func (s *SSEReader) split() {
 }
 
 // streamError is the SSE event that ends a stream the engine broke off.
+// A *StreamError from the upstream body gives that event its status, code
+// and message; any other error is engine_stream_failed.
 func streamError(err error) []byte {
-	b, _ := json.Marshal(map[string]apiError{"error": {
-		Message: "engine stream failed: " + err.Error(),
-		Type:    errorType(http.StatusBadGateway),
-		Code:    "engine_stream_failed",
-	}})
+	e := apiError{Message: "engine stream failed: " + err.Error(), Type: errorType(http.StatusBadGateway), Code: "engine_stream_failed"}
+	if se, ok := errors.AsType[*StreamError](err); ok {
+		e = apiError{Message: se.Message, Type: errorType(se.Status), Code: se.Code}
+	}
+	b, _ := json.Marshal(map[string]apiError{"error": e})
 	return append(append([]byte("data: "), b...), "\n\n"...)
 }
+
+// StreamError is why a stream was ended early by the proxy rather than by
+// the engine (poold's shutdown, say): an upstream body that fails with it
+// makes SSEReader end the stream with this error event instead of
+// engine_stream_failed.
+type StreamError struct {
+	Status  int    // the HTTP status the error would have had, for its type
+	Code    string // the machine-readable code
+	Message string
+}
+
+func (e *StreamError) Error() string { return e.Message }
 
 // eventEnd returns the length of the first complete event in b (through its
 // terminating blank line), or -1. Lines end with LF, CRLF or a lone CR, as

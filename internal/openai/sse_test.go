@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -376,5 +377,24 @@ func TestSSEReaderCutStream(t *testing.T) {
 	whole := NewSSEReader(io.NopCloser(strings.NewReader(evRole+evHello+evUsage+evDone)), true, nil)
 	if _, err := io.ReadAll(whole); err != nil || whole.Err() != nil {
 		t.Fatalf("a whole stream: read %v, Err %v", err, whole.Err())
+	}
+}
+
+// An upstream body that fails with a *StreamError ends the stream with that
+// error, not engine_stream_failed.
+func TestSSEReaderStreamError(t *testing.T) {
+	cut := &StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: "poold is shutting down"}
+	s := NewSSEReader(&scriptReader{parts: [][]byte{[]byte(evRole + evHello)}, err: cut}, false, nil)
+	out, err := io.ReadAll(s)
+	if err != cut {
+		t.Fatalf("read error %v", err)
+	}
+	events := strings.Split(strings.TrimSpace(string(out)), "\n\n")
+	var e struct {
+		Error apiError `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(events[len(events)-1], "data: ")), &e); err != nil ||
+		e.Error.Code != "shutting_down" || e.Error.Type != "service_unavailable" || e.Error.Message != "poold is shutting down" {
+		t.Fatalf("last event %q (%v)", events[len(events)-1], err)
 	}
 }

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,8 +25,17 @@ type Lease struct {
 	Waited time.Duration
 
 	p    *Pool
+	eng  *engine // the engine the lease is on
 	once sync.Once
 }
+
+// Fail reports that the engine behind the lease failed while it served the
+// request, though its process lives on (it stalled: it sent nothing for the
+// stream idle timeout). The pool stops that engine at once, whatever else
+// it serves, with err in its lastError, and the next request starts a fresh
+// one. Calls after the first, or once the engine is gone, do nothing; the
+// lease must still be released.
+func (l *Lease) Fail(err error) { l.p.engineFailed(l.eng, err) }
 
 // Release returns the lease to its pool.
 func (l *Lease) Release() {
@@ -49,7 +59,7 @@ func (l *Lease) Release() {
 func (p *Pool) loopWaitsLocked() bool {
 	s := &p.sched
 	return s.QueueLen() > 0 || s.Closing() || s.Swapping() || s.Loaded() == "" ||
-		p.reload.step != reloadNone || len(p.sleepers) > 0
+		p.reload.step != reloadNone || len(p.sleepers) > 0 || p.failed != nil
 }
 
 // grant is what a waiter receives: a lease or the reason it has none.
@@ -73,8 +83,11 @@ func (e *QueueError) Unwrap() error { return e.Err }
 // client goes away (leaving the queue at once), a *QueueError when the queue is
 // full or the wait exceeds maxQueueWait (the profile's, else the pool's), or a
 // *LoadError when the engine fails to load.
-func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile) (*Lease, error) {
-	return p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority}, prof)
+//
+// hold, if not nil, is the Waiter's Hold: asked whether the request may
+// queue when it cannot be admitted at once.
+func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile, hold func() bool) (*Lease, error) {
+	return p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority, Hold: hold}, prof)
 }
 
 // Load has prof loaded in this pool through the scheduler: the explicit load
@@ -116,6 +129,9 @@ type arrival struct {
 // arrive hands w to the scheduler without waiting. prof is w's profile (nil
 // for an unload).
 func (p *Pool) arrive(w *Waiter, prof *profile.Profile) (arrival, error) {
+	if err := p.preflight(prof); err != nil {
+		return arrival{}, err
+	}
 	w.Arrived = p.opts.Now()
 	w.done = make(chan grant, 1)
 	p.mu.Lock()
@@ -132,6 +148,11 @@ func (p *Pool) arrive(w *Waiter, prof *profile.Profile) (arrival, error) {
 			p.mu.Unlock()
 			return arrival{}, err
 		}
+	}
+	if w.Hold != nil && !p.sched.Admits(w) && !w.Hold() {
+		retry := p.retryAfterLocked()
+		p.mu.Unlock()
+		return arrival{}, &QueueError{Err: ErrQueueBudget, RetryAfter: retry}
 	}
 	admitted, err := p.sched.Arrive(w)
 	a := arrival{w: w, admitted: admitted, maxWait: p.spec.MaxQueueWait.Duration}
@@ -195,7 +216,7 @@ func (p *Pool) leave(w *Waiter, err error) error {
 // leaseLocked makes a lease on the current engine; p.mu must be held and the
 // scheduler must have counted it in flight.
 func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
-	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, IdleTimeout: p.eng.idle, Waited: waited, p: p}
+	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, IdleTimeout: p.eng.idle, Waited: waited, p: p, eng: p.eng}
 }
 
 // retryAfterLocked estimates how long until a queued request could be served:
@@ -245,4 +266,38 @@ func (p *Pool) refuseLocked(err error) {
 		p.refused = err
 	}
 	p.answerLocked(p.sched.Drop(""), p.refused)
+}
+
+// PreflightError is why a profile's engine would not start on this host,
+// found before the pool drained anything for it.
+type PreflightError struct{ Problems []error }
+
+func (e *PreflightError) Error() string {
+	msgs := make([]string, len(e.Problems))
+	for i, err := range e.Problems {
+		msgs[i] = err.Error()
+	}
+	return "the engine would not start on this host: " + strings.Join(msgs, "; ")
+}
+
+// preflight checks, against Options.Host, that prof's engine could start,
+// when serving prof would take a cold start here (it is not loaded, loading,
+// queued for or asleep in the pool). It returns a *LoadError wrapping a
+// *PreflightError when it could not. The check runs outside the pool's
+// mutex: it looks at the file system.
+func (p *Pool) preflight(prof *profile.Profile) error {
+	if prof == nil || p.opts.Host.LookPath == nil && p.opts.Host.Stat == nil {
+		return nil
+	}
+	p.mu.Lock()
+	s := &p.sched
+	cold := s.Loaded() != prof.ID && s.Target() != prof.ID && !s.Queued(prof.ID) && !p.hasSleeperLocked(prof.ID)
+	p.mu.Unlock()
+	if !cold {
+		return nil
+	}
+	if problems := prof.Preflight(p.opts.Host); len(problems) > 0 {
+		return &LoadError{Profile: prof.ID, Err: &PreflightError{Problems: problems}}
+	}
+	return nil
 }

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/poold/poold/internal/profile"
@@ -26,8 +25,7 @@ const logLines = 30
 // engine is one engine subprocess in its own process group. Its fields are set
 // before start returns and not changed afterwards, except through the exited
 // channel (closed by the one goroutine that calls cmd.Wait, after setting
-// exitErr), the dead channel (closed by its /health poller, after setting
-// deadErr), unwatch (the run loop's alone), and the log ring and noted
+// exitErr), unwatch (the run loop's alone), and the log ring and noted
 // (safe for concurrent use).
 type engine struct {
 	profile   *profile.Profile
@@ -36,16 +34,22 @@ type engine struct {
 	target    *url.URL // http://127.0.0.1:port, shared read-only by every lease
 	pid       int      // also the process group id
 	startedAt time.Time
-	argv, env []string // the command line, and the environment poold added
+	argv, env []string // the command line and the environment (engineEnv), but the token
 	// token is POOLD_ENGINE_TOKEN in the environment of the engine and its
 	// descendants, which tells them from unrelated processes after a crash.
 	token string
 	// startTicks is the leader's start time (see procStat); 0 if unknown.
 	startTicks uint64
+	// cgroup is the directory of the engine's own cgroup in cgroup mode
+	// (Containment); "" in process-group mode.
+	cgroup string
 
 	http clients // its probe and control clients
 	// idle is how long a connection to it may stay idle (idleTimeout).
 	idle time.Duration
+	// hurry, once closed, cuts the SIGTERM grace of a stop short (a second
+	// signal at shutdown); nil never is.
+	hurry <-chan struct{}
 
 	exited  chan struct{}
 	exitErr error         // valid once exited is closed
@@ -54,44 +58,57 @@ type engine struct {
 	// noted has a bit set for each kind of output line (noteLines) the log
 	// pump has seen.
 	noted atomic.Uint32
-	// dead is closed by the /health poller when the engine reports its core
-	// dead, after setting deadErr (liveness.go).
-	dead    chan struct{}
-	deadErr error
 	// unwatch ends the /health poller; nil while none runs. Only the
 	// pool's run loop uses it.
 	unwatch context.CancelFunc
 }
 
-// startEngine starts prof's engine for the pool on a free loopback port.
-// self is poold's own executable, substituted for {poold} in commands; hc
-// are the clients of poold's calls to it.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, hc clients, log *slog.Logger) (*engine, error) {
+// startEngine starts prof's engine for the pool on a free loopback port, in
+// a cgroup of its own in contain's cgroup mode. self is poold's own
+// executable, substituted for {poold} in commands; hc are the clients of
+// poold's calls to it; hurry, once closed, cuts its stop's grace short.
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, contain *Containment, hc clients, hurry <-chan struct{}, log *slog.Logger) (*engine, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
 	}
 	argv := prof.Argv(port, spec, self)
-	env := prof.Environ(spec)
+	env := engineEnv(prof, spec)
 	token := rand.Text()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(append(os.Environ(), env...), tokenEnv+"="+token)
+	cmd.Env = append(slices.Clip(env), tokenEnv+"="+token)
 	if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
 		return nil, err
+	}
+	var cgroup string
+	if contain.Mode() == ModeCgroup {
+		dir, fd, err := newEngineGroup(contain.base, spec.Name, token)
+		if err != nil {
+			return nil, err
+		}
+		defer fd.Close()
+		cgroup = dir
+		cgroupAttr(cmd.SysProcAttr, fd)
 	}
 	// The engine writes into a pipe that we read ourselves, so that cmd.Wait does
 	// not wait for grandchildren that inherited the pipe.
 	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("creating log pipe: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	if err := spawn.start(cmd); err != nil {
-		r.Close()
+	if err == nil {
+		cmd.Stdout, cmd.Stderr = w, w
+		if err = spawn.start(cmd); err != nil {
+			r.Close()
+			err = fmt.Errorf("running %q: %w", argv[0], err)
+		}
 		w.Close()
-		return nil, fmt.Errorf("running %q: %w", argv[0], err)
+	} else {
+		err = fmt.Errorf("creating log pipe: %w", err)
 	}
-	w.Close()
+	if err != nil {
+		if cgroup != "" {
+			_ = removeCgroup(cgroup)
+		}
+		return nil, err
+	}
 	e := &engine{
 		profile:   prof,
 		port:      port,
@@ -102,10 +119,11 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		argv:      argv,
 		env:       env,
 		token:     token,
+		cgroup:    cgroup,
 		http:      hc,
 		idle:      idleTimeout(cmd.Env),
+		hurry:     hurry,
 		exited:    make(chan struct{}),
-		dead:      make(chan struct{}),
 		pumped:    make(chan struct{}),
 		logs:      &ring{max: logLines},
 	}
@@ -113,7 +131,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		e.startTicks = st.start
 	}
 	log = log.With("profile", prof.ID, "pid", e.pid)
-	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "))
+	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", cgroup)
 	go e.pump(r, log)
 	go func() {
 		e.exitErr = cmd.Wait()
@@ -125,7 +143,13 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 // runs reports whether e runs prof on spec as prof would be started now: the
 // same command line and environment.
 func (e *engine) runs(prof *profile.Profile, spec *profile.PoolSpec, self string) bool {
-	return slices.Equal(e.argv, prof.Argv(e.port, spec, self)) && slices.Equal(e.env, prof.Environ(spec))
+	return slices.Equal(e.argv, prof.Argv(e.port, spec, self)) && slices.Equal(e.env, engineEnv(prof, spec))
+}
+
+// engineEnv is the environment prof's engine starts with on spec, but its
+// token: what it inherits of poold's environment, then what the profile sets.
+func engineEnv(prof *profile.Profile, spec *profile.PoolSpec) []string {
+	return append(prof.Inherited(os.Environ()), prof.Environ(spec)...)
 }
 
 // base is the engine's loopback URL.
@@ -190,27 +214,46 @@ func (s spawner) start(cmd *exec.Cmd) error {
 	return <-done
 }
 
-// killWait bounds the wait for a SIGKILLed group to vanish.
+// killWait bounds the wait for a SIGKILLed engine's processes to vanish.
 const killWait = 10 * time.Second
 
-// stop ends the engine's whole process group: SIGTERM, up to grace for the group
-// to empty, then SIGKILL. It returns only when no live process of the group
-// remains, or with an error naming the survivors.
+// stop ends all of the engine's processes (its cgroup, or its process group
+// and what left it: see Containment): SIGTERM, up to grace for them to end,
+// then SIGKILL. It returns only when no live process of the engine remains,
+// or with an error naming the survivors. In cgroup mode the group is then
+// removed.
 func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
-	pgid := e.pid
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	if waitGroupGone(pgid, grace) {
-		<-e.exited
-		return nil
-	}
-	log.Warn("engine ignored SIGTERM; sending SIGKILL", "profile", e.profile.ID, "pgid", pgid, "grace", grace)
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	if !waitGroupGone(pgid, killWait) {
-		return fmt.Errorf("process group %d still has live members %v after SIGKILL", pgid, groupMembers(pgid))
+	if err := e.tree().end(grace, e.hurry, log.With("profile", e.profile.ID, "pid", e.pid)); err != nil {
+		return err
 	}
 	<-e.exited
+	if e.cgroup != "" {
+		if err := removeCgroup(e.cgroup); err != nil {
+			log.Warn("removing the engine's cgroup", "profile", e.profile.ID, "cgroup", e.cgroup, "err", err)
+		}
+	}
 	return nil
 }
+
+// tree is what stopping the engine ends.
+func (e *engine) tree() tree {
+	if e.cgroup != "" {
+		t := cgroupTree(e.cgroup)
+		t.pgid = e.pid
+		return t
+	}
+	// What one scan found stays the engine's while it runs: a process whose
+	// parent died meanwhile (SIGTERMed first, say) is still known.
+	known := make(map[int]uint64)
+	return tree{
+		what:    fmt.Sprintf("process group %d", e.pid),
+		pgid:    e.pid,
+		members: func() []int { return treeMembers(e.pid, e.token, e.startTicks, true, known) },
+	}
+}
+
+// members lists the engine's live processes.
+func (e *engine) members() []int { return e.tree().members() }
 
 // portAttempts bounds the starts of one engine whose port was taken.
 const portAttempts = 3
@@ -251,4 +294,14 @@ func (r *ring) tail(n int) string {
 		return "(none)"
 	}
 	return strings.Join(l, " | ")
+}
+
+// isClosed reports whether c is closed; a nil c never is.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }

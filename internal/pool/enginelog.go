@@ -16,15 +16,13 @@ const (
 	noteMemoryShort                    // vLLM found too little free GPU memory at start-up
 )
 
-// noteLines match each kind of line, whatever its letter case: Python's
-// "[Errno 98] Address already in use", a Go server's "bind: address
-// already in use" and newer vLLM's "Port N is already in use"; vLLM's
-// memoryShortLine.
+// noteLines match each kind of line, whatever its letter case: portInUse,
+// and vLLM's memoryShortLine.
 var noteLines = []struct {
 	bit uint32
 	re  *regexp.Regexp
 }{
-	{notePortTaken, regexp.MustCompile(`(?i)address already in use|port \d+ is already in use`)},
+	{notePortTaken, portInUse},
 	{noteMemoryShort, regexp.MustCompile(`(?i)` + regexp.QuoteMeta(memoryShortLine))},
 }
 

@@ -46,6 +46,9 @@ type LedgerEngine struct {
 	StartTicks uint64 `json:"startTicks"`
 	// Token is the engine's POOLD_ENGINE_TOKEN, inherited by its descendants.
 	Token string `json:"token"`
+	// Cgroup is the directory of the engine's own cgroup (cgroup mode):
+	// every process left in it is the engine's. Empty in process-group mode.
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // ledgerFile is the JSON shape of engines.json.
@@ -88,10 +91,12 @@ func (l *Ledger) Close() error {
 
 // Reap stops every process that an engine of a previous run, recorded in the
 // file, left behind: SIGTERM, up to grace for them to go, then SIGKILL. A
-// process counts only if it is still that engine's: same boot, in the
-// recorded process group, started no earlier than the engine, and carrying
-// its token. Reap returns the processes it stopped, or an error naming those
-// that survived SIGKILL. It then clears the file.
+// process counts only if it is still that engine's, on the same boot: in the
+// engine's recorded cgroup (cgroup mode, which is then removed), or else
+// (process-group mode) as leftovers finds it: started no earlier than the
+// engine, and in its process group, or carrying its token, or descending from
+// such a process. Reap returns the processes it stopped, or an error naming
+// those that survived SIGKILL. It then clears the file.
 func (l *Ledger) Reap(grace time.Duration) ([]int, error) {
 	if l == nil {
 		return nil, nil
@@ -108,22 +113,38 @@ func (l *Ledger) Reap(grace time.Duration) ([]int, error) {
 		l.log.Warn("ignoring an unreadable engines file", "path", l.path, "err", err)
 		return nil, l.write()
 	}
-	var pids []int
+	var pids, loose []int // every process found; those of process-group mode
+	var groups []string
 	if f.BootID == l.boot {
 		for _, e := range f.Engines {
-			left := leftovers(e)
+			var left []int
+			if e.Cgroup != "" {
+				left = cgroupProcs(e.Cgroup)
+				groups = append(groups, e.Cgroup)
+			} else {
+				left = leftovers(e)
+				loose = append(loose, left...)
+			}
 			if len(left) > 0 {
-				l.log.Warn("stopping an engine left by a previous poold", "pool", e.Pool, "profile", e.Profile, "pgid", e.PGID, "port", e.Port, "pids", left)
+				l.log.Warn("stopping an engine left by a previous poold", "pool", e.Pool, "profile", e.Profile, "pgid", e.PGID, "cgroup", e.Cgroup, "port", e.Port, "pids", left)
 			}
 			pids = append(pids, left...)
 		}
 	}
-	if len(pids) > 0 {
-		signalAll(pids, syscall.SIGTERM)
-		if !waitGone(pids, grace) {
-			signalAll(pids, syscall.SIGKILL)
-			if !waitGone(pids, killWait) {
-				return pids, fmt.Errorf("leftover engine processes %v survived SIGKILL", liveOf(pids))
+	for _, dir := range groups {
+		if err := cgroupTree(dir).end(grace, nil, l.log); err != nil {
+			return pids, fmt.Errorf("leftover engine processes: %w", err)
+		}
+		if err := removeCgroup(dir); err != nil {
+			l.log.Warn("removing a leftover engine's cgroup", "cgroup", dir, "err", err)
+		}
+	}
+	if len(loose) > 0 {
+		signalAll(loose, syscall.SIGTERM)
+		if !waitGone(loose, grace) {
+			signalAll(loose, syscall.SIGKILL)
+			if !waitGone(loose, killWait) {
+				return pids, fmt.Errorf("leftover engine processes %v survived SIGKILL", liveOf(loose))
 			}
 		}
 	}
@@ -137,7 +158,7 @@ func (l *Ledger) add(pool string, e *engine) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.engines[e.pid] = LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token}
+	l.engines[e.pid] = LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token, Cgroup: e.cgroup}
 	if err := l.writeLocked(); err != nil {
 		l.log.Warn("recording engine", "pid", e.pid, "err", err)
 	}
@@ -196,6 +217,7 @@ func (l *Ledger) writeLocked() error {
 // stat is the part of /proc/PID/stat poold reads.
 type stat struct {
 	state byte
+	ppid  int
 	pgid  int
 	start uint64 // clock ticks after boot
 }

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -27,6 +28,11 @@ func (p *Pool) run(ctx context.Context) {
 		if sl, why := p.staleSleeperLocked(); sl != nil {
 			p.mu.Unlock()
 			p.stopSleeper(sl, why)
+			continue
+		}
+		if p.failed != nil {
+			p.mu.Unlock()
+			p.stopFailed()
 			continue
 		}
 		if step := p.reloadStepLocked(); step != nil {
@@ -56,9 +62,9 @@ func (p *Pool) run(ctx context.Context) {
 		} else if !p.sched.Closing() && p.state == StateDraining && p.reload.step != reloadRetire {
 			p.setStateLocked(StateReady) // the gate reopened: those waiting for others left
 		}
-		var exited, dead <-chan struct{}
+		var exited <-chan struct{}
 		if p.eng != nil {
-			exited, dead = p.eng.exited, p.eng.dead
+			exited = p.eng.exited
 		}
 		p.mu.Unlock()
 		if next != nil {
@@ -79,36 +85,70 @@ func (p *Pool) run(ctx context.Context) {
 		case <-p.kick:
 		case <-recheck:
 		case <-exited:
-			p.loseEngine((*engine).failure, 0)
-		case <-dead:
-			p.loseEngine((*engine).deadFailure, -1)
+			p.engineExited()
 		}
 	}
 	p.shutdown()
 }
 
-// loseEngine handles an engine lost while serving: one that exited on its
-// own, or one that reported its core dead. The pool fails with why(e) as
-// its last error, and the engine's group is stopped: reaped with no grace
-// (grandchildren may survive their parent), or, with grace negative, under
-// the profile's stopTimeout. The next request starts a fresh engine.
-func (p *Pool) loseEngine(why func(*engine) error, grace time.Duration) {
+// engineFailed records that engine e, serving, failed with err (Lease.Fail)
+// and wakes the run loop to stop it.
+func (p *Pool) engineFailed(e *engine, err error) {
+	p.mu.Lock()
+	if p.eng != e || p.failed != nil || p.sched.Loaded() != e.profile.ID {
+		p.mu.Unlock()
+		return // gone already, or already failing
+	}
+	p.failed = err
+	// No new lease on it: requests for its profile queue for a fresh one.
+	p.sched.Lost()
+	p.setStateLocked(StateFailed)
+	p.lastErr = err
+	p.mu.Unlock()
+	p.log.Error("engine failed while serving; stopping it", "profile", e.profile.ID, "pid", e.pid, "err", err)
+	p.wake()
+}
+
+// stopFailed stops the engine that failed while serving (engineFailed),
+// leases still open or not: it serves them nothing any more.
+func (p *Pool) stopFailed() {
+	p.mu.Lock()
+	e, err := p.eng, p.failed
+	p.failed = nil
+	if e == nil { // it exited meanwhile: engineExited dealt with it
+		p.mu.Unlock()
+		return
+	}
+	wait := p.backoff.failed(e.profile, err, p.opts.Now())
+	p.mu.Unlock()
+	if _, stopErr := p.stopGroup(e, e.profile.StopTimeout.Duration); stopErr != nil {
+		p.log.Error("stopping the failed engine", "profile", e.profile.ID, "err", stopErr)
+	}
+	p.mu.Lock()
+	if p.eng == e {
+		p.eng = nil
+	}
+	p.mu.Unlock()
+	p.log.Info("failed engine stopped", "profile", e.profile.ID, "restart_backoff", wait)
+	p.observeExit(e.profile.ID, "crashed")
+}
+
+// engineExited handles an engine that ended on its own while serving.
+func (p *Pool) engineExited() {
 	p.mu.Lock()
 	e := p.eng
 	p.eng = nil
 	p.sched.Lost()
 	p.setStateLocked(StateFailed)
 	p.mu.Unlock()
-	err := why(e) // may wait for its last lines: outside the lock
+	err := e.failure() // waits for its last lines: outside the lock
 	p.mu.Lock()
 	p.lastErr = err
 	wait := p.backoff.failed(e.profile, err, p.opts.Now())
 	p.mu.Unlock()
-	p.log.Error("engine lost", "profile", e.profile.ID, "err", err, "restart_backoff", wait)
-	if grace < 0 {
-		grace = e.profile.StopTimeout.Duration
-	}
-	if _, stopErr := p.stopGroup(e, grace); stopErr != nil {
+	p.log.Error("engine exited", "profile", e.profile.ID, "err", err, "restart_backoff", wait)
+	// Reap what is left of its group (grandchildren may survive their parent).
+	if _, stopErr := p.stopGroup(e, 0); stopErr != nil {
 		p.log.Error("cleaning up engine", "profile", e.profile.ID, "err", stopErr)
 	}
 	p.observeExit(e.profile.ID, "crashed")
@@ -162,7 +202,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			if sl != nil {
 				p.stopSleeper(sl, "swap failed")
 			}
-			p.failSwap(prof, from, phases, err)
+			p.failSwap(ctx, prof, from, phases, err)
 			return
 		}
 		phases["stop"] = p.opts.Now().Sub(t) - release
@@ -173,7 +213,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 
 	var own []int // a sleeper about to wake reclaims the memory it holds
 	if sl != nil {
-		own = groupMembers(sl.eng.pid)
+		own = sl.eng.members()
 	}
 	p.makeGPURoom(prof, spec.GPUs, own)
 	p.mu.Lock()
@@ -187,15 +227,17 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		kind = KindWake
 	}
 	// An engine that could not bind its port (taken between freePort and the
-	// engine's bind) is started again on another, a bounded number of times;
-	// one that found too little free GPU memory, once, after an eviction.
+	// engine's bind), or that shares it with another process, is started
+	// again on another, a bounded number of times; one that found too little
+	// free GPU memory, once, after an eviction.
+	var exposed error // listeners beyond loopback that did not fail the start
 	memoryRetried := false
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
-		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.http, p.log)
+		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.opts.Containment, p.http, p.opts.hurry, p.log)
 		if err != nil {
-			p.failSwap(prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
+			p.failSwap(ctx, prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
 		}
 		p.opts.Ledger.add(p.name, e)
@@ -206,6 +248,16 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 
 		t = p.opts.Now()
 		err = e.waitReady(ctx, prof.StartupTimeout.Duration)
+		if err != nil && !isClosed(e.exited) {
+			// Alive but not ready (startupTimeout, or poold stopping): those
+			// who wait are told now, not after the engine's stop grace.
+			p.failSwap(ctx, prof, from, phases, err)
+			p.stopUnready(e)
+			return
+		}
+		if err == nil {
+			exposed, err = p.checkSockets(e, spec.AllowNonLoopback)
+		}
 		if err == nil {
 			phases["ready"] = p.opts.Now().Sub(t)
 			break
@@ -217,9 +269,9 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		p.eng = nil
 		p.mu.Unlock()
 		p.observeExit(prof.ID, "load_failed")
-		if e.printed(notePortTaken) {
+		if errors.Is(err, errPortShared) || e.portTaken() {
 			if attempt < portAttempts {
-				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt)
+				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt, "err", err)
 				continue
 			}
 			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
@@ -229,14 +281,14 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			p.log.Warn("engine found too little free GPU memory; evicted a sleeper, starting it again", "profile", prof.ID, "attempt", attempt)
 			continue
 		}
-		p.failSwap(prof, from, phases, err)
+		p.failSwap(ctx, prof, from, phases, err)
 		return
 	}
 	now := p.opts.Now()
 
 	p.mu.Lock()
 	p.watchHealth(p.eng)
-	p.lastErr = nil
+	p.lastErr = exposed
 	p.readyAt = now
 	p.backoff.ready(now)
 	p.lastSwap = now.Sub(begin)
@@ -272,14 +324,38 @@ func (p *Pool) unload() {
 	p.answerLocked(p.sched.Ready("", p.opts.Now()), nil)
 }
 
+// stopUnready stops an engine that did not become ready, once its waiters
+// have been answered, and forgets it.
+func (p *Pool) stopUnready(e *engine) {
+	if _, err := p.stopGroup(e, e.profile.StopTimeout.Duration); err != nil {
+		p.log.Error("stopping the engine that was not ready", "profile", e.profile.ID, "err", err)
+	}
+	p.mu.Lock()
+	if p.eng == e {
+		p.eng = nil
+	}
+	p.mu.Unlock()
+	p.observeExit(e.profile.ID, "load_failed")
+}
+
 // failSwap records a failed swap and answers the profile's waiters at once.
-func (p *Pool) failSwap(prof *profile.Profile, from string, phases map[string]time.Duration, err error) {
-	p.log.Error("swap failed", "profile", prof.ID, "from", from, "err", err)
+func (p *Pool) failSwap(ctx context.Context, prof *profile.Profile, from string, phases map[string]time.Duration, err error) {
+	if ctx.Err() != nil {
+		// Not a failure: poold is stopping, or the pool was removed.
+		p.log.Info("swap abandoned: the pool is stopping", "profile", prof.ID, "from", from)
+	} else {
+		p.log.Error("swap failed", "profile", prof.ID, "from", from, "err", err)
+	}
 	p.mu.Lock()
 	p.lastErr = err
 	p.setStateLocked(StateFailed)
 	p.backoff.failed(prof, err, p.opts.Now())
 	p.answerLocked(p.sched.Failed(prof.ID), &LoadError{Profile: prof.ID, Err: err})
+	// Left empty by the failure, the pool goes back to its default once
+	// nothing else is wanted, rather than sit empty.
+	if def := p.cfg.Lookup(p.spec.Default); def != nil && def.ID != prof.ID && p.reload.step == reloadNone && ctx.Err() == nil {
+		p.reload = pendingReload{step: reloadPreload, next: def.ID}
+	}
 	p.mu.Unlock()
 	p.observeSwap(from, prof.ID, KindCold, "failed", phases)
 }
@@ -301,15 +377,16 @@ func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
 	return release, nil
 }
 
-// stopGroup stops e's process group (SIGTERM, grace, SIGKILL) and then, with a
-// VRAM check configured, waits for the pool's GPUs to release its memory. A
-// check that gives up is a warning, not a failed stop: the group is gone.
+// stopGroup stops all of e's processes (SIGTERM, grace, SIGKILL) and then,
+// with a VRAM check configured, waits for the pool's GPUs to release its
+// memory. A check that gives up is a warning, not a failed stop: the
+// processes are gone.
 // release is how long the check took, zero when it did not run or gave up.
 func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration, err error) {
 	e.unwatchHealth()
 	var released func() error
 	if p.opts.VRAM != nil {
-		released = p.opts.VRAM.Watch(e.gpus, groupMembers(e.pid))
+		released = p.opts.VRAM.Watch(e.gpus, e.members())
 	}
 	if err := e.stop(grace, p.log); err != nil {
 		return 0, err

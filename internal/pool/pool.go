@@ -98,13 +98,24 @@ type Options struct {
 	VRAM     VRAM
 	// Ledger records the engines started, for crash clean-up; nil records none.
 	Ledger *Ledger
-	Now    func() time.Time
+	// Containment is how engines' processes are kept account of; nil is
+	// process-group mode.
+	Containment *Containment
+	Now         func() time.Time
 	// host counts the host RAM held by the sleepers of all pools of a Set;
 	// set by NewSet (nil, outside a Set, is a fresh count per pool).
 	host *hostSleep
 	// spawn starts the engines of all pools of a Set from one long-lived
 	// thread (see spawner); set by NewSet (nil, outside a Set, starts directly).
 	spawn spawner
+	// hurry is closed by Set.Hurry; set by NewSet (nil, outside a Set: never).
+	hurry chan struct{}
+	// Host, when its functions are set, is what a cold start is checked
+	// against before anything is drained for it (the engine binary
+	// resolves, a local model path exists, no flag vLLM has removed): a
+	// request for a profile that fails the check gets a *LoadError at once
+	// and the pool's engine stays. The zero value checks nothing.
+	Host profile.Host
 	// ProbeClient sends the engines' readiness probes; nil means one whose
 	// requests time out after 2 s. ControlClient sends the sleep-mode and
 	// warm-up calls, each bounded by its own context; nil means a plain
@@ -151,6 +162,9 @@ type Pool struct {
 	backoff   restartBackoff // spaces out the restarts of a failing profile
 	// reload is what a profiles reload left for the run loop (reload.go).
 	reload pendingReload
+	// failed is why the engine serving failed though its process lives
+	// (Lease.Fail), for the run loop to stop it; nil when it did not.
+	failed error
 }
 
 func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
@@ -185,7 +199,8 @@ func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
 func policyFor(spec *profile.PoolSpec, cfg *profile.Config) Policy {
 	pol := Policy{
 		MinResidency: spec.MinResidency.Duration,
-		IdleGrace:    DefaultIdleGrace,
+		IdleGrace:    DefaultGraceFloor,
+		LearnGrace:   true,
 		PriorityAge:  DefaultPriorityAge,
 		MaxQueue:     spec.MaxQueue,
 	}

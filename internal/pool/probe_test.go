@@ -60,7 +60,6 @@ func newFakeEngine(t *testing.T, id string, answer func(call string) (int, strin
 		profile: &profile.Profile{ID: id},
 		http:    defaultClients(Options{}),
 		exited:  make(chan struct{}),
-		dead:    make(chan struct{}),
 		logs:    &ring{max: logLines},
 	}
 	f.port, _ = strconv.Atoi(port)

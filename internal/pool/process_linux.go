@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 )
 
 // Linux process mechanics: engines in process groups with Pdeathsig, forked
@@ -39,75 +39,88 @@ func newSpawner() spawner {
 	return s
 }
 
-// waitGroupGone polls until process group pgid has no live member, or d passes.
-func waitGroupGone(pgid int, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	interval := time.Millisecond
-	for {
-		if len(groupMembers(pgid)) == 0 {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(interval)
-		interval = min(interval*2, 50*time.Millisecond)
-	}
-}
-
-// groupMembers lists the live (not zombie) processes whose process group is
-// pgid, from /proc.
-func groupMembers(pgid int) []int {
-	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
-		return nil
-	}
+// treeMembers lists, from one scan of /proc, the live processes of an engine
+// in process-group mode: the members of its process group pgid (when group is
+// set), the processes started no earlier than its leader (start, in clock
+// ticks after boot) whose environment carries its token, the processes in
+// known (pid → start time, those found before) that still run, and the
+// descendants of all of those; it adds what it finds to known, when not nil.
+// A process that left the group (setsid) is found by its token or its parent;
+// one that also cleared its environment (env -i) only while its parent lives,
+// or once found, through known.
+func treeMembers(pgid int, token string, start uint64, group bool, known map[int]uint64) []int {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	var pids []int
+	marker := []byte(tokenEnv + "=" + token + "\x00")
+	in := make(map[int]bool)
+	children := make(map[int][]int)
+	starts := make(map[int]uint64) // of every live process
 	for _, ent := range ents {
 		pid, err := strconv.Atoi(ent.Name())
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + ent.Name() + "/stat")
-		if err != nil {
+		st, err := procStat(pid)
+		if err != nil || st.state == 'Z' || st.state == 'X' {
 			continue
 		}
-		// Fields after the command, which is in parentheses and may hold anything:
-		// state ppid pgrp ...
-		i := strings.LastIndexByte(string(stat), ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(stat[i+1:]))
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
-			pids = append(pids, pid)
+		children[st.ppid] = append(children[st.ppid], pid)
+		starts[pid] = st.start
+		switch was, ok := known[pid]; {
+		case ok && was == st.start:
+			in[pid] = true
+		case group && st.pgid == pgid && st.start >= start:
+			in[pid] = true
+		case token != "" && st.start >= start:
+			env, err := os.ReadFile("/proc/" + ent.Name() + "/environ")
+			if err == nil && (bytes.HasPrefix(env, marker) || bytes.Contains(env, append([]byte{0}, marker...))) {
+				in[pid] = true
+			}
 		}
 	}
+	queue := make([]int, 0, len(in))
+	for pid := range in {
+		queue = append(queue, pid)
+	}
+	for len(queue) > 0 {
+		pid := queue[len(queue)-1]
+		queue = queue[:len(queue)-1]
+		for _, c := range children[pid] {
+			if !in[c] {
+				in[c] = true
+				queue = append(queue, c)
+			}
+		}
+	}
+	pids := make([]int, 0, len(in))
+	for pid := range in {
+		pids = append(pids, pid)
+		if known != nil {
+			known[pid] = starts[pid]
+		}
+	}
+	slices.Sort(pids)
 	return pids
 }
 
-// leftovers lists the live processes that still belong to recorded engine e.
+// leftovers lists the live processes that still belong to recorded engine e
+// (process-group mode): as treeMembers finds them, but the process group only
+// while its number still is the engine's. A process group's number stays
+// taken while any member lives, so a live process in it that started after
+// the engine is the engine's, unless the whole group ended and the number
+// came round again for a new leader: then the leader's pid is alive with
+// another start time, and only the token counts.
 func leftovers(e LedgerEngine) []int {
-	var out []int
-	marker := []byte(tokenEnv + "=" + e.Token + "\x00")
-	for _, pid := range groupMembers(e.PGID) {
-		st, err := procStat(pid)
-		if err != nil || st.pgid != e.PGID || st.start < e.StartTicks {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
-		if err != nil || e.Token == "" || !(bytes.HasPrefix(env, marker) || bytes.Contains(env, append([]byte{0}, marker...))) {
-			continue
-		}
-		out = append(out, pid)
+	group := true
+	if st, err := procStat(e.PGID); err == nil && st.start != e.StartTicks {
+		group = false
 	}
-	return out
+	if e.Token == "" && !group {
+		return nil
+	}
+	return treeMembers(e.PGID, e.Token, e.StartTicks, group, nil)
 }
 
 // procStat reads /proc/PID/stat.
@@ -117,7 +130,7 @@ func procStat(pid int) (stat, error) {
 		return stat{}, err
 	}
 	// The command, in parentheses, may hold anything: fields start after it
-	// at field 3 (state); pgrp is field 5 and starttime field 22.
+	// at field 3 (state); ppid is field 4, pgrp field 5 and starttime field 22.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
 		return stat{}, fmt.Errorf("/proc/%d/stat: no command field", pid)
@@ -126,12 +139,13 @@ func procStat(pid int) (stat, error) {
 	if len(f) < 20 {
 		return stat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
+	ppid, err0 := strconv.Atoi(f[1])
 	pgid, err1 := strconv.Atoi(f[2])
 	start, err2 := strconv.ParseUint(f[19], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
+	if err := errors.Join(err0, err1, err2); err != nil {
 		return stat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 	}
-	return stat{state: f[0][0], pgid: pgid, start: start}, nil
+	return stat{state: f[0][0], ppid: ppid, pgid: pgid, start: start}, nil
 }
 
 // liveOf returns the pids that are still live (not zombies).

@@ -4,8 +4,8 @@ package pool
 
 import (
 	"errors"
+	"os"
 	"syscall"
-	"time"
 )
 
 // errNotLinux is why engines cannot run here.
@@ -17,12 +17,6 @@ func engineProcAttr() (*syscall.SysProcAttr, error) { return nil, errNotLinux }
 // processSpawner starts on the calling thread: no engine starts here anyway.
 func processSpawner() spawner { return nil }
 
-// waitGroupGone reports the group gone: no engine ran here.
-func waitGroupGone(int, time.Duration) bool { return true }
-
-// groupMembers finds no process: no engine ran here.
-func groupMembers(int) []int { return nil }
-
 // leftovers finds no process: no engine ran here.
 func leftovers(LedgerEngine) []int { return nil }
 
@@ -31,3 +25,33 @@ func procStat(int) (stat, error) { return stat{}, errNotLinux }
 
 // liveOf finds no process: no engine ran here.
 func liveOf([]int) []int { return nil }
+
+// treeMembers finds no process: no engine ran here.
+func treeMembers(int, string, uint64, bool, map[int]uint64) []int { return nil }
+
+// delegatedCgroup refuses: cgroups are Linux's.
+func delegatedCgroup() (string, error) { return "", errNotLinux }
+
+// newEngineGroup is never called: there is no cgroup mode here.
+func newEngineGroup(string, string, string) (string, *os.File, error) { return "", nil, errNotLinux }
+
+// cgroupAttr is never called: there is no cgroup mode here.
+func cgroupAttr(*syscall.SysProcAttr, *os.File) {}
+
+// cgroupProcs finds no process: there are no cgroups here.
+func cgroupProcs(string) []int { return nil }
+
+// killCgroup has nothing to kill: there are no cgroups here.
+func killCgroup(string) {}
+
+// removeCgroup has nothing to remove: there are no cgroups here.
+func removeCgroup(string) error { return nil }
+
+// engineGroups finds none: there are no cgroups here.
+func engineGroups(string) []string { return nil }
+
+// tcpListeners cannot read sockets here.
+func tcpListeners() ([]listener, error) { return nil, errNotLinux }
+
+// socketInodes finds none: no engine ran here.
+func socketInodes([]int) map[uint64]bool { return nil }

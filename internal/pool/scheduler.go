@@ -8,14 +8,30 @@ import (
 
 // Scheduling errors a waiting request can get.
 var (
-	ErrQueueFull    = errors.New("queue full")
+	ErrQueueFull = errors.New("queue full")
+	// ErrQueueBudget refuses a request that would queue while the host's
+	// waiting requests already hold all the memory they may.
+	ErrQueueBudget  = errors.New("the requests waiting on this host hold all the memory they may")
 	ErrQueueTimeout = errors.New("timed out waiting for the model to load")
 )
 
 // DefaultIdleGrace is how long after its last request the loaded profile still
-// counts as in demand; it bridges the gap between the requests of a closed-loop
-// client, so that such a client keeps its model for the minimum residency.
+// counts as in demand, when the grace is fixed; it bridges the gap between the
+// requests of a closed-loop client, so that such a client keeps its model for
+// the minimum residency.
 const DefaultIdleGrace = time.Second
+
+// DefaultGraceFloor is the least idle grace a learned one may be (see
+// Policy.LearnGrace), and the grace of a profile whose gaps are not known
+// yet: a lone client that alternates models swaps at once.
+const DefaultGraceFloor = 20 * time.Millisecond
+
+// A learned grace is graceFactor times the moving average of the profile's
+// gaps, a new gap weighing gapWeight in it.
+const (
+	graceFactor = 2
+	gapWeight   = 0.3
+)
 
 // DefaultPriorityAge is how much waiting time one priority level is worth: a waiter
 // of priority p behaves as if it had arrived p×DefaultPriorityAge earlier.
@@ -30,8 +46,15 @@ type Policy struct {
 	// Residency overrides MinResidency for the profiles it lists (a profile's
 	// own minResidency); nil or a missing profile means MinResidency.
 	Residency map[string]time.Duration
-	// IdleGrace is how long after its last use the loaded profile counts as in demand.
+	// IdleGrace is how long after its last use the loaded profile counts as
+	// in demand; with LearnGrace, the least a learned grace may be.
 	IdleGrace time.Duration
+	// LearnGrace learns each profile's grace from its own clients instead:
+	// the gaps between one request's end and the next one's arrival while
+	// nothing else ran (a closed-loop client's think time), graceFactor
+	// times their moving average, between IdleGrace and the profile's
+	// residency. A profile with no gap seen yet has IdleGrace.
+	LearnGrace bool
 	// PriorityAge is the waiting time one priority level is worth.
 	PriorityAge time.Duration
 	// MaxQueue bounds the number of waiting requests.
@@ -57,6 +80,11 @@ type Waiter struct {
 	// the admin API rather than a request: it queues, is ordered and closes
 	// the gate like a request, but holds no lease once admitted.
 	Intent bool
+	// Hold, if not nil, is asked by the pool whether the request may queue,
+	// when it cannot be admitted at once: a queued request holds memory (its
+	// body) while it waits. It runs under the pool's mutex and must not
+	// block; false refuses the request with ErrQueueBudget.
+	Hold func() bool
 
 	done chan grant // buffered(1); the pool sends exactly one grant
 }
@@ -97,6 +125,12 @@ type Scheduler struct {
 	closing  bool      // the gate is closed: the pool drains towards a swap
 	inFlight int
 	queue    []*Waiter // in arrival order
+	// gaps is, per profile, the moving average of its gaps (LearnGrace);
+	// nil until one is seen.
+	gaps map[string]time.Duration
+	// released is set when the last lease of the loaded profile ended: the
+	// next arrival for it ends a gap. A load or a swap clears it.
+	released bool
 }
 
 // Arrive admits w at once (true) when its profile is ready (for an unload
@@ -104,8 +138,11 @@ type Scheduler struct {
 // (false), or refuses it with ErrQueueFull. An admitted request holds a lease;
 // an admitted intent is simply done.
 func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
-	if !s.swapping && w.Profile == s.loaded && !s.gateClosed(w.Arrived) {
+	if s.Admits(w) {
 		if !w.Intent {
+			if s.inFlight == 0 && s.released && s.Policy.LearnGrace {
+				s.noteGap(w.Profile, w.Arrived.Sub(s.lastUsed))
+			}
 			s.inFlight++
 			s.lastUsed = w.Arrived
 		}
@@ -116,6 +153,11 @@ func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
 	}
 	s.queue = append(s.queue, w)
 	return false, nil
+}
+
+// Admits reports whether Arrive would admit w at once rather than queue it.
+func (s *Scheduler) Admits(w *Waiter) bool {
+	return !s.swapping && w.Profile == s.loaded && !s.gateClosed(w.Arrived)
 }
 
 // Cancel removes a queued waiter and reports whether it was still queued (false
@@ -134,6 +176,7 @@ func (s *Scheduler) Cancel(w *Waiter) bool {
 func (s *Scheduler) Release(now time.Time) {
 	s.inFlight--
 	s.lastUsed = now
+	s.released = s.inFlight == 0
 }
 
 // Next decides what the pool should do now.
@@ -153,7 +196,7 @@ func (s *Scheduler) Next(now time.Time) Decision {
 	}
 	if s.loaded != "" && !s.closing {
 		residencyEnd := s.readyAt.Add(s.Policy.residency(s.loaded))
-		idleAt := s.lastUsed.Add(s.Policy.IdleGrace)
+		idleAt := s.lastUsed.Add(s.IdleGrace())
 		idle := s.inFlight == 0 && !now.Before(idleAt)
 		if now.Before(residencyEnd) && !idle {
 			d := Decision{Recheck: residencyEnd}
@@ -189,6 +232,7 @@ func (s *Scheduler) Next(now time.Time) Decision {
 // profile is gone.
 func (s *Scheduler) Begin(profile string) {
 	s.loaded, s.target, s.closing, s.swapping = "", profile, false, true
+	s.released = false
 }
 
 // Ready records that profile is serving (for "": that the unload is done) and
@@ -220,6 +264,30 @@ func (s *Scheduler) Drop(profile string) []*Waiter {
 	q := s.queue
 	s.queue = nil
 	return q
+}
+
+// noteGap folds one gap of profile's requests into its moving average.
+func (s *Scheduler) noteGap(profile string, gap time.Duration) {
+	gap = max(0, min(gap, s.Policy.residency(profile)))
+	if s.gaps == nil {
+		s.gaps = make(map[string]time.Duration)
+	}
+	avg, seen := s.gaps[profile]
+	if !seen {
+		avg = gap
+	}
+	s.gaps[profile] = time.Duration(gapWeight*float64(gap) + (1-gapWeight)*float64(avg))
+}
+
+// IdleGrace is how long after its last use the loaded profile still counts
+// as in demand (see Policy.LearnGrace).
+func (s *Scheduler) IdleGrace() time.Duration {
+	floor := s.Policy.IdleGrace
+	avg, seen := s.gaps[s.loaded]
+	if !s.Policy.LearnGrace || !seen {
+		return floor
+	}
+	return max(floor, min(graceFactor*avg, s.Policy.residency(s.loaded)))
 }
 
 // Loaded is the profile ready in the pool, or "".

@@ -26,6 +26,8 @@ type Set struct {
 	// request for profile and its arrival at p.
 	placed func(profile string, p *Pool)
 
+	hurryOnce sync.Once // closes opts.hurry
+
 	mu  sync.Mutex      // guards ctx; serialises Run and Apply
 	ctx context.Context // the pools' parent context, set by Run; nil before
 	wg  sync.WaitGroup  // counts running pool loops, removed pools' included
@@ -41,6 +43,7 @@ type poolList struct {
 func NewSet(cfg *profile.Config, opts Options) *Set {
 	opts.host = new(hostSleep)
 	opts.spawn = processSpawner()
+	opts.hurry = make(chan struct{})
 	hc := defaultClients(opts) // shared by every pool of the set
 	opts.ProbeClient, opts.ControlClient = hc.probe, hc.control
 	s := &Set{opts: opts}
@@ -85,18 +88,18 @@ func (s *Set) Pool(name string) *Pool { return s.list.Load().by[name] }
 func (s *Set) Pools() []*Pool { return s.list.Load().all }
 
 // Acquire places a request for prof on a pool and waits for its lease. A
-// non-empty pin names the only pool allowed.
+// non-empty pin names the only pool allowed; hold is as in Pool.Acquire.
 //
 // Placement and arrival are atomic for a profile: two first requests for it
 // arriving together join one pool, instead of each finding the pools as they
 // were before the other arrived and starting the model twice.
-func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string) (*Lease, error) {
+func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string, hold func() bool) (*Lease, error) {
 	if pin != "" {
 		p := s.Pool(pin)
 		if p == nil || !prof.EligibleOn(pin) {
 			return nil, ErrNoPool
 		}
-		return p.Acquire(ctx, prof)
+		return p.Acquire(ctx, prof, hold)
 	}
 	mu := s.placing(prof.ID)
 	mu.Lock()
@@ -108,7 +111,7 @@ func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string) (*
 	if s.placed != nil {
 		s.placed(prof.ID, p)
 	}
-	a, err := p.arrive(&Waiter{Profile: prof.ID, Priority: prof.Priority}, prof)
+	a, err := p.arrive(&Waiter{Profile: prof.ID, Priority: prof.Priority, Hold: hold}, prof)
 	mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -162,7 +165,14 @@ func (p *Pool) candidate(id string) placement.Candidate {
 		InFlight:   s.InFlight(),
 		Waiting:    s.QueueLen(),
 		LastUsed:   s.LastUsed(),
-	}, id, now, s.Policy.IdleGrace)
+	}, id, now, s.IdleGrace())
+}
+
+// Hurry cuts short the SIGTERM grace of every engine stop from now on,
+// under way or to come: the stops SIGKILL at once (a second signal at
+// shutdown). It may be called more than once.
+func (s *Set) Hurry() {
+	s.hurryOnce.Do(func() { close(s.opts.hurry) })
 }
 
 // Refuse makes every pool answer new and queued requests with ErrShutdown;

@@ -124,7 +124,7 @@ func TestPlacement(t *testing.T) {
 		{"idle: least recently used", "p", ready("q", 0, 10*time.Minute), ready("r", 0, time.Hour), ready("q", 0, 5*time.Minute), "b"},
 		{"idle: least recently used (c)", "p", ready("q", 0, 10*time.Minute), ready("r", 0, time.Minute), ready("q", 0, 20*time.Minute), "c"},
 		{"idle beats busy with a shorter queue", "p", ready("q", 2, 0), ready("r", 0, 2*time.Second), ready("q", 1, 0), "b"},
-		{"used within the idle grace is not idle", "p", ready("q", 0, 500*time.Millisecond), ready("r", 0, 5*time.Second), ready("q", 1, 0), "b"},
+		{"used within the idle grace is not idle", "p", ready("q", 0, 10*time.Millisecond), ready("r", 0, 5*time.Second), ready("q", 1, 0), "b"},
 		{"busy: shortest queue", "p", ready("q", 3, 0), ready("r", 1, 0, "q"), ready("q", 1, 0), "c"},
 		{"busy: in flight and waiting both count", "p", ready("q", 1, 0, "r", "r"), ready("r", 2, 0), ready("q", 2, 0, "r"), "b"},
 		{"busy: a loading pool with a queue", "p", loading("q", "q", "q"), ready("r", 1, 0), loading("r", "r", "r", "r"), "b"},
@@ -176,7 +176,7 @@ func TestCandidateRank(t *testing.T) {
 		{"loading it", loading("p"), placement.Loading, 0},
 		{"queued on it", loading("q", "p"), placement.Loading, 1},
 		{"idle other", ready("q", 0, time.Minute), placement.Idle, 0},
-		{"idle other, within grace", ready("q", 0, 100*time.Millisecond), placement.Queue, 0},
+		{"idle other, within grace", ready("q", 0, 10*time.Millisecond), placement.Queue, 0},
 		{"busy other", ready("q", 2, 0, "r"), placement.Queue, 3},
 		// The engine is gone; its last lease will end without it. The pool holds
 		// nothing, so it is as good as empty: p loads once the lease ends.
@@ -228,7 +228,7 @@ func TestAcquirePinned(t *testing.T) {
 	cancel()
 	bc := cfg.Lookup("bc")
 	for _, pin := range []string{"a", "nope"} {
-		l, err := set.Acquire(cancelled, bc, pin)
+		l, err := set.Acquire(cancelled, bc, pin, nil)
 		if !errors.Is(err, ErrNoPool) || l != nil {
 			t.Errorf("Acquire(bc, pin %q) = %v, %v; want ErrNoPool", pin, l, err)
 		}
@@ -243,7 +243,7 @@ func TestAcquirePinned(t *testing.T) {
 	// request cannot be admitted and the cancelled context ends it at once),
 	// even though placement would pick another pool.
 	with(set.Pool("c"), func(s *Scheduler) { ready("q", 5, 0)(t, s, set.Pool("c").opts.Now()) })
-	l, err := set.Acquire(cancelled, bc, "c")
+	l, err := set.Acquire(cancelled, bc, "c", nil)
 	if !errors.Is(err, context.Canceled) || l != nil {
 		t.Fatalf("Acquire(bc, pin c) = %v, %v; want context.Canceled", l, err)
 	}
@@ -264,7 +264,7 @@ func TestAcquireUsesPlacement(t *testing.T) {
 	with(set.Pool("b"), func(s *Scheduler) { ready("r", 1, 0, "p")(t, s, clock.now) })
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := set.Acquire(cancelled, cfg.Lookup("p"), ""); !errors.Is(err, context.Canceled) {
+	if _, err := set.Acquire(cancelled, cfg.Lookup("p"), "", nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Acquire: %v, want context.Canceled", err)
 	}
 	for _, p := range set.Pools() {

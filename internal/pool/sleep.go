@@ -50,7 +50,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	old.unwatchHealth()
 	var released func() error
 	if p.opts.VRAM != nil {
-		released = p.opts.VRAM.WatchSleep(gpus, groupMembers(old.pid))
+		released = p.opts.VRAM.WatchSleep(gpus, old.members())
 	}
 	sctx, cancel := context.WithTimeout(ctx, old.profile.StopTimeout.Duration)
 	err := old.sleep(sctx, level)

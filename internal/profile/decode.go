@@ -186,6 +186,7 @@ type kind int
 
 const (
 	kString kind = iota
+	kBool
 	kInt
 	kDuration
 	kStrings
@@ -200,6 +201,7 @@ const (
 
 var kindNames = [...]string{
 	kString:   "string",
+	kBool:     "bool",
 	kInt:      "int",
 	kDuration: "duration",
 	kStrings:  "[]string",
@@ -214,7 +216,7 @@ var kindNames = [...]string{
 
 // jsonKinds is the node kind each kind decodes from.
 var jsonKinds = [...]byte{
-	kString: 's', kInt: 'n', kDuration: 's', kStrings: '[', kInts: '[', kEnv: '{',
+	kString: 's', kBool: 'b', kInt: 'n', kDuration: 's', kStrings: '[', kInts: '[', kEnv: '{',
 	kConfig: '{', kPools: '[', kDefaults: '{', kProfiles: '[', kSleep: '{',
 }
 
@@ -229,16 +231,17 @@ var (
 	poolFields   = []field{
 		{"name", kString}, {"gpus", kInts}, {"default", kString},
 		{"minResidency", kDuration}, {"maxQueue", kInt}, {"maxQueueWait", kDuration},
-		{"maxSleeping", kInt},
+		{"maxSleeping", kInt}, {"allowNonLoopback", kBool},
 	}
 	defaultsFields = []field{
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"env", kEnv},
-		{"minResidency", kDuration}, {"maxQueue", kInt}, {"maxQueueWait", kDuration},
-		{"sleepMemoryBudget", kInt},
+		{"passEnv", kStrings}, {"minResidency", kDuration}, {"maxQueue", kInt},
+		{"maxQueueWait", kDuration}, {"sleepMemoryBudget", kInt},
 	}
 	profileFields = []field{
 		{"id", kString}, {"aliases", kStrings}, {"model", kString}, {"pools", kStrings},
-		{"maxModelLen", kInt}, {"args", kStrings}, {"env", kEnv}, {"command", kStrings},
+		{"maxModelLen", kInt}, {"args", kStrings}, {"env", kEnv}, {"passEnv", kStrings},
+		{"command", kStrings},
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"priority", kInt},
 		{"minResidency", kDuration}, {"maxQueueWait", kDuration},
 		{"sleep", kSleep}, {"weightBytes", kInt},

@@ -64,8 +64,8 @@ func hasFlag(args []string, flags ...string) bool {
 // Environ returns p's environment as "KEY=value" pairs sorted by key, followed by
 // CUDA_VISIBLE_DEVICES listing pool's GPUs (which replaces any in Env) when pool is
 // not nil. With Sleep set, VLLM_SERVER_DEV_MODE=1 (which vLLM needs to serve its
-// sleep endpoints) replaces any in Env. It is meant to be appended to os.Environ(),
-// so that its values win.
+// sleep endpoints) replaces any in Env. It is meant to be appended to
+// Inherited(os.Environ()), so that its values win.
 func (p *Profile) Environ(pool *PoolSpec) []string {
 	vars := p.Env
 	if p.Sleep != nil {
@@ -90,4 +90,53 @@ func (p *Profile) Environ(pool *PoolSpec) []string {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(gpus, ","))
 	}
 	return env
+}
+
+// Inherited returns the variables of environ (poold's own environment, as
+// os.Environ gives it) that p's engine inherits, in environ's order: those an
+// engine needs to find its tools, libraries, caches and GPUs (see
+// inheritedNames and inheritedPrefixes) and those p's PassEnv names. Nothing
+// else crosses: poold's own settings (POOLD_*, its API keys and admin token
+// among them) never do, and neither do the vLLM variables that would change
+// how poold talks to the engine (VLLM_API_KEY, VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)
+// unless PassEnv names them.
+func (p *Profile) Inherited(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		k, _, ok := strings.Cut(kv, "=")
+		if ok && (slices.Contains(p.PassEnv, k) || inheritable(k)) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// inheritedNames are the variables an engine inherits by name.
+var inheritedNames = []string{
+	"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+	"LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX",
+	"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+	"OMP_NUM_THREADS", "MKL_NUM_THREADS",
+}
+
+// inheritedPrefixes are the prefixes of the variables an engine inherits:
+// locale, XDG directories, Python, CUDA and NVIDIA, NCCL, Hugging Face, vLLM,
+// PyTorch and Triton.
+var inheritedPrefixes = []string{
+	"LC_", "XDG_", "PYTHON", "CUDA_", "NVIDIA_", "NCCL_", "HF_", "HUGGING_FACE_",
+	"TRANSFORMERS_", "VLLM_", "TORCH", "PYTORCH_", "TRITON_",
+}
+
+// notInherited are variables of the inherited families that only PassEnv or
+// Env give an engine: an API key makes vLLM refuse poold's own probes, and
+// keep-alive-on-death hides a dead engine from them.
+var notInherited = []string{"VLLM_API_KEY", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"}
+
+// inheritable reports whether an engine inherits variable k without PassEnv.
+func inheritable(k string) bool {
+	if slices.Contains(notInherited, k) {
+		return false
+	}
+	return slices.Contains(inheritedNames, k) ||
+		slices.ContainsFunc(inheritedPrefixes, func(p string) bool { return strings.HasPrefix(k, p) })
 }

@@ -30,6 +30,11 @@ func (c *Config) applyDefaults() {
 			maps.Copy(env, p.Env)
 			p.Env = env
 		}
+		for _, n := range d.PassEnv {
+			if !slices.Contains(p.PassEnv, n) {
+				p.PassEnv = append(p.PassEnv, n)
+			}
+		}
 		if len(p.Pools) == 0 {
 			p.Pools = make([]string, len(c.Pools))
 			for i, pool := range c.Pools {

@@ -59,7 +59,8 @@ var removedFlags = map[string]string{
 // Preflight returns what would make p's engine fail to start on h although p
 // is valid: a flag that vLLM has removed, an engine binary that does not
 // resolve (Command[0] with {poold} replaced, or vllm), a local model path
-// (absolute, or relative from ./ or ../) that does not exist. Each error
+// (absolute, or relative from ./ or ../) that does not exist, when the
+// engine is given it (the default command, or {model} in Command). Each error
 // names its field as a JSON path within the profile.
 func (p *Profile) Preflight(h Host) []error {
 	var errs []error
@@ -82,7 +83,7 @@ func (p *Profile) Preflight(h Host) []error {
 			errs = append(errs, fmt.Errorf("%s does not resolve on this host: %w", where, err))
 		}
 	}
-	if h.Stat != nil && isLocalPath(p.Model) {
+	if h.Stat != nil && isLocalPath(p.Model) && p.passesModel() {
 		if _, err := h.Stat(p.Model); errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("model %q: no such file or directory on this host", p.Model))
 		} else if err != nil {
@@ -120,4 +121,18 @@ func removedFlag(arg string) (flag, hint string) {
 // model on a hub: absolute, or relative from ./ or ../.
 func isLocalPath(model string) bool {
 	return strings.HasPrefix(model, "/") || strings.HasPrefix(model, "./") || strings.HasPrefix(model, "../")
+}
+
+// passesModel reports whether p's engine is given its model: the default
+// command is, a Command only through {model}.
+func (p *Profile) passesModel() bool {
+	if p.Command == nil {
+		return true
+	}
+	for _, a := range p.Command {
+		if strings.Contains(a, "{model}") {
+			return true
+		}
+	}
+	return false
 }

@@ -54,6 +54,10 @@ type PoolSpec struct {
 	// MaxSleeping bounds the sleeping engines the pool keeps besides its awake
 	// one; zero means DefaultMaxSleeping.
 	MaxSleeping int `json:"maxSleeping,omitempty"`
+	// AllowNonLoopback lets an engine that listens beyond loopback on its
+	// port serve anyway (reported in the pool's lastError); false, the
+	// default, stops it and fails the load.
+	AllowNonLoopback bool `json:"allowNonLoopback,omitempty"`
 }
 
 // Defaults are applied to every profile that leaves the field unset.
@@ -61,9 +65,12 @@ type Defaults struct {
 	StartupTimeout Duration          `json:"startupTimeout,omitzero"`
 	StopTimeout    Duration          `json:"stopTimeout,omitzero"`
 	Env            map[string]string `json:"env,omitempty"`
-	MinResidency   Duration          `json:"minResidency,omitzero"`
-	MaxQueue       int               `json:"maxQueue,omitempty"`
-	MaxQueueWait   Duration          `json:"maxQueueWait,omitzero"`
+	// PassEnv names variables of poold's own environment that every engine
+	// inherits besides the allowlisted ones (see Profile.Inherited).
+	PassEnv      []string `json:"passEnv,omitempty"`
+	MinResidency Duration `json:"minResidency,omitzero"`
+	MaxQueue     int      `json:"maxQueue,omitempty"`
+	MaxQueueWait Duration `json:"maxQueueWait,omitzero"`
 	// SleepMemoryBudget bounds, in bytes, the host RAM that the sleeping
 	// engines of all pools hold (level 1 keeps a model's weights in host RAM);
 	// zero means no bound besides each pool's maxSleeping. It is a host
@@ -83,6 +90,10 @@ type Profile struct {
 	MaxModelLen int               `json:"maxModelLen,omitempty"`
 	Args        []string          `json:"args,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
+	// PassEnv names variables of poold's own environment that the engine
+	// inherits besides the allowlisted ones (see Inherited); with the file's
+	// defaults.passEnv once defaults are applied.
+	PassEnv []string `json:"passEnv,omitempty"`
 	// Command, when set, replaces the `vllm serve` argv; {port}, {model}, {id} and
 	// {poold} (this daemon's own executable) are substituted inside every argument.
 	Command        []string `json:"command,omitempty"`

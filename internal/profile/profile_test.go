@@ -218,6 +218,44 @@ func TestEnviron(t *testing.T) {
 	}
 }
 
+// An engine inherits only the allowlisted variables of poold's environment
+// and those its profile (or the file's defaults) names in passEnv: never
+// poold's own settings, and the vLLM variables that change how poold talks
+// to it only when named.
+func TestInherited(t *testing.T) {
+	environ := []string{
+		"PATH=/usr/bin", "HOME=/var/lib/poold", "LC_ALL=C.UTF-8", "TZ=UTC",
+		"POOLD_API_KEYS=sk-secret", "POOLD_ADMIN_TOKEN=admin-secret", "POOLD_ENGINE_TOKEN=old",
+		"AWS_SECRET_ACCESS_KEY=aws", "MY_VAR=mine", "HTTPS_PROXY=http://u:p@proxy",
+		"CUDA_HOME=/usr/local/cuda", "NCCL_DEBUG=INFO", "HF_HOME=/srv/hf", "VLLM_LOGGING_LEVEL=DEBUG",
+		"VLLM_API_KEY=engine-key", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+		"NOEQUALS",
+	}
+	base := []string{"PATH=/usr/bin", "HOME=/var/lib/poold", "LC_ALL=C.UTF-8", "TZ=UTC",
+		"CUDA_HOME=/usr/local/cuda", "NCCL_DEBUG=INFO", "HF_HOME=/srv/hf", "VLLM_LOGGING_LEVEL=DEBUG",
+		"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"}
+	if got := (&Profile{}).Inherited(environ); !slices.Equal(got, base) {
+		t.Errorf("Inherited =\n%q\nwant\n%q", got, base)
+	}
+	c, err := Parse([]byte(`{"pools": [{"name": "g", "gpus": [0]}],
+	  "defaults": {"passEnv": ["HTTPS_PROXY"]},
+	  "profiles": [{"id": "a", "model": "m", "passEnv": ["MY_VAR", "VLLM_API_KEY"]}, {"id": "b", "model": "m"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"PATH=/usr/bin", "HOME=/var/lib/poold", "LC_ALL=C.UTF-8", "TZ=UTC",
+		"MY_VAR=mine", "HTTPS_PROXY=http://u:p@proxy",
+		"CUDA_HOME=/usr/local/cuda", "NCCL_DEBUG=INFO", "HF_HOME=/srv/hf", "VLLM_LOGGING_LEVEL=DEBUG",
+		"VLLM_API_KEY=engine-key", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"}
+	if got := c.Lookup("a").Inherited(environ); !slices.Equal(got, want) {
+		t.Errorf("with passEnv: Inherited =\n%q\nwant\n%q", got, want)
+	}
+	want = slices.Insert(slices.Clone(base), 4, "HTTPS_PROXY=http://u:p@proxy")
+	if got := c.Lookup("b").Inherited(environ); !slices.Equal(got, want) {
+		t.Errorf("with defaults.passEnv: Inherited =\n%q\nwant\n%q", got, want)
+	}
+}
+
 func TestLookupAllocs(t *testing.T) {
 	c := load(t, "good-command.json")
 	name := string([]byte("chat")) // not a constant, as in a request

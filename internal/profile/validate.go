@@ -58,6 +58,8 @@ func (c *Config) validatePools(byName map[string]int) []error {
 			v.add("name", "required")
 		case !validPoolName(p.Name):
 			v.add(fmt.Sprintf("name %q", p.Name), "must match [A-Za-z0-9._-]+")
+		case p.Name == "." || p.Name == "..":
+			v.add(fmt.Sprintf("name %q", p.Name), "must not be a dot-segment (it is a URL path segment)")
 		case slices.ContainsFunc(c.Pools[:i], func(q *PoolSpec) bool { return q.Name == p.Name }):
 			v.add("", "duplicate pool name")
 		}
@@ -105,6 +107,7 @@ func (d *Defaults) validate() []error {
 	v.duration("startupTimeout", d.StartupTimeout)
 	v.duration("stopTimeout", d.StopTimeout)
 	v.env(d.Env)
+	v.passEnv(d.PassEnv)
 	v.duration("minResidency", d.MinResidency)
 	v.nonNegative("maxQueue", int64(d.MaxQueue))
 	v.duration("maxQueueWait", d.MaxQueueWait)
@@ -151,6 +154,7 @@ func (c *Config) validateProfiles(poolNames map[string]bool, byName map[string]i
 		}
 		v.nonNegative("maxModelLen", int64(p.MaxModelLen))
 		v.env(p.Env)
+		v.passEnv(p.PassEnv)
 		if p.Command != nil {
 			switch {
 			case len(p.Command) == 0:
@@ -206,6 +210,35 @@ func (v *checker) env(env map[string]string) {
 			v.add("env", "key %q contains \"=\"", k)
 		}
 	}
+}
+
+// passEnv checks the names of inherited variables: each a plain variable
+// name, listed once, and none of poold's own (POOLD_*), which may hold its
+// secrets.
+func (v *checker) passEnv(names []string) {
+	for i, n := range names {
+		f := fmt.Sprintf("passEnv[%d] %q", i, n)
+		switch {
+		case !validEnvName(n):
+			v.add(f, "not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+		case strings.HasPrefix(strings.ToUpper(n), "POOLD_"):
+			v.add(f, "poold's own variables are never passed to engines")
+		case slices.Contains(names[:i], n):
+			v.add(f, "listed twice")
+		}
+	}
+}
+
+// validEnvName reports whether n is a portable environment variable name.
+func validEnvName(n string) bool {
+	for i := 0; i < len(n); i++ {
+		switch b := n[i]; {
+		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', b == '_', i > 0 && '0' <= b && b <= '9':
+		default:
+			return false
+		}
+	}
+	return n != ""
 }
 
 // names returns the profile's id followed by its aliases.

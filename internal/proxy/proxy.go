@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -36,6 +37,14 @@ type Options struct {
 	AccessLog    *slog.Logger
 	Metrics      *metrics.Metrics
 	Clients      *metrics.Clients
+	// QueueBodyBytes bounds the request bodies that the requests waiting
+	// for a lease hold together, host-wide; past it a request that would
+	// wait gets 503 queue_budget. Zero: DefaultQueueBodyBytes; negative:
+	// no bound.
+	QueueBodyBytes int64
+	// Degraded, if not nil, lists why the daemon serves in a degraded state
+	// (nil or empty: it does not); /health shows them.
+	Degraded func() []string
 	// Status fills the daemon-wide part of GET /status.
 	Status func() statusapi.Poold
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
@@ -51,6 +60,11 @@ type Options struct {
 	// (larger ends the stream with an error event); zero means
 	// openai.DefaultMaxEvent.
 	MaxEventBytes int64
+	// StreamIdleTimeout bounds the silence of an engine's answer, between
+	// the bytes of its body: past it the answer ends (a stream with an
+	// engine_timeout error event) and the engine, stalled, is restarted.
+	// Zero: no bound.
+	StreamIdleTimeout time.Duration
 }
 
 // Handler serves the OpenAI API and the operations endpoints.
@@ -66,19 +80,36 @@ type Handler struct {
 	// created is the "created" time of every /v1/models entry: when the
 	// profiles were loaded.
 	created int64
+	// bodies bounds the bodies held by requests waiting for a lease.
+	bodies bodyBudget
+	// draining, once set by Drain, makes /health answer 503.
+	draining atomic.Bool
+	// cut ends, by Cut, the requests still forwarded at the end of a
+	// shutdown's drain (cause errShutdownCut).
+	cut    context.Context
+	cutAll context.CancelFunc
 }
+
+// errShutdownCut is the cause of the end of a request still running when a
+// shutdown's drain bound passes.
+var errShutdownCut = errors.New("poold is shutting down: the request ran past the drain bound")
 
 // New builds the handler for cfg served by pools.
 func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = openai.DefaultMaxBodyBytes
 	}
+	if opts.QueueBodyBytes == 0 {
+		opts.QueueBodyBytes = DefaultQueueBodyBytes
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
+	h.cut, h.cutAll = context.WithCancel(context.Background())
+	h.bodies.max = opts.QueueBodyBytes
 	h.cfg.Store(cfg)
-	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout}
+	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout, BodyIdleTimeout: opts.StreamIdleTimeout}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:        h.rewriteOut,
 		Transport:      h.tr,
@@ -92,8 +123,6 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 		// would start a goroutine per response that sends the headers ahead.
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
-	mux.HandleFunc("POST /pools/{pool}/v1/{path...}", h.serveAPI)
 	mux.HandleFunc("GET /v1/models", h.serveModels)
 	mux.HandleFunc("GET /pools/{pool}/metrics", h.serveEngineMetrics)
 	mux.HandleFunc("GET /status", h.serveStatus)
@@ -113,7 +142,16 @@ func (h *Handler) SetConfig(cfg *profile.Config) { h.cfg.Store(cfg) }
 // Handle adds another route (such as /metrics) to the handler's mux.
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+// ServeHTTP serves every POST but the admin API's as an inference request,
+// which serveAPI routes by its path (routeOf), before the mux could clean or
+// redirect it; everything else goes through the mux.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && !strings.HasPrefix(r.URL.Path, "/admin/") {
+		h.serveAPI(w, r)
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
 
 // Close closes the idle connections to engines and stops their sweep. Call
 // it once the server has stopped.
@@ -123,11 +161,23 @@ func (h *Handler) Close() { h.tr.Close() }
 // poold did (upstream.Transport.UpstreamClosed).
 func (h *Handler) EngineConnsClosed() uint64 { return h.tr.UpstreamClosed() }
 
+// Drain makes /health answer 503, so that a load balancer stops sending:
+// the first step of a shutdown.
+func (h *Handler) Drain() { h.draining.Store(true) }
+
+// Cut ends every request still forwarded, at the end of a shutdown's drain:
+// a stream gets a shutting_down error event, a request whose engine has not
+// answered yet a 503 shutting_down, and both are recorded with the outcome
+// shutdown_cut. Requests that arrive afterwards are cut at once.
+func (h *Handler) Cut() { h.cutAll() }
+
 // exchange is one forwarded request's state, carried in its context from
 // serveAPI through the ReverseProxy callbacks.
 type exchange struct {
-	id       string // the request id, sent upstream as X-Request-Id
+	id       string          // the request id, sent upstream as X-Request-Id
+	ctx      context.Context // the forward's: the client's, cut by a shutdown; nil before
 	lease    *pool.Lease
+	path     string // the engine's path: an inference route
 	body     []byte
 	withhold bool
 	start    time.Time
@@ -170,7 +220,9 @@ func (x *exchange) usage() (openai.Usage, bool) {
 	return openai.Usage{}, false
 }
 
-// serveAPI handles POST /v1/* and its pinned form /pools/{pool}/v1/*.
+// serveAPI handles a POST to an inference route and its pinned form
+// /pools/{pool}/<route>; any other path gets a 404 before the body is read,
+// so that it costs no swap.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
@@ -189,6 +241,10 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			rec.TTFB = x.first.Sub(start)
 		}
 		rec.Outcome = x.outcome(rec.Status, r.Context().Err() != nil)
+		// Cut by a shutdown: an answer under way, or none yet from the engine.
+		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != metrics.OutcomeCompleted || x.sse == nil && x.tail == nil) {
+			rec.Outcome = metrics.OutcomeShutdownCut
+		}
 		if u, ok := x.usage(); ok {
 			rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
 		} else if x.sse != nil && rec.Outcome != metrics.OutcomeCompleted {
@@ -197,6 +253,20 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		}
 		h.finish(rec)
 	}()
+
+	rt, ok := routeOf(r.URL)
+	if !ok {
+		rec.Status = http.StatusNotFound
+		openai.WriteError(w, rec.Status, "unknown_route", "", fmt.Sprintf("POST %s is not an inference route that poold forwards", strconv.Quote(r.URL.EscapedPath())))
+		return
+	}
+	r.SetPathValue("pool", rt.pool)
+	x.path = rt.path
+	if ok, why := forwardedHeaders(r.Header); !ok {
+		rec.Status = http.StatusRequestHeaderFieldsTooLarge
+		openai.WriteError(w, rec.Status, "headers_too_large", "", why)
+		return
+	}
 
 	body, req, status := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
 	if status != 0 {
@@ -212,16 +282,20 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Profile = prof.ID
 
+	// A request that must wait holds its body against the host's budget.
+	hold, unqueue, done := h.bodies.request(int64(len(body)))
+	defer done()
 	var lease *pool.Lease
 	var err error
 	if req.Stream && h.opts.KeepAliveInterval > 0 {
 		k := &keepAlive{ResponseWriter: w}
 		defer k.finish()
 		w = k
-		lease, err = h.acquireKeepAlive(k, r, prof, start)
+		lease, err = h.acquireKeepAlive(k, r, prof, start, hold)
 	} else {
-		lease, err = h.pools.Acquire(r.Context(), prof, r.PathValue("pool"))
+		lease, err = h.pools.Acquire(r.Context(), prof, r.PathValue("pool"), hold)
 	}
+	unqueue()
 	if err != nil {
 		rec.Status = h.acquireError(w, r, prof, err)
 		return
@@ -229,13 +303,17 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer lease.Release()
 	rec.Pool, rec.QueueWait = lease.Pool, lease.Waited
 
-	path := r.PathValue("path")
-	inject := req.Stream && !req.IncludeUsage && (path == "chat/completions" || path == "completions")
+	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
 	x.lease = lease
 	x.body = openai.Rewrite(body, req, prof.ID, inject)
 	x.withhold = inject
-	ctx := upstream.WithIdleTimeout(context.WithValue(r.Context(), exchangeKey{}, x), lease.IdleTimeout)
-	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(ctx))
+	// The exchange ends with the client, or with a shutdown's cut.
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(h.cut, func() { cancel(errShutdownCut) })()
+	x.ctx = ctx
+	fwd := upstream.WithIdleTimeout(context.WithValue(ctx, exchangeKey{}, x), lease.IdleTimeout)
+	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(fwd))
 }
 
 // finish records a finished request in the metrics and the access log.
@@ -260,6 +338,8 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		switch {
 		case errors.Is(err, pool.ErrQueueTimeout):
 			code = "queue_timeout"
+		case errors.Is(err, pool.ErrQueueBudget):
+			code = "queue_budget"
 		case errors.Is(err, pool.ErrBackoff):
 			code = "engine_backoff"
 		}
@@ -272,7 +352,7 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool")))
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrShutdown):
-		openai.WriteUnavailable(w, "shutting_down", err.Error(), 5*time.Second)
+		openai.WriteUnavailable(w, "shutting_down", err.Error(), shutdownRetry)
 		return http.StatusServiceUnavailable
 	case errors.Is(err, pool.ErrProfileRemoved):
 		openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
@@ -300,22 +380,21 @@ func (h *Handler) unknownModel(name string) string {
 }
 
 // rewriteOut builds the upstream request: the engine's URL, the rewritten body,
-// and no client credentials (engines are not meant to see API keys).
+// and the client's headers but those poold owns (its credentials among them:
+// engines are not meant to see API keys) and the hop-by-hop ones.
 func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	x := pr.In.Context().Value(exchangeKey{}).(*exchange)
 	out := pr.Out
 	out.URL.Scheme = x.lease.Target.Scheme
 	out.URL.Host = x.lease.Target.Host
-	out.URL.Path = "/v1/" + pr.In.PathValue("path")
+	out.URL.Path = x.path
 	out.URL.RawPath = ""
 	out.Host = ""
 	upstream.SetBody(out, x.body)
-	out.Header.Del("Authorization")
-	out.Header.Del("X-Api-Key")
+	dropOwned(out.Header)
 	// The engine takes it as its own request id (vLLM does), so that its
 	// log lines match the access log's.
 	out.Header.Set("X-Request-Id", x.id)
-	out.Header.Del("Accept-Encoding")
 }
 
 // modifyResponse wraps the engine's response body to count tokens and, for
@@ -325,6 +404,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	// The client has poold's X-Request-Id already; an engine's echo of it
 	// (vLLM's --enable-request-id-headers) would be a second.
 	resp.Header.Del("X-Request-Id")
+	resp.Body = &engineBody{ReadCloser: resp.Body, x: x}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))
@@ -341,10 +421,14 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 // upstreamError answers a request whose engine could not be reached or failed
 // before sending a response.
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	x := r.Context().Value(exchangeKey{}).(*exchange)
+	if context.Cause(r.Context()) == errShutdownCut {
+		openai.WriteUnavailable(w, "shutting_down", errShutdownCut.Error(), shutdownRetry)
+		return
+	}
 	if r.Context().Err() != nil {
 		return // the client went away; nobody to answer
 	}
-	x := r.Context().Value(exchangeKey{}).(*exchange)
 	h.log.Warn("engine request failed", "pool", x.lease.Pool, "profile", x.lease.Profile.ID, "err", err)
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		openai.WriteError(w, http.StatusGatewayTimeout, "engine_timeout", "", fmt.Sprintf("engine for %q did not answer in time: %v", x.lease.Profile.ID, err))
@@ -377,3 +461,30 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 func (s *statusWriter) Flush() { http.NewResponseController(s.ResponseWriter).Flush() }
 
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// shutdownRetry is the Retry-After of answers refused or cut by a shutdown:
+// another poold (or this one, restarted) may serve by then.
+const shutdownRetry = 5 * time.Second
+
+// engineBody is an engine's response body. When it fails because poold's
+// shutdown cut it, or because the engine stalled (nothing for the stream
+// idle timeout: the engine is then reported failed to its pool), it fails
+// with the stream error that tells the client why (see openai.StreamError).
+type engineBody struct {
+	io.ReadCloser
+	x *exchange
+}
+
+func (b *engineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == nil || err == io.EOF:
+	case context.Cause(b.x.ctx) == errShutdownCut:
+		err = &openai.StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: errShutdownCut.Error()}
+	case errors.Is(err, upstream.ErrBodyIdle):
+		b.x.lease.Fail(fmt.Errorf("engine stalled while serving: %w", err))
+		err = &openai.StreamError{Status: http.StatusGatewayTimeout, Code: "engine_timeout",
+			Message: fmt.Sprintf("the engine for %q stalled: %v; it is being restarted", b.x.lease.Profile.ID, err)}
+	}
+	return n, err
+}

@@ -81,7 +81,23 @@ func (h *Handler) PoolStatus() []statusapi.Pool {
 	return out
 }
 
+// serveHealth is poold's liveness: 200, or 503 once a shutdown drains. A
+// daemon that serves with something wrong (Options.Degraded) answers 200
+// with status "degraded" and the reasons.
 func (h *Handler) serveHealth(w http.ResponseWriter, r *http.Request) {
+	if h.draining.Load() {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]string{"status": "draining"})
+		return
+	}
+	if h.opts.Degraded != nil {
+		if reasons := h.opts.Degraded(); len(reasons) > 0 {
+			// Still live and serving: 200, with the reasons.
+			writeJSON(w, map[string]any{"status": "degraded", "reasons": reasons})
+			return
+		}
+	}
 	writeJSON(w, map[string]string{"status": "ok"})
 }
 

@@ -15,9 +15,23 @@ type Poold struct {
 	Version string `json:"version"`
 	Host    string `json:"host"`
 	// Config describes the profiles file in force.
-	Config File   `json:"config"`
-	GPU    GPUs   `json:"gpu"`
-	Pools  []Pool `json:"pools"`
+	Config File `json:"config"`
+	GPU    GPUs `json:"gpu"`
+	// Containment says how poold keeps account of its engines' processes.
+	Containment Containment `json:"containment"`
+	Pools       []Pool      `json:"pools"`
+}
+
+// Containment says how poold keeps account of its engines' processes
+// (docs/security.md): Mode "cgroup", each engine in a cgroup v2 group of its
+// own under Cgroup (poold's delegated cgroup's directory), or Mode
+// "process-group", each engine a process group and the processes that left
+// it found by their environment and parents, with the Reason no cgroup is
+// used.
+type Containment struct {
+	Mode   string `json:"mode"`
+	Cgroup string `json:"cgroup,omitempty"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // File describes a watched settings file in force: poold's profiles file or

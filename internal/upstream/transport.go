@@ -7,6 +7,7 @@ package upstream
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,7 +26,30 @@ const (
 	DefaultDialTimeout    = 5 * time.Second
 	DefaultIdleTimeout    = 90 * time.Second
 	DefaultMaxIdlePerHost = 1024
+	// DefaultMaxResponseHeaderBytes bounds a response's header block (and
+	// any interim 1xx answers before it). net/http's Transport allows 10 MiB;
+	// no engine or poold answer needs more than a few KiB.
+	DefaultMaxResponseHeaderBytes = 1 << 20
 )
+
+// ErrResponseHeaderTooLarge is the error (wrapped) of a response whose
+// header block exceeds the Transport's MaxResponseHeaderBytes.
+var ErrResponseHeaderTooLarge = errors.New("response header block too large")
+
+// NotSentError is the error of a request of which nothing reached the
+// upstream: the dial failed, or the connection failed before the request's
+// first byte was written. Such a request can be sent again, to the same
+// upstream or another, without running twice; any other failure may come
+// after the upstream read (and acted on) the request.
+type NotSentError struct{ Err error }
+
+func (e *NotSentError) Error() string { return e.Err.Error() }
+func (e *NotSentError) Unwrap() error { return e.Err }
+
+// earlyResponseWait bounds the read of an answer that the upstream may have
+// sent before it stopped reading the request (an early 413), once writing
+// the rest failed.
+const earlyResponseWait = time.Second
 
 // Transport is the http.RoundTripper of every forwarded request: plain
 // HTTP/1.1 to an upstream on loopback (an engine for poold, a poold for
@@ -48,15 +72,23 @@ const (
 // DefaultDialTimeout, idle connections are closed after DefaultIdleTimeout
 // (or sooner, as their request's context says: WithIdleTimeout),
 // DefaultMaxIdlePerHost are kept per host, and response headers are awaited
-// as long as the request's context allows.
+// as long as the request's context allows, and may hold up to
+// DefaultMaxResponseHeaderBytes.
 type Transport struct {
 	DialTimeout time.Duration
 	// HeaderTimeout bounds the wait for the response headers once the
 	// request is written; zero: none. It fails with a net.Error whose
 	// Timeout() is true.
-	HeaderTimeout  time.Duration
-	IdleTimeout    time.Duration
-	MaxIdlePerHost int
+	HeaderTimeout time.Duration
+	// BodyIdleTimeout bounds the wait for each read of a response body: an
+	// upstream that sends nothing for that long (a stalled engine) fails the
+	// body with an error wrapping ErrBodyIdle. Zero: no bound.
+	BodyIdleTimeout time.Duration
+	IdleTimeout     time.Duration
+	MaxIdlePerHost  int
+	// MaxResponseHeaderBytes bounds the bytes read before a response's body;
+	// past it the exchange fails with ErrResponseHeaderTooLarge.
+	MaxResponseHeaderBytes int64
 
 	// upstreamClosed counts the idle connections the upstream closed
 	// before the Transport did (see UpstreamClosed).
@@ -91,6 +123,10 @@ func WithIdleTimeout(ctx context.Context, d time.Duration) context.Context {
 // upstreams' keep-alive.
 func (t *Transport) UpstreamClosed() uint64 { return t.upstreamClosed.Load() }
 
+// ErrBodyIdle is wrapped by the error of a response body whose upstream sent
+// nothing for Transport.BodyIdleTimeout.
+var ErrBodyIdle = errors.New("the upstream stalled: no byte within the body idle timeout")
+
 // sweepEvery is how often idle connections are checked: no goroutine watches
 // them between requests, and one whose upstream went away (an engine that
 // stopped) would otherwise hold its descriptor until the address is used
@@ -100,11 +136,32 @@ const sweepEvery = time.Second
 // upConn is one connection to an upstream with its read buffer.
 type upConn struct {
 	net.Conn
-	br        *bufio.Reader
+	br        *bufio.Reader // reads through limitedConn
 	idleSince time.Time
 	// maxIdle is how long it may stay idle, from its last request's
 	// context (WithIdleTimeout); zero: the Transport's IdleTimeout.
 	maxIdle time.Duration
+	// left is how many more bytes br may read from the connection while a
+	// response's headers are read; negative: no bound (a body is read).
+	left int64
+}
+
+// limitedConn is an upConn's Conn, read within the upConn's bound.
+type limitedConn struct{ c *upConn }
+
+func (l limitedConn) Read(p []byte) (int, error) {
+	c := l.c
+	if c.left == 0 {
+		return 0, ErrResponseHeaderTooLarge
+	}
+	if c.left > 0 && int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.Conn.Read(p)
+	if c.left > 0 {
+		c.left -= int64(n)
+	}
+	return n, err
 }
 
 // A long-past deadline unblocks every read and write on a connection.
@@ -115,9 +172,13 @@ var aLongTimeAgo = time.Unix(1, 0)
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
 
 // RoundTrip sends req and returns the response headers; the body streams
-// from the connection as it is read. A kept connection that the upstream had
-// closed while it was idle is replaced by a new one once, when req can be
-// sent again (it has GetBody, or no body) and no response byte was read.
+// from the connection as it is read. A kept connection that fails before any
+// byte of req was written on it is replaced by a new one once, when req can
+// be sent again (it has GetBody, or no body); a request that was written, in
+// whole or in part, is never sent again. A failure with nothing sent (a
+// failed dial among them) is a *NotSentError. An answer the upstream sent
+// before it stopped reading the request (an early 413) is the response,
+// although writing the request failed.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" {
 		closeBody(req)
@@ -134,14 +195,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeBody(req)
 			return nil, err
 		}
-		resp, stale, err := t.exchange(ctx, addr, c, req)
+		resp, err := t.exchange(ctx, addr, c, req)
 		if err == nil {
 			return resp, nil
 		}
-		if !reused || !stale || ctx.Err() != nil {
+		_, notSent := errors.AsType[*NotSentError](err)
+		if !reused || !notSent || ctx.Err() != nil {
 			return nil, err
 		}
-		t.upstreamClosed.Add(1)
+		t.upstreamClosed.Add(1) // a kept connection the upstream had closed
 		if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
 			return nil, err
 		}
@@ -156,10 +218,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// exchange writes req on c and reads the response headers. stale reports a
-// failure before any response byte, which on a reused connection means the
-// upstream closed it while it was idle.
-func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *http.Request) (resp *http.Response, stale bool, err error) {
+// exchange writes req on c and reads the response headers. A failure before
+// any byte of req was written is a *NotSentError.
+func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *http.Request) (resp *http.Response, err error) {
 	// Cancelling ctx breaks every blocked read and write on c.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
 	defer func() {
@@ -173,7 +234,8 @@ func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *h
 	}()
 
 	bw := writers.Get().(*bufio.Writer)
-	bw.Reset(c)
+	cw := &countingWriter{w: c.Conn}
+	bw.Reset(cw)
 	err = req.Write(bw)
 	if err == nil {
 		err = bw.Flush()
@@ -181,25 +243,27 @@ func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *h
 	bw.Reset(nil)
 	writers.Put(bw)
 	if err != nil {
-		return nil, true, fmt.Errorf("writing the request to %s: %w", addr, err)
+		werr := fmt.Errorf("writing the request to %s: %w", addr, err)
+		if cw.n == 0 {
+			return nil, &NotSentError{werr}
+		}
+		// The upstream may have answered and stopped reading (an early 413
+		// for a body too large): then its answer is the response, read
+		// from what arrived before the connection broke.
+		_ = c.SetReadDeadline(time.Now().Add(earlyResponseWait))
+		if resp, err = t.readResponse(addr, c, req); err != nil {
+			return nil, werr
+		}
+		_ = c.SetReadDeadline(time.Time{})
+		resp.Body = &upBody{t: t, addr: addr, c: c, body: resp.Body, stop: stop, ctx: ctx}
+		return resp, nil
 	}
 
 	if t.HeaderTimeout > 0 {
 		_ = c.SetReadDeadline(time.Now().Add(t.HeaderTimeout))
 	}
-	for {
-		if _, err = c.br.Peek(1); err != nil {
-			return nil, resp == nil && !isTimeout(err), fmt.Errorf("reading the response from %s: %w", addr, err)
-		}
-		resp, err = http.ReadResponse(c.br, req)
-		if err != nil {
-			return nil, false, fmt.Errorf("reading the response from %s: %w", addr, err)
-		}
-		// An interim 1xx answer (100 Continue, 103 Early Hints) precedes the
-		// real one.
-		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
-		}
+	if resp, err = t.readResponse(addr, c, req); err != nil {
+		return nil, err
 	}
 	if t.HeaderTimeout > 0 {
 		_ = c.SetReadDeadline(time.Time{})
@@ -209,7 +273,47 @@ func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *h
 	}
 	maxIdle, _ := ctx.Value(idleKey{}).(time.Duration)
 	resp.Body = &upBody{t: t, addr: addr, c: c, body: resp.Body, stop: stop, ctx: ctx, keep: !resp.Close && !req.Close, maxIdle: maxIdle}
-	return resp, false, nil
+	return resp, nil
+}
+
+// readResponse reads the response to req from c up to its body, skipping
+// interim 1xx answers, within MaxResponseHeaderBytes.
+func (t *Transport) readResponse(addr string, c *upConn, req *http.Request) (*http.Response, error) {
+	limit := cmp.Or(t.MaxResponseHeaderBytes, DefaultMaxResponseHeaderBytes)
+	c.left = limit
+	defer func() { c.left = -1 }()
+	for {
+		resp, err := http.ReadResponse(c.br, req)
+		if errors.Is(err, ErrResponseHeaderTooLarge) {
+			return nil, fmt.Errorf("reading the response from %s: %w: more than %d bytes", addr, err, limit)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the response from %s: %w", addr, err)
+		}
+		// A status below 100 is no HTTP status: net/http's server would
+		// panic writing it on.
+		if resp.StatusCode < 100 {
+			resp.Body.Close()
+			return nil, fmt.Errorf("reading the response from %s: malformed status %d", addr, resp.StatusCode)
+		}
+		// An interim 1xx answer (100 Continue, 103 Early Hints) precedes the
+		// real one.
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, nil
+		}
+	}
+}
+
+// countingWriter counts the bytes written through it.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // upBody is a response body that returns its connection to the idle set
@@ -230,6 +334,12 @@ func (b *upBody) Read(p []byte) (int, error) {
 	if b.c == nil {
 		return 0, io.EOF
 	}
+	if d := b.t.BodyIdleTimeout; d > 0 {
+		_ = b.c.SetReadDeadline(time.Now().Add(d))
+		if b.ctx.Err() != nil { // the cancel may have run before the line above
+			_ = b.c.SetDeadline(aLongTimeAgo)
+		}
+	}
 	n, err := b.body.Read(p)
 	switch {
 	case err == io.EOF:
@@ -238,6 +348,8 @@ func (b *upBody) Read(p []byte) (int, error) {
 		b.release(false)
 		if b.ctx.Err() != nil {
 			err = b.ctx.Err()
+		} else if isTimeout(err) {
+			err = fmt.Errorf("%w: nothing for %s", ErrBodyIdle, b.t.BodyIdleTimeout)
 		}
 	}
 	return n, err
@@ -295,10 +407,12 @@ func (t *Transport) conn(ctx context.Context, addr string, fresh bool) (c *upCon
 	}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, false, err
+		return nil, false, &NotSentError{err}
 	}
 	// A 1 KiB read buffer keeps idle streams cheap; larger reads bypass it.
-	return &upConn{Conn: nc, br: bufio.NewReaderSize(nc, 1<<10)}, false, nil
+	c = &upConn{Conn: nc, left: -1}
+	c.br = bufio.NewReaderSize(limitedConn{c}, 1<<10)
+	return c, false, nil
 }
 
 // put adds c to addr's idle connections, or closes it when addr already
@@ -471,5 +585,5 @@ func closeBody(req *http.Request) {
 	}
 }
 
-// isTimeout reports whether err is a deadline passing: HeaderTimeout's.
+// isTimeout reports whether err is a read deadline passing.
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }

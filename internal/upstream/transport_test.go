@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -159,34 +160,79 @@ func answer(br *bufio.Reader, c net.Conn, body string) error {
 	return err
 }
 
-// A kept connection that the upstream closes on reuse, before answering,
-// is replaced once by a new one and the request sent again whole; without
-// GetBody the request cannot be sent again, and the error comes back.
-func TestTransportRetriesStaleConnection(t *testing.T) {
+// A kept connection that fails before any byte of the request was written
+// is replaced once by a new one and the request sent whole; without GetBody
+// the request cannot be sent again, and the error comes back as a
+// *NotSentError.
+func TestTransportRetriesUnsentRequest(t *testing.T) {
 	var bodies atomic.Int32
+	done := make(chan struct{})
+	defer close(done)
 	url := rawServer(t, func(n int, c net.Conn) {
 		br := bufio.NewReader(c)
-		if n == 1 {
-			if answer(br, c, "one") != nil {
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				<-done // keeps its side open: the client's check sees no close
 				return
 			}
-			// The second request on this connection is read, then dropped
-			// unanswered: what an upstream closing an idle connection looks
-			// like when the close crosses the request.
-			if req, err := http.ReadRequest(br); err == nil {
-				io.Copy(io.Discard, req.Body)
+			if b, _ := io.ReadAll(req.Body); string(b) == "payload" {
+				bodies.Add(1)
 			}
-			return
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
-		req, err := http.ReadRequest(br)
+	})
+	tr := &Transport{}
+	defer tr.Close()
+	// breakIdle shuts the write side of the one idle connection: it still
+	// looks open to the reader, and the next write on it fails at once.
+	breakIdle := func() {
+		t.Helper()
+		resp, err := post(t, tr, url, "")
 		if err != nil {
+			t.Fatal(err)
+		}
+		bodyOf(t, resp)
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		for _, cs := range tr.idle {
+			for _, c := range cs {
+				c.Conn.(*net.TCPConn).CloseWrite()
+			}
+		}
+	}
+	breakIdle()
+	resp, err := post(t, tr, url, "payload")
+	if err != nil {
+		t.Fatalf("a request whose kept connection failed before writing: %v", err)
+	}
+	if got := bodyOf(t, resp); got != "ok" || bodies.Load() != 1 {
+		t.Fatalf("answer %q, whole bodies received %d, want 1", got, bodies.Load())
+	}
+
+	breakIdle()
+	req, _ := http.NewRequest(http.MethodPost, url, io.NopCloser(strings.NewReader("x")))
+	req.ContentLength = 1
+	_, err = tr.RoundTrip(req)
+	if _, ok := errors.AsType[*NotSentError](err); !ok {
+		t.Fatalf("a request without GetBody on a broken connection: %v, want a *NotSentError", err)
+	}
+}
+
+// A request that the upstream read and then dropped unanswered (a crash, or
+// a close crossing the request) is never sent again: the upstream may have
+// acted on it. The error is not a *NotSentError.
+func TestTransportNeverReplaysWrittenRequest(t *testing.T) {
+	var received atomic.Int32
+	url := rawServer(t, func(n int, c net.Conn) {
+		br := bufio.NewReader(c)
+		if answer(br, c, "one") != nil {
 			return
 		}
-		b, _ := io.ReadAll(req.Body)
-		if string(b) == "payload" {
-			bodies.Add(1)
+		if req, err := http.ReadRequest(br); err == nil {
+			io.Copy(io.Discard, req.Body)
+			received.Add(1)
 		}
-		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntwo")
 	})
 	tr := &Transport{}
 	defer tr.Close()
@@ -194,36 +240,54 @@ func TestTransportRetriesStaleConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := bodyOf(t, resp); got != "one" {
-		t.Fatalf("first answer %q", got)
+	bodyOf(t, resp)
+	_, err = post(t, tr, url, "payload")
+	if err == nil {
+		t.Fatal("a request dropped after it was read succeeded")
 	}
-	resp, err = post(t, tr, url, "payload")
-	if err != nil {
-		t.Fatalf("second request on a connection closed under it: %v", err)
+	if _, ok := errors.AsType[*NotSentError](err); ok {
+		t.Fatalf("a written request failed with a *NotSentError: %v", err)
 	}
-	if got := bodyOf(t, resp); got != "two" || bodies.Load() != 1 {
-		t.Fatalf("answer %q, whole bodies at the new connection %d", got, bodies.Load())
+	if n := received.Load(); n != 1 {
+		t.Fatalf("the upstream received the request %d times, want 1", n)
 	}
+}
 
-	// The same, with a body that cannot be read twice.
-	url2 := rawServer(t, func(n int, c net.Conn) {
-		br := bufio.NewReader(c)
-		if answer(br, c, "one") != nil {
-			return
-		}
-		if req, err := http.ReadRequest(br); err == nil {
-			io.Copy(io.Discard, req.Body)
-		}
-	})
-	resp, err = post(t, tr, url2, "x")
+// A failed dial is a *NotSentError.
+func TestTransportDialErrorNotSent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	bodyOf(t, resp)
-	req, _ := http.NewRequest(http.MethodPost, url2, io.NopCloser(strings.NewReader("x")))
-	req.ContentLength = 1
-	if _, err := tr.RoundTrip(req); err == nil {
-		t.Fatal("a request without GetBody was sent twice")
+	addr := ln.Addr().String()
+	ln.Close()
+	tr := &Transport{}
+	defer tr.Close()
+	_, err = post(t, tr, "http://"+addr, "x")
+	if _, ok := errors.AsType[*NotSentError](err); !ok {
+		t.Fatalf("dialling a closed port: %v, want a *NotSentError", err)
+	}
+}
+
+// An upstream that answers before reading the whole body (an early 413) and
+// closes: its answer is the response, not the write's "connection reset".
+func TestTransportEarlyResponse(t *testing.T) {
+	url := rawServer(t, func(n int, c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\ntoo big!")
+		// Closing with the body unread resets the connection.
+	})
+	tr := &Transport{}
+	defer tr.Close()
+	resp, err := post(t, tr, url, strings.Repeat("x", 32<<20))
+	if err != nil {
+		t.Fatalf("an early 413: %v", err)
+	}
+	if got := bodyOf(t, resp); resp.StatusCode != http.StatusRequestEntityTooLarge || got != "too big!" {
+		t.Fatalf("an early 413: %d %q", resp.StatusCode, got)
 	}
 }
 
@@ -434,5 +498,86 @@ func TestTransportClose(t *testing.T) {
 	}
 	if n := conns.Load(); n != 2 {
 		t.Fatalf("%d connections, want 2", n)
+	}
+}
+
+// A body whose upstream sends nothing for BodyIdleTimeout fails with
+// ErrBodyIdle; one that keeps sending, however slowly, does not.
+func TestTransportBodyIdleTimeout(t *testing.T) {
+	stall := make(chan struct{})
+	defer close(stall)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 5 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			if r.URL.Query().Get("stall") == "" {
+				time.Sleep(20 * time.Millisecond) // slower than nothing, faster than the bound
+			}
+		}
+		if r.URL.Query().Get("stall") != "" {
+			select {
+			case <-stall:
+			case <-r.Context().Done():
+			}
+		}
+	}))
+	defer srv.Close()
+	tr := &Transport{BodyIdleTimeout: 2 * time.Second}
+	defer tr.Close()
+
+	resp, err := post(t, tr, srv.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bodyOf(t, resp); !strings.Contains(got, "data: 4") {
+		t.Fatalf("a slow but steady body: %q", got)
+	}
+
+	resp, err = post(t, tr, srv.URL+"/?stall=1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(err, ErrBodyIdle) || !strings.Contains(string(b), "data: 4") {
+		t.Fatalf("a stalled body: read %q, err %v; want the events then ErrBodyIdle", b, err)
+	}
+}
+
+// A response whose header block passes MaxResponseHeaderBytes fails with
+// ErrResponseHeaderTooLarge (and its connection is not kept); one within it
+// is read whole.
+func TestTransportResponseHeaderLimit(t *testing.T) {
+	url := rawServer(t, func(n int, c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			size, _ := strconv.Atoi(req.URL.Query().Get("size"))
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Filler: "+strings.Repeat("f", size)+"\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	tr := &Transport{MaxResponseHeaderBytes: 4 << 10}
+	defer tr.Close()
+	resp, err := post(t, tr, url+"/?size=3000", "")
+	if err != nil {
+		t.Fatalf("a 3000-byte header under a 4 KiB bound: %v", err)
+	}
+	if got := bodyOf(t, resp); got != "ok" || len(resp.Header.Get("X-Filler")) != 3000 {
+		t.Fatalf("body %q, header of %d bytes", got, len(resp.Header.Get("X-Filler")))
+	}
+	_, err = post(t, tr, url+"/?size=5000", "")
+	if !errors.Is(err, ErrResponseHeaderTooLarge) {
+		t.Fatalf("a 5000-byte header under a 4 KiB bound: %v", err)
+	}
+	// The default bound is 1 MiB.
+	tr = &Transport{}
+	defer tr.Close()
+	if _, err := post(t, tr, url+"/?size="+strconv.Itoa(2<<20), ""); !errors.Is(err, ErrResponseHeaderTooLarge) {
+		t.Fatalf("a 2 MiB header under the default bound: %v", err)
 	}
 }

@@ -26,6 +26,8 @@ const (
 	mIdle = "m-idle"
 	mA    = "swap-a"
 	mB    = "swap-b"
+	altA  = "alt-a" // pool "alt", at default settings (workload 5a)
+	altB  = "alt-b"
 )
 
 var (
@@ -136,6 +138,7 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 		{"4", "streaming 256 tokens, concurrency 256", b.w4},
 		{"4b", "concurrent slow streams", b.w4b},
 		{"5", "swap overhead", b.w5},
+		{"5a", "alternating swaps at default settings", b.w5a},
 		{"5w", "swap time cold vs wake (sleep mode)", b.w5w},
 		{"6", "memory", b.w6},
 		{"7", "scale", b.w7},
@@ -175,7 +178,8 @@ func raiseFileLimit(logw io.Writer) {
 
 // profiles renders a profiles file with one pool per model of pools, each
 // preloading it, and, when swap is set, a pool "swap" holding mA and mB with
-// no minimum residency.
+// no minimum residency and a pool "alt" holding altA and altB at default
+// settings.
 func profiles(pools map[string][]string, swap bool) []byte {
 	var ps, profs []map[string]any
 	gpu := 0
@@ -187,10 +191,15 @@ func profiles(pools map[string][]string, swap bool) []byte {
 		profs = append(profs, map[string]any{"id": model, "pools": []string{name}, "command": cmd})
 	}
 	if swap {
-		ps = append(ps, map[string]any{"name": "swap", "gpus": []int{gpu}, "default": mA, "minResidency": "0s"})
-		for _, id := range []string{mA, mB} {
+		ps = append(ps, map[string]any{"name": "swap", "gpus": []int{gpu}, "default": mA, "minResidency": "0s"},
+			map[string]any{"name": "alt", "gpus": []int{gpu + 1}, "default": altA})
+		for _, id := range []string{mA, mB, altA, altB} {
 			cmd := []string{"{poold}", "engine-sim", "/models/{id}", "--port", "{port}", "--served-model-name", "{id}"}
-			profs = append(profs, map[string]any{"id": id, "pools": []string{"swap"}, "command": cmd})
+			pl := "swap"
+			if id == altA || id == altB {
+				pl = "alt"
+			}
+			profs = append(profs, map[string]any{"id": id, "pools": []string{pl}, "command": cmd})
 		}
 	}
 	b, _ := json.MarshalIndent(map[string]any{

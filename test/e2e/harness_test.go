@@ -26,6 +26,9 @@ import (
 var pooldBin, fleetdBin string
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(helperEngineEnv); mode != "" {
+		os.Exit(runHelperEngine(mode, os.Args[1:]))
+	}
 	dir, err := os.MkdirTemp("", "poold-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -153,6 +156,14 @@ func startPoold(t *testing.T, tag string, profiles []byte, args ...string) *daem
 // launch starts poold without waiting for it to serve.
 func launch(t *testing.T, tag string, profiles []byte, args ...string) *daemon {
 	t.Helper()
+	return launchWith(t, tag, profiles, nil, args...)
+}
+
+// launchWith starts poold without waiting for it to serve, after setup (if
+// not nil) has adjusted its command: its environment, its process
+// attributes.
+func launchWith(t *testing.T, tag string, profiles []byte, setup func(*exec.Cmd), args ...string) *daemon {
+	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "profiles.json")
 	if err := os.WriteFile(path, profiles, 0o644); err != nil {
@@ -164,6 +175,9 @@ func launch(t *testing.T, tag string, profiles []byte, args ...string) *daemon {
 		"--state-dir", filepath.Join(dir, "state")}, args...)
 	d.cmd = exec.Command(pooldBin, all...)
 	d.cmd.Stdout, d.cmd.Stderr = d.stdout, d.stderr
+	if setup != nil {
+		setup(d.cmd)
+	}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -307,8 +321,12 @@ func (d *daemon) waitHealthy() {
 
 // status is the part of GET /status the tests read.
 type status struct {
-	Version string `json:"version"`
-	Pools   []struct {
+	Version     string `json:"version"`
+	Containment struct {
+		Mode   string `json:"mode"`
+		Reason string `json:"reason"`
+	} `json:"containment"`
+	Pools []struct {
 		Name         string         `json:"name"`
 		State        string         `json:"state"`
 		Profile      *string        `json:"profile"`

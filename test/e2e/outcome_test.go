@@ -3,9 +3,11 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -52,5 +54,62 @@ func TestEngineCutIsUpstreamAborted(t *testing.T) {
 	t.Logf("cut stream: %v estimated completion tokens", l["completion_tokens"])
 	if v := d.metricValue(`poold_requests_total{client="other",code_class="2xx",model="fragile",outcome="upstream_aborted",pool="p0",stream="true"}`); v != 1 {
 		t.Fatalf(`poold_requests_total{outcome="upstream_aborted"} = %v, want 1`, v)
+	}
+}
+
+// An engine that promises a Content-Length and closes early: the client's
+// answer is cut, and poold records upstream_aborted, not a plain 2xx.
+func TestShortBodyIsUpstreamAborted(t *testing.T) {
+	tag := t.Name()
+	accessPath := filepath.Join(t.TempDir(), "access.log")
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{{ID: "m", Flags: []string{"--sim-cut-body"}}}, nil),
+		"--access-log", accessPath)
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	// The answer may be cut before its headers reach the client: the request
+	// carries its own id.
+	const id = "short-body-1"
+	req, _ := http.NewRequest(http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(chatBody("m", false, 5)))
+	req.Header.Set("X-Request-Id", id)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil && bytes.Contains(body, []byte(`"usage"`)) {
+			t.Fatalf("a whole answer from an engine that cuts its bodies: %s", body)
+		}
+	}
+	l := waitAccessLine(t, accessPath, id)
+	if l["outcome"] != "upstream_aborted" {
+		t.Fatalf("access log of the cut answer: %v", l)
+	}
+	if v := d.metricValue(`poold_requests_total{client="other",code_class="2xx",model="m",outcome="upstream_aborted",pool="p0",stream="false"}`); v != 1 {
+		t.Fatalf(`poold_requests_total{outcome="upstream_aborted"} = %v, want 1`, v)
+	}
+}
+
+// SSE lines may end with a lone CR: poold passes such a stream through event
+// by event, withholds the usage chunk it asked for, and counts the tokens.
+func TestCROnlyStream(t *testing.T) {
+	tag := t.Name()
+	accessPath := filepath.Join(t.TempDir(), "access.log")
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{{ID: "m", Flags: []string{"--sim-sse-newline", "cr"}}}, nil),
+		"--access-log", accessPath)
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	code, hdr, body, err := d.post(context.Background(), "/v1/chat/completions", chatBody("m", true, 6))
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("%d %v %s", code, err, body)
+	}
+	if bytes.Contains(body, []byte(`"usage":{`)) {
+		t.Fatalf("the usage chunk poold asked for reached a client that did not ask: %q", body)
+	}
+	if !bytes.Contains(body, []byte("data: [DONE]\r")) {
+		t.Fatalf("the CR-terminated stream was not passed through: %q", body)
+	}
+	l := waitAccessLine(t, accessPath, hdr.Get("X-Request-Id"))
+	if l["completion_tokens"] != 6.0 || l["tokens_estimated"] != false || l["outcome"] != "completed" {
+		t.Fatalf("access log of the CR-only stream: %v", l)
 	}
 }

@@ -347,18 +347,22 @@ func TestPoolingModelWakes(t *testing.T) {
 	embed()
 	d.chat("g") // e falls asleep
 	embed()     // e wakes
-	woken := false
-	for _, m := range d.logLines("engine ready") {
-		woken = woken || m["profile"] == "e" && m["kind"] == "wake"
-	}
-	if !woken {
-		t.Fatal("e was not woken")
-	}
-	if n := d.engineLog("e", "path=/v1/completions"); n != 1 {
-		t.Fatalf("e's engine was asked for %d completions, want 1 (the warm-up's, answered 404)", n)
-	}
-	if n := d.engineLog("e", "path=/v1/embeddings"); n != 3 {
-		t.Fatalf("e's engine embedded %d times, want 3: two requests and the warm-up", n)
+	// The log lines may follow the answers (the engine's come through
+	// poold's log pump): poll for them.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		woken := false
+		for _, m := range d.logLines("engine ready") {
+			woken = woken || m["profile"] == "e" && m["kind"] == "wake"
+		}
+		completions, embeddings := d.engineLog("e", "path=/v1/completions"), d.engineLog("e", "path=/v1/embeddings")
+		if woken && completions == 1 && embeddings == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("e woken %t; its engine was asked for %d completions and %d embeddings; want 1 (the warm-up's, answered 404) and 3 (two requests and the warm-up)", woken, completions, embeddings)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

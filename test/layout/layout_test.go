@@ -25,6 +25,7 @@ var allowed = map[string][]string{
 	"internal/enginesim": {"internal/simgpu"},
 	"internal/simgpu":    nil,
 	"internal/cli":       nil,
+	"internal/logqueue":  nil,
 	"internal/gpu":       {"internal/statusapi", "internal/simgpu"},
 	"internal/pool":      {"internal/profile", "internal/placement", "internal/statusapi"},
 	"internal/metrics":   {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},

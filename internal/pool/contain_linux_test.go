@@ -1,0 +1,127 @@
+package pool
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/poold/poold/internal/profile"
+)
+
+// startEscaper starts an engine whose grandchildren leave its process group:
+// one with setsid (keeping the engine's token), one with setsid and env -i
+// (keeping nothing but its parent). It returns the engine and their pids.
+func startEscaper(t *testing.T, contain *Containment) (*Pool, *engine, []int) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg, err := profile.Parse([]byte(`{
+	  "pools": [{"name": "g", "gpus": [0]}],
+	  "profiles": [{"id": "s", "model": "m", "stopTimeout": "5s", "command": ["sh", "-c",
+	    "setsid sleep 60 & echo $! > ` + dir + `/a; setsid env -i sleep 60 & echo $! > ` + dir + `/b; wait # {port}"]}]
+	}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPool(cfg.Pool("g"), cfg, Options{Containment: contain})
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, contain, p.http, nil, p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.stop(0, p.log) })
+	var pids []int
+	for _, f := range []string{"a", "b"} {
+		path := filepath.Join(dir, f)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			b, err := os.ReadFile(path)
+			if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && perr == nil {
+				pids = append(pids, pid)
+				t.Cleanup(func() { signalAll([]int{pid}, 9) })
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the engine did not write %s", path)
+			}
+		}
+	}
+	return p, e, pids
+}
+
+// In process-group mode, the grandchildren that left the group are the
+// engine's by their token or their parent while the engine lives, and a stop
+// ends them.
+func TestStopEndsEscapedProcessesProcessGroupMode(t *testing.T) {
+	p, e, escaped := startEscaper(t, nil)
+	if m := e.members(); !slices.Contains(m, escaped[0]) || !slices.Contains(m, escaped[1]) {
+		t.Fatalf("members %v lack the escaped processes %v", m, escaped)
+	}
+	if err := e.stop(5*time.Second, p.log); err != nil {
+		t.Fatal(err)
+	}
+	if live := liveOf(escaped); len(live) > 0 {
+		t.Fatalf("escaped processes %v outlived the stop", live)
+	}
+}
+
+// In cgroup mode the engine runs in a group of its own, which holds its
+// grandchildren whatever they do; a stop empties and removes it. The test
+// needs a cgroup v2 group it may create under its own, and skips without.
+func TestStopEndsEscapedProcessesCgroupMode(t *testing.T) {
+	base := testCgroup(t)
+	p, e, escaped := startEscaper(t, &Containment{base: base})
+	if !strings.HasPrefix(e.cgroup, filepath.Join(base, "engine-g-")) {
+		t.Fatalf("engine cgroup %q, want one under %s", e.cgroup, base)
+	}
+	if m := cgroupProcs(e.cgroup); !slices.Contains(m, e.pid) || !slices.Contains(m, escaped[0]) || !slices.Contains(m, escaped[1]) {
+		t.Fatalf("cgroup holds %v, want the engine %d and %v", m, e.pid, escaped)
+	}
+	if err := e.stop(5*time.Second, p.log); err != nil {
+		t.Fatal(err)
+	}
+	if live := liveOf(escaped); len(live) > 0 {
+		t.Fatalf("escaped processes %v outlived the stop", live)
+	}
+	if _, err := os.Stat(e.cgroup); !os.IsNotExist(err) {
+		t.Fatalf("the engine's cgroup is still there: %v", err)
+	}
+}
+
+// testCgroup creates a cgroup v2 group under the test's own, removed at the
+// test's end, or skips the test.
+func testCgroup(t *testing.T) string {
+	t.Helper()
+	own, err := ownCgroup()
+	if err == nil {
+		var mount, root string
+		if mount, root, err = cgroup2Mount(); err == nil {
+			dir := filepath.Join(mount, strings.TrimPrefix(own, root), "poold-test-"+strconv.Itoa(os.Getpid()))
+			if err = os.Mkdir(dir, 0o755); err == nil {
+				t.Cleanup(func() {
+					if err := removeCgroup(dir); err != nil {
+						t.Errorf("removing the test's cgroup: %v", err)
+					}
+				})
+				return dir
+			}
+		}
+	}
+	t.Skipf("no writable cgroup v2 group here (%v)", err)
+	return ""
+}
+
+func TestUnescapeMount(t *testing.T) {
+	for in, want := range map[string]string{
+		`/sys/fs/cgroup`:         "/sys/fs/cgroup",
+		`/mnt/with\040space`:     "/mnt/with space",
+		`/a\134b`:                `/a\b`,
+		`/trailing\04`:           `/trailing\04`,
+		`/not\999octal\011tab/x`: "/not\\999octal\ttab/x",
+	} {
+		if got := unescapeMount(in); got != want {
+			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,61 @@
+package proxy
+
+import (
+	"net/url"
+	"strings"
+)
+
+// inferenceRoutes are the only paths poold forwards to an engine: vLLM's
+// inference routes, each as vLLM serves it (some under /v1, some without a
+// prefix, rerank under both and /v2). Everything else an engine serves (sleep
+// and wake, collective_rpc, cache resets, LoRA loading, its metrics and
+// health) is for poold alone.
+var inferenceRoutes = map[string]bool{
+	"/v1/chat/completions":     true,
+	"/v1/completions":          true,
+	"/v1/embeddings":           true,
+	"/v1/responses":            true,
+	"/v1/audio/transcriptions": true,
+	"/v1/audio/translations":   true,
+	"/v1/score":                true,
+	"/score":                   true,
+	"/v1/rerank":               true,
+	"/rerank":                  true,
+	"/v2/rerank":               true,
+	"/classify":                true,
+	"/pooling":                 true,
+	"/tokenize":                true,
+	"/detokenize":              true,
+}
+
+// route is where an inference request goes: the engine's path, and the pool
+// it pins ("" when any may serve it).
+type route struct {
+	pool, path string
+}
+
+// routeOf reads the route of a request URL: an inference route, optionally
+// after /pools/{pool}. The path is decoded once (net/url did it) and must be
+// exactly a route, so that dot-segments, doubled or trailing slashes and
+// anything else an engine might normalise into another path never match; an
+// encoded slash (%2F) is refused outright, since no route has a segment
+// containing one.
+func routeOf(u *url.URL) (route, bool) {
+	if strings.Contains(strings.ToLower(u.RawPath), "%2f") {
+		return route{}, false
+	}
+	var rt route
+	p := u.Path
+	if rest, ok := strings.CutPrefix(p, "/pools/"); ok {
+		i := strings.IndexByte(rest, '/')
+		if i <= 0 || rest[:i] == "." || rest[:i] == ".." {
+			return route{}, false
+		}
+		rt.pool, p = rest[:i], rest[i:]
+	}
+	if !inferenceRoutes[p] {
+		return route{}, false
+	}
+	rt.path = p
+	return rt, true
+}
