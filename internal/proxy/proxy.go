@@ -343,6 +343,9 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		case errors.Is(err, pool.ErrBackoff):
 			code = "engine_backoff"
 		}
+		if code != "queue_timeout" {
+			w.Header().Set(openai.RefusedHeader, code) // a full queue or body budget refuses at arrival only
+		}
 		openai.WriteUnavailable(w, code, fmt.Sprintf("model %q: %v", prof.ID, err), qe.RetryAfter)
 		return http.StatusServiceUnavailable
 	case errors.As(err, &le):
@@ -352,12 +355,14 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool")))
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrShutdown):
+		w.Header().Set(openai.RefusedHeader, "shutting_down")
 		openai.WriteUnavailable(w, "shutting_down", err.Error(), shutdownRetry)
 		return http.StatusServiceUnavailable
 	case errors.Is(err, pool.ErrProfileRemoved):
 		openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrPoolRemoved):
+		w.Header().Set(openai.RefusedHeader, "pool_removed")
 		openai.WriteUnavailable(w, "pool_removed", fmt.Sprintf("model %q: %v", prof.ID, err), time.Second)
 		return http.StatusServiceUnavailable
 	default:

@@ -188,6 +188,10 @@ type Host struct {
 	Healthy   bool `json:"healthy"`
 	Reachable bool `json:"reachable"` // the last poll succeeded
 	Ejected   bool `json:"ejected"`
+	// EjectedFor is the cause of the host's ejection (poll, silent or
+	// connect), EjectedUntil its earliest end; absent when not ejected.
+	EjectedFor   string     `json:"ejectedFor,omitempty"`
+	EjectedUntil *time.Time `json:"ejectedUntil,omitempty"`
 	// PollFailures and ForwardFailures count failures in a row.
 	PollFailures    int        `json:"pollFailures"`
 	ForwardFailures int        `json:"forwardFailures"`
@@ -196,6 +200,25 @@ type Host struct {
 	LastError       *string    `json:"lastError"`
 	Version         string     `json:"version"`
 	Pools           []Pool     `json:"pools"`
+	// Models is fleetd's passive health of the host's models, from its own
+	// forwards: only those that failed there, or whose streams were
+	// measured.
+	Models []ModelHealth `json:"models,omitempty"`
+}
+
+// ModelHealth is what fleetd's forwards say of one model on one host.
+type ModelHealth struct {
+	Model string `json:"model"`
+	// Health is healthy, trial (an ejection ended; the next answer
+	// decides), degraded (success ratio too low) or ejected.
+	Health string `json:"health"`
+	// SuccessRatio is over Answers, the answers of the last 15 to 30 s.
+	SuccessRatio float64    `json:"successRatio"`
+	Answers      int        `json:"answers"`
+	EjectedUntil *time.Time `json:"ejectedUntil,omitempty"`
+	// ITLMs is the recent mean gap between stream chunks, as fleetd
+	// measured it; 0 when unknown.
+	ITLMs float64 `json:"itlMs,omitempty"`
 }
 
 // FleetModel is one entry of fleetd's GET /v1/models: the OpenAI model

@@ -132,6 +132,7 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 	}{
 		{"1", "non-streaming, concurrency 1", b.w1},
 		{"1f", "concurrency 1 through fleetd → poold", b.w1f},
+		{"1c", "a cold burst through fleetd", b.w1c},
 		{"2", "non-streaming, concurrency 16", b.w2},
 		{"2m", "non-streaming, concurrency 16, poold's request metrics on and off", b.w2m},
 		{"3", "streaming 64 tokens, concurrency 16", b.w3},
