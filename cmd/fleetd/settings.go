@@ -50,6 +50,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
 	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
+	cli.BytesFlag(fl, openai.MaxEventSetting, openai.DefaultMaxEvent, "largest server-sent event of a stream (a larger one ends the stream with an error event)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("poll-interval", fleet.DefaultPollInterval, "how often each host's /status and /v1/models are read")
 	fl.Duration("poll-timeout", fleet.DefaultPollTimeout, "time limit of one poll; a poll that times out is followed by another at once")
@@ -102,6 +103,7 @@ func loadSettings(args []string) (settings, error) {
 		},
 		Handler: fleet.HandlerOptions{
 			MaxBodyBytes:     v.Bytes("max-body-bytes"),
+			MaxEventBytes:    v.Bytes(openai.MaxEventSetting),
 			MaxAttempts:      v.Int("max-attempts"),
 			AffinityHeader:   v.String("affinity-header"),
 			AffinityBytes:    int(v.Bytes("affinity-bytes")),
@@ -140,7 +142,7 @@ func loadSettings(args []string) (settings, error) {
 		name string
 		ok   bool
 	}{
-		{"max-body-bytes", s.MaxBodyBytes > 0}, {"poll-interval", s.Fleet.PollInterval > 0}, {"poll-timeout", s.Fleet.PollTimeout > 0},
+		{"max-body-bytes", s.MaxBodyBytes > 0}, {openai.MaxEventSetting, s.Handler.MaxEventBytes > 0}, {"poll-interval", s.Fleet.PollInterval > 0}, {"poll-timeout", s.Fleet.PollTimeout > 0},
 		{"eject-after", s.Fleet.EjectAfter > 0}, {"max-backoff", s.Fleet.MaxBackoff > 0}, {"max-attempts", s.Handler.MaxAttempts > 0},
 		{"affinity-bytes", s.Handler.AffinityBytes > 0}, {"silent-after", s.Fleet.SilentAfter > 0},
 		{"scale-out-cooldown", s.Handler.ScaleOutCooldown > 0}, {"claim-lease", s.Handler.ClaimLease > 0},

@@ -82,9 +82,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return err
 	}
 	defer ledger.Close()
-	nvml, closeGPUs := gpu.Open(log.With("component", "gpu"))
+	telemetry, closeGPUs, err := openGPUs(s, log.With("component", "gpu"))
+	if err != nil {
+		return err
+	}
 	defer closeGPUs()
-	gpus := gpu.Shared(nvml) // /status, scrapes and pools read the GPUs at once
+	gpus := gpu.Shared(telemetry) // /status, scrapes and pools read the GPUs at once
 	reg.MustRegister(metrics.GPUCollector(gpus))
 	// With NVML, the pools check that stopped and sleeping engines release
 	// their GPU memory, and evict sleepers when a start would not fit.
@@ -108,8 +111,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	defer usageLedger.close()
 
+	health := s.EngineHealthInterval
+	if health == 0 {
+		health = -1 // the setting's 0 is the pools' "never"
+	}
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
-		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, Activity: usageLedger.activity()})
+		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, Activity: usageLedger.activity()})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
@@ -124,8 +131,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,
 		AdminToken:        s.AdminToken,
-		// Reliability: a hung engine answers 504 after this.
+		// Reliability: a hung engine answers 504 after the first, an event
+		// larger than the second or a silence longer than the third ends
+		// its stream.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
+		MaxEventBytes:         s.MaxEventBytes,
 		StreamIdleTimeout:     s.StreamIdleTimeout,
 		Degraded: func() []string {
 			if access.DroppedWithin(accessDropWindow) {
@@ -147,6 +157,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 			}
 		},
 	})
+	reg.MustRegister(metrics.EngineConnsClosed(h.EngineConnsClosed))
 	h.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	rl.pools, rl.h = pools, h
 

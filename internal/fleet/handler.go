@@ -43,13 +43,17 @@ const (
 )
 
 // HandlerOptions configures a Handler. Zero values: MaxBodyBytes →
-// openai.DefaultMaxBodyBytes; MaxAttempts → DefaultMaxAttempts;
+// openai.DefaultMaxBodyBytes; MaxEventBytes → openai.DefaultMaxEvent;
+// MaxAttempts → DefaultMaxAttempts;
 // AffinityHeader → DefaultAffinityHeader; AffinityBytes → DefaultAffinityBytes;
 // ScaleOutWait → scale-out off; ClaimLease → DefaultClaimLease;
 // ScaleOutCooldown → DefaultScaleOutCooldown; Claims → this fleetd's own
 // only; Logger → discard; AccessLog → none.
 type HandlerOptions struct {
 	MaxBodyBytes int64
+	// MaxEventBytes bounds one server-sent event of a stream (larger ends
+	// the stream with an error event).
+	MaxEventBytes int64
 	// MaxAttempts bounds the hosts one request is tried on: the next host is
 	// tried only when the last could not be reached, went silent, refused
 	// the key, or refused the request before starting anything (poold's
@@ -452,7 +456,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	wb := &watchedBody{ReadCloser: resp.Body, h: h, a: a, ok: code < 300}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		wb.stream = true
-		resp.Body = openai.NewSSEReader(wb, false, nil)
+		sse := openai.NewSSEReader(wb, false, nil)
+		sse.SetMaxEvent(int(h.opts.MaxEventBytes))
+		resp.Body = sse
 	} else {
 		resp.Body = wb
 	}

@@ -18,6 +18,9 @@ type Lease struct {
 	// Target is the engine's base URL (http://127.0.0.1:PORT), shared by every
 	// lease on that engine: read it, never modify it.
 	Target *url.URL
+	// IdleTimeout is how long a connection to the engine may stay idle
+	// between requests: below the engine's own keep-alive (idleTimeout).
+	IdleTimeout time.Duration
 	// Waited is how long the request queued before admission.
 	Waited time.Duration
 	// CausedSwap reports that the request was the oldest one waiting for the
@@ -218,7 +221,7 @@ func (p *Pool) leave(w *Waiter, err error) error {
 // scheduler must have counted it in flight.
 func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
 	p.noteActivityLocked()
-	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, Waited: waited, p: p, eng: p.eng}
+	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, IdleTimeout: p.eng.idle, Waited: waited, p: p, eng: p.eng}
 }
 
 // retryAfterLocked estimates how long until a queued request could be served:

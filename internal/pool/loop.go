@@ -213,7 +213,11 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		}
 	}
 
-	p.makeGPURoom(prof, spec.GPUs)
+	var own []int // a sleeper about to wake reclaims the memory it holds
+	if sl != nil {
+		own = sl.eng.members()
+	}
+	p.makeGPURoom(prof, spec.GPUs, own)
 	p.mu.Lock()
 	p.setStateLocked(StateStarting)
 	if sl != nil {
@@ -226,8 +230,10 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	}
 	// An engine that could not bind its port (taken between freePort and the
 	// engine's bind), or that shares it with another process, is started
-	// again on another, a bounded number of times.
+	// again on another, a bounded number of times; one that found too little
+	// free GPU memory, once, after an eviction.
 	var exposed error // listeners beyond loopback that did not fail the start
+	memoryRetried := false
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
@@ -272,12 +278,18 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			}
 			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
 		}
+		if !memoryRetried && e.printed(noteMemoryShort) && p.evictOldest("vLLM found too little free GPU memory for "+prof.ID) {
+			memoryRetried = true
+			p.log.Warn("engine found too little free GPU memory; evicted a sleeper, starting it again", "profile", prof.ID, "attempt", attempt)
+			continue
+		}
 		p.failSwap(ctx, prof, from, phases, err)
 		return
 	}
 	now := p.opts.Now()
 
 	p.mu.Lock()
+	p.watchHealth(p.eng)
 	p.lastErr = exposed
 	p.readyAt = now
 	p.backoff.ready(now)
@@ -376,6 +388,7 @@ func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
 // processes are gone.
 // release is how long the check took, zero when it did not run or gave up.
 func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration, err error) {
+	e.unwatchHealth()
 	var released func() error
 	if p.opts.VRAM != nil {
 		released = p.opts.VRAM.Watch(e.gpus, e.members())

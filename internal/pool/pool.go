@@ -79,11 +79,13 @@ type Observer interface {
 // GPU's used memory fell by at least half of what those pids held, or returns
 // an error (also when the GPUs cannot be read).
 //
-// Free reads the free and total memory of the given GPUs, summed.
+// GPUs reads the given GPUs (memory used and total, compute processes), in
+// that order, before an engine starts or wakes; it fails when none can be
+// read. The pool only reads what it returns.
 type VRAM interface {
 	Watch(gpus []int, pids []int) (released func() error)
 	WatchSleep(gpus []int, pids []int) (released func() error)
-	Free(gpus []int) (free, total uint64, err error)
+	GPUs(gpus []int) ([]statusapi.GPU, error)
 }
 
 // Options configures a Pool. Self is poold's executable (for {poold} in engine
@@ -122,6 +124,9 @@ type Options struct {
 	// warm-up calls, each bounded by its own context; nil means a plain
 	// client.
 	ProbeClient, ControlClient *http.Client
+	// HealthInterval is how often a serving engine's /health is polled
+	// (liveness.go); zero means DefaultHealthInterval, negative none.
+	HealthInterval time.Duration
 	// RestartBackoff is the wait before the second start in a row of a profile
 	// whose engine failed twice in a row, doubling with each further failure up
 	// to MaxRestartBackoff (restartBackoff in backoff.go). Zero values mean

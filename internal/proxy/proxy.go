@@ -56,6 +56,10 @@ type Options struct {
 	// UpstreamHeaderTimeout bounds the wait for an engine's response headers
 	// (504 after it); zero waits as long as the client does.
 	UpstreamHeaderTimeout time.Duration
+	// MaxEventBytes bounds one server-sent event of an engine's stream
+	// (larger ends the stream with an error event); zero means
+	// openai.DefaultMaxEvent.
+	MaxEventBytes int64
 	// StreamIdleTimeout bounds the silence of an engine's answer, between
 	// the bytes of its body: past it the answer ends (a stream with an
 	// engine_timeout error event) and the engine, stalled, is restarted.
@@ -157,6 +161,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // it once the server has stopped.
 func (h *Handler) Close() { h.tr.Close() }
 
+// EngineConnsClosed is how many idle connections an engine closed before
+// poold did (upstream.Transport.UpstreamClosed).
+func (h *Handler) EngineConnsClosed() uint64 { return h.tr.UpstreamClosed() }
+
 // Drain makes /health answer 503, so that a load balancer stops sending:
 // the first step of a shutdown.
 func (h *Handler) Drain() { h.draining.Store(true) }
@@ -170,6 +178,7 @@ func (h *Handler) Cut() { h.cutAll() }
 // exchange is one forwarded request's state, carried in its context from
 // serveAPI through the ReverseProxy callbacks.
 type exchange struct {
+	id       string          // the request id, sent upstream as X-Request-Id
 	ctx      context.Context // the forward's: the client's, cut by a shutdown; nil before
 	lease    *pool.Lease
 	path     string // the engine's path: an inference route
@@ -178,7 +187,7 @@ type exchange struct {
 	start    time.Time
 	first    time.Time // first response byte sent
 	sse      *openai.SSEReader
-	tail     *openai.TailReader
+	tail     *openai.UsageReader
 	status   int
 }
 
@@ -222,7 +231,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
 	w.Header().Set("X-Request-Id", rec.RequestID)
-	x := &exchange{start: start}
+	x := &exchange{id: rec.RequestID, start: start}
 	defer func() {
 		if rec.Status == 0 {
 			// Forwarded (or aborted mid-stream, which unwinds through here).
@@ -310,7 +319,8 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer cancel(nil)
 	defer context.AfterFunc(h.cut, func() { cancel(errShutdownCut) })()
 	x.ctx = ctx
-	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(context.WithValue(ctx, exchangeKey{}, x)))
+	fwd := upstream.WithIdleTimeout(context.WithValue(ctx, exchangeKey{}, x), lease.IdleTimeout)
+	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(fwd))
 }
 
 // finish records a finished request in the metrics and the access log.
@@ -397,21 +407,28 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	out.Host = ""
 	upstream.SetBody(out, x.body)
 	dropOwned(out.Header)
+	// The engine takes it as its own request id (vLLM does), so that its
+	// log lines match the access log's.
+	out.Header.Set("X-Request-Id", x.id)
 }
 
 // modifyResponse wraps the engine's response body to count tokens and, for
 // streams where poold asked for usage, withhold the usage-only chunk.
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	// The client has poold's X-Request-Id already; an engine's echo of it
+	// (vLLM's --enable-request-id-headers) would be a second.
+	resp.Header.Del("X-Request-Id")
 	resp.Body = &engineBody{ReadCloser: resp.Body, x: x}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
+		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))
 		resp.Body = x.sse
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 		return nil
 	}
-	x.tail = openai.NewTailReader(resp.Body, x.markFirst)
+	x.tail = openai.NewUsageReader(resp.Body, x.markFirst)
 	resp.Body = x.tail
 	return nil
 }
