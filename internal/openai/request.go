@@ -30,6 +30,9 @@ type Request struct {
 	// IncludeUsage reports that the client asked for usage in its stream:
 	// stream_options is an object whose include_usage is true or absent.
 	IncludeUsage bool
+	// OutputCaps are the bounds on generated tokens the request sets, in
+	// body order (see OutputCap); nil when it sets none.
+	OutputCaps []OutputCap
 
 	modelSpan span // the model value's bytes, quotes included
 	// opts is the stream_options value's span; zero when absent.
@@ -132,6 +135,12 @@ func (r *Request) member(key, raw []byte, sp span) error {
 		// A case-insensitive decoder (Go's encoding/json, for one) would read
 		// it as the model: poold and the engine could disagree on which.
 		return &fieldError{k, fmt.Sprintf("%s is a case variant of \"model\": the model is ambiguous", strconv.Quote(k))}
+	}
+	if outputParams[string(key)] {
+		if c, ok := outputCap(key, raw); ok {
+			r.OutputCaps = append(r.OutputCaps, c)
+		}
+		return nil
 	}
 	switch string(key) {
 	case `"model"`:

@@ -28,7 +28,7 @@ var allowed = map[string][]string{
 	"internal/logqueue":    nil,
 	"internal/rdb":         {"internal/tenant"},
 	"internal/rdb/rdbtest": nil,
-	"internal/tenant":      nil,
+	"internal/tenant":      {"internal/openai"},
 	"internal/gpu":         {"internal/statusapi", "internal/simgpu"},
 	"internal/pool":        {"internal/profile", "internal/placement", "internal/statusapi"},
 	"internal/metrics":     {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},
