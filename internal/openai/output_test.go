@@ -7,9 +7,9 @@ import (
 
 func TestAddMember(t *testing.T) {
 	for in, want := range map[string]string{
-		`{"model":"m"}`:        `{"max_tokens":7,"model":"m"}`,
+		`{"model":"m"}`:         `{"max_tokens":7,"model":"m"}`,
 		" \n{ \"model\":\"m\"}": " \n{\"max_tokens\":7, \"model\":\"m\"}",
-		`{ }`:                  `{"max_tokens":7 }`,
+		`{ }`:                   `{"max_tokens":7 }`,
 	} {
 		got := AddMember([]byte(in), "max_tokens", 7)
 		if string(got) != want || !json.Valid(got) {
