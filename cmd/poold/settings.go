@@ -14,7 +14,6 @@ import (
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/logqueue"
-	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/proxy"
@@ -48,9 +47,10 @@ type settings struct {
 	// held while that destination is slow.
 	AccessLog       string
 	AccessLogBuffer int64
-	// Clients classifies requests for the client label; built from the settings
-	// file's `clients` section (nil when it has none).
-	Clients *metrics.Clients
+	// Tenants is the tenants file (docs/tenancy.md): API keys to tenants,
+	// their limits, output caps, models and tiers; "" means none, and every
+	// request is served as today, client "none".
+	Tenants string
 	// VRAMReleaseTimeout bounds the wait for a stopped or sleeping engine's GPU memory.
 	VRAMReleaseTimeout time.Duration
 	// GPUSimDir, when set, is a simulated-GPU directory (engine-sim's
@@ -105,6 +105,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("config", "", "settings file (YAML); default "+defaultSettingsFile+" when it exists")
 	fl.String("listen", "127.0.0.1:8080", "address to serve the API on")
 	fl.String("profiles", "", "profiles JSON file (required)")
+	fl.String("tenants", "", "tenants JSON file: API keys to tenants, with their limits, output caps, models and fair-share tiers (docs/tenancy.md); watched like the profiles file")
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
 	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
@@ -172,12 +173,7 @@ func loadSettings(args []string) (settings, error) {
 		errs = append(errs, err)
 	}
 	if v.IsSet("clients") {
-		var cc metrics.ClientConfig
-		if err := v.Decode("clients", &cc); err != nil {
-			errs = append(errs, err)
-		} else if s.Clients, err = metrics.NewClients(cc); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, errors.New("clients: client classes are replaced by the tenants file (tenants; docs/tenancy.md): each class becomes a tenant, its keys the tenant's keys"))
 	}
 	if s.AccessLog == "" {
 		errs = append(errs, errors.New("access-log: must be stdout, stderr or a file path"))
@@ -210,6 +206,10 @@ func loadSettings(args []string) (settings, error) {
 	errs = append(errs, s.checkLimits()...)
 	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
 		errs = append(errs, err)
+	}
+	s.Tenants = v.String("tenants")
+	if s.Tenants != "" && s.APIKeys != nil {
+		errs = append(errs, errors.New("tenants and api-keys are exclusive: with a tenants file, its keys are the keys (move the api-keys into a tenant)"))
 	}
 	if s.ReloadDebounce < 0 {
 		errs = append(errs, errors.New("reload-debounce: must not be negative"))

@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"log/slog"
-	"net/http"
 	"testing"
 	"time"
 )
@@ -27,24 +26,6 @@ func BenchmarkAccessLog(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rec.Log(log)
-	}
-}
-
-func BenchmarkClassify(b *testing.B) {
-	keys := make([]string, 50)
-	for i := range keys {
-		keys[i] = "sk-key-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
-	}
-	c, err := NewClients(ClientConfig{Header: "X-Client", Classes: map[string]ClientClass{"team-a": {Keys: keys}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := http.Header{"Authorization": {"Bearer " + keys[17]}}
-	b.ReportAllocs()
-	for b.Loop() {
-		if c.Classify(h) != "team-a" {
-			b.Fatal("misclassified")
-		}
 	}
 }
 

@@ -37,6 +37,7 @@ type Metrics struct {
 	duration         *prometheus.HistogramVec
 	ttfb             *prometheus.HistogramVec
 	queueWait        *prometheus.HistogramVec
+	tenantWait       *prometheus.HistogramVec
 	promptTokens     *prometheus.CounterVec
 	completionTokens *prometheus.CounterVec
 	swaps            *prometheus.CounterVec
@@ -55,7 +56,7 @@ type Metrics struct {
 func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revision string) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming, client class and outcome (completed, upstream_aborted, client_aborted, shutdown_cut).",
+			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, shutdown_cut, rate_limited).",
 		}, []string{"pool", "model", "code_class", "stream", "client", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_request_duration_seconds", Help: "Request duration from arrival to the last byte, queueing included.", Buckets: latencyBuckets,
@@ -66,11 +67,14 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_queue_wait_seconds", Help: "Time a request waited for its model to be ready and admitted.", Buckets: latencyBuckets,
 		}, []string{"pool", "model"}),
+		tenantWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_client_queue_wait_seconds", Help: "Time a request waited for its lease, by client (the tenant): its model's load and its turn in the fair share.", Buckets: latencyBuckets,
+		}, []string{"client"}),
 		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_prompt_tokens_total", Help: "Prompt tokens reported by the engines.",
+			Name: "poold_prompt_tokens_total", Help: "Prompt tokens reported by the engines, by pool, model and client (the tenant).",
 		}, []string{"pool", "model", "client"}),
 		completionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_completion_tokens_total", Help: "Completion tokens reported by the engines.",
+			Name: "poold_completion_tokens_total", Help: "Completion tokens reported by the engines (or estimated, for a cut stream), by pool, model and client (the tenant).",
 		}, []string{"pool", "model", "client"}),
 		swaps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_swaps_total", Help: "Swap attempts, by pool, from and to profile, and result.",
@@ -101,7 +105,7 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		Name: "poold_build_info", Help: "Always 1; labels carry the build.",
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
-	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.promptTokens, m.completionTokens,
+	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.tenantWait, m.promptTokens, m.completionTokens,
 		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.reloadOK, m.reloadTime, build,
 		&poolCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -217,7 +221,12 @@ const (
 	// OutcomeShutdownCut: poold's shutdown cut the answer at the end of the
 	// drain.
 	OutcomeShutdownCut = "shutdown_cut"
+	// OutcomeRateLimited: the tenant's limits refused the request (429).
+	OutcomeRateLimited = "rate_limited"
 )
+
+// NoTenant is the client of every request when no tenants file is in force.
+const NoTenant = "none"
 
 // Record is everything known about one finished request. It feeds the request
 // metrics and is the access-log line. Pool and Profile are empty when the request
@@ -227,7 +236,7 @@ type Record struct {
 	Pool      string
 	Model     string // the name the client asked for
 	Profile   string // the canonical profile id it resolved to
-	Client    string // the client class (never a key)
+	Client    string // the tenant's name, or NoTenant (never a key)
 	Status    int
 	Stream    bool
 	// Outcome is how the answer ended (the Outcome constants); "" means
@@ -267,6 +276,7 @@ func (m *Metrics) Observe(r *Record) {
 		return
 	}
 	m.queueWait.WithLabelValues(pl, model).Observe(r.QueueWait.Seconds())
+	m.tenantWait.WithLabelValues(r.Client).Observe(r.QueueWait.Seconds())
 	if r.TTFB > 0 {
 		m.ttfb.WithLabelValues(pl, model).Observe(r.TTFB.Seconds())
 	}

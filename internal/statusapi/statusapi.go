@@ -16,7 +16,9 @@ type Poold struct {
 	Host    string `json:"host"`
 	// Config describes the profiles file in force.
 	Config File `json:"config"`
-	GPU    GPUs `json:"gpu"`
+	// Tenants describes the tenants file in force; absent without one.
+	Tenants *File `json:"tenants,omitempty"`
+	GPU     GPUs  `json:"gpu"`
 	// Containment says how poold keeps account of its engines' processes.
 	Containment Containment `json:"containment"`
 	Pools       []Pool      `json:"pools"`
