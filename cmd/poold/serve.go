@@ -103,6 +103,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
+	engineStats := newEngineStats(s, func() []statusapi.Pool { return h.PoolStatus() }, m, log)
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
@@ -153,6 +154,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	poolCtx, stopPools := context.WithCancel(context.Background())
 	defer stopPools()
 	pools.Run(poolCtx)
+	waitEngineStats := runEngineStats(poolCtx, engineStats)
 	defer h.Close()
 
 	// The server and the systemd supervisor run in one group: a failed
@@ -207,6 +209,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	log.Info("stopping engines")
 	stopPools()
 	pools.Wait()
+	waitEngineStats()
 	if servErr != nil {
 		return servErr
 	}

@@ -83,6 +83,10 @@ type settings struct {
 	// latencies, tokens); false records none, and /metrics serves only the
 	// pool, swap, engine, GPU, build and Go collectors.
 	Metrics bool
+	// EngineMetricsInterval is how often each awake engine's /metrics is
+	// scraped (engineStats in /status, the poold_engine_* gauges, /ready);
+	// zero scrapes none. EngineMetricsTimeout bounds one scrape.
+	EngineMetricsInterval, EngineMetricsTimeout time.Duration
 	// Loaded says where the settings came from, for the start-up log.
 	Loaded *cli.Settings
 }
@@ -121,6 +125,8 @@ func serveFlags() *pflag.FlagSet {
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.Bool("metrics", true, "record per-request metrics (requests, latencies, tokens); false leaves /metrics with the pool, swap, GPU and Go collectors")
+	fl.Duration("engine-metrics-interval", time.Second, "how often each awake engine's /metrics is read for its load (engineStats in /status, the poold_engine_* gauges, /ready); 0 disables")
+	fl.Duration("engine-metrics-timeout", 2*time.Second, "how long one read of an engine's /metrics may take before it counts as failed")
 	return fl
 }
 
@@ -148,7 +154,15 @@ func loadSettings(args []string) (settings, error) {
 	s.Watch = v.Bool("watch")
 	s.ReloadDebounce = v.Duration("reload-debounce")
 	s.Metrics = v.Bool("metrics")
+	s.EngineMetricsInterval = v.Duration("engine-metrics-interval")
+	s.EngineMetricsTimeout = v.Duration("engine-metrics-timeout")
 	var errs []error
+	if s.EngineMetricsInterval < 0 {
+		errs = append(errs, errors.New("engine-metrics-interval: must not be negative"))
+	}
+	if s.EngineMetricsTimeout <= 0 {
+		errs = append(errs, errors.New("engine-metrics-timeout: must be positive"))
+	}
 	if s.KeepAliveInterval < 0 {
 		errs = append(errs, errors.New("keepalive-interval: must not be negative"))
 	}

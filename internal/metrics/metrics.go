@@ -45,6 +45,7 @@ type Metrics struct {
 	engineExits      *prometheus.CounterVec
 	vramHeld         *prometheus.CounterVec
 	sleepVRAMHeld    *prometheus.CounterVec
+	scrapeFailures   *prometheus.CounterVec
 	reloadOK         prometheus.Gauge
 	reloadTime       prometheus.Gauge
 }
@@ -90,6 +91,9 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		sleepVRAMHeld: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_sleep_vram_not_released_total", Help: "Engines put to sleep whose GPU memory did not drop within the bounded check; each was stopped instead of kept asleep.",
 		}, []string{"pool"}),
+		scrapeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_engine_metrics_scrape_failures_total", Help: "Scrapes of an awake engine's own /metrics that failed (no answer in time, an error status, not vLLM's metrics).",
+		}, []string{"pool"}),
 		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "poold_config_last_reload_successful", Help: "1 if the last profiles load succeeded.",
 		}),
@@ -102,7 +106,7 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
 	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.promptTokens, m.completionTokens,
-		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.reloadOK, m.reloadTime, build,
+		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures, m.reloadOK, m.reloadTime, build,
 		&poolCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -135,7 +139,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 	defer m.mu.Unlock()
 	for pl, profs := range m.configured {
 		if _, kept := next[pl]; !kept {
-			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld} {
+			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures} {
 				c.DeletePartialMatch(prometheus.Labels{"pool": pl})
 			}
 			continue
@@ -150,6 +154,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 	for pl, profs := range next {
 		m.vramHeld.WithLabelValues(pl)
 		m.sleepVRAMHeld.WithLabelValues(pl)
+		m.scrapeFailures.WithLabelValues(pl)
 		for _, prof := range profs {
 			for _, r := range startResults {
 				m.engineStarts.WithLabelValues(pl, prof, r)
@@ -201,6 +206,12 @@ func (m *Metrics) VRAMNotReleased(poolName string) {
 // SleepVRAMNotReleased implements pool.Observer.
 func (m *Metrics) SleepVRAMNotReleased(poolName string) {
 	m.sleepVRAMHeld.WithLabelValues(poolName).Inc()
+}
+
+// EngineScrapeFailed counts a failed scrape of the metrics of pool's
+// engine (enginestats.Options.Failed).
+func (m *Metrics) EngineScrapeFailed(pool string) {
+	m.scrapeFailures.WithLabelValues(pool).Inc()
 }
 
 // Outcomes of a request (Record.Outcome): how its answer ended, whatever its

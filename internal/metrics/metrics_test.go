@@ -49,6 +49,7 @@ func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics)
 	m.EngineExit("gpu0", "llama", "stopped")
 	m.VRAMNotReleased("gpu0")
 	m.SleepVRAMNotReleased("gpu0")
+	m.EngineScrapeFailed("gpu0")
 	m.Observe(&Record{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
 		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second})
 	return reg, m
@@ -124,6 +125,9 @@ poold_sleeping_engines{pool="gpu0"} 1
 	}
 	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_sleep_vram_not_released_total"))); n != 1 {
 		t.Errorf("poold_sleep_vram_not_released_total = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_engine_metrics_scrape_failures_total"))); n != 1 {
+		t.Errorf("poold_engine_metrics_scrape_failures_total = %v, want 1", n)
 	}
 }
 
@@ -358,6 +362,7 @@ func TestConfigureCreatesSeriesAtZero(t *testing.T) {
 		"poold_engine_exits_total{pool=p1,profile=b,reason=load_failed}",
 		"poold_vram_not_released_total{pool=p0}",
 		"poold_sleep_vram_not_released_total{pool=p1}",
+		"poold_engine_metrics_scrape_failures_total{pool=p1}",
 	} {
 		if zero, ok := got[want]; !ok || !zero {
 			t.Errorf("%s: present %v, at zero %v", want, ok, zero)

@@ -111,6 +111,27 @@ type Pool struct {
 	Engine    *Engine     `json:"engine"`
 	Sleeping  []Sleeper   `json:"sleeping"`
 	GPUMemory []GPUMemory `json:"gpuMemory"`
+	// EngineStats is how loaded the awake engine says it is, from its own
+	// metrics; nil when there is no awake engine or no recent sample.
+	EngineStats *EngineStats `json:"engineStats"`
+}
+
+// EngineStats is what a pool's awake engine last reported on its own
+// /metrics (vLLM's vllm:* series), as poold sampled it.
+type EngineStats struct {
+	// Running and Waiting are the requests in the engine's running batch
+	// and in its own queue (those poold admitted beyond the engine's
+	// --max-num-seqs, say).
+	Running int `json:"running"`
+	Waiting int `json:"waiting"`
+	// KVCacheUsage is the share of the engine's KV cache in use, 0 to 1.
+	KVCacheUsage float64 `json:"kvCacheUsage"`
+	// PrefixCacheHitRate is the share of prompt tokens looked up in the
+	// prefix cache that were found there, over about the last minute; nil
+	// when the engine looked none up in that time.
+	PrefixCacheHitRate *float64 `json:"prefixCacheHitRate"`
+	// SampledAt is when the engine was scraped.
+	SampledAt time.Time `json:"sampledAt"`
 }
 
 // Engine describes a pool's current engine process.

@@ -31,6 +31,8 @@ var allowed = map[string][]string{
 	"internal/metrics":   {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},
 	"internal/proxy":     {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics"},
 	"internal/fleet":     {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement"},
+
+	"internal/enginestats": {"internal/statusapi"},
 }
 
 type pkg struct {
