@@ -24,6 +24,14 @@ func newEngineStats(s settings, pools func() []statusapi.Pool, m *metrics.Metric
 	})
 }
 
+// engineStatsFill is sc's Fill, or nil when sc is.
+func engineStatsFill(sc *enginestats.Scraper) func([]statusapi.Pool) {
+	if sc == nil {
+		return nil
+	}
+	return sc.Fill
+}
+
 // runEngineStats runs sc (if not nil) until ctx ends; wait returns once it
 // has stopped.
 func runEngineStats(ctx context.Context, sc *enginestats.Scraper) (wait func()) {

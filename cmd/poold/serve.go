@@ -127,6 +127,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 			}
 			return nil
 		},
+		EngineStats: engineStatsFill(engineStats),
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version:     version,

@@ -47,6 +47,10 @@ type Options struct {
 	Degraded func() []string
 	// Status fills the daemon-wide part of GET /status.
 	Status func() statusapi.Poold
+	// EngineStats, if not nil, fills the EngineStats of the pools whose
+	// awake engine has a recent sample (enginestats.Scraper.Fill); nil
+	// leaves every pool's nil.
+	EngineStats func(pools []statusapi.Pool)
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
 	// comment line (see keepAlive); zero disables them.
 	KeepAliveInterval time.Duration
