@@ -50,9 +50,10 @@ type Metrics struct {
 	reloadTime       prometheus.Gauge
 }
 
-// New registers every collector on reg: the request and swap metrics, a
-// collector reading pool snapshots from pools at scrape time, the Go and process
-// collectors, and poold_build_info.
+// New registers every collector on reg: the request and swap metrics,
+// collectors reading pool snapshots (their engines' stats included) from
+// pools at scrape time, the Go and process collectors, and
+// poold_build_info.
 func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revision string) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -107,7 +108,7 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 	build.WithLabelValues(version, revision).Set(1)
 	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.promptTokens, m.completionTokens,
 		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures, m.reloadOK, m.reloadTime, build,
-		&poolCollector{pools: pools},
+		&poolCollector{pools: pools}, &engineCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

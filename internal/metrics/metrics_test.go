@@ -36,10 +36,11 @@ var twoGPUs = fakeGPUs{
 func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	prof := "qwen"
+	prof, hitRate := "qwen", 0.25
 	pools := func() []statusapi.Pool {
 		return []statusapi.Pool{{Name: "gpu0", State: statusapi.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1},
-			Sleeping: []statusapi.Sleeper{{Profile: "llama", Level: 1}}}}
+			Sleeping: []statusapi.Sleeper{{Profile: "llama", Level: 1}},
+			Engine:   &statusapi.Engine{Profile: prof}, EngineStats: &statusapi.EngineStats{Running: 2, Waiting: 11, KVCacheUsage: 0.9, PrefixCacheHitRate: &hitRate}}}
 	}
 	m := New(reg, pools, "v1.2.3", "abc123")
 	reg.MustRegister(GPUCollector(gpus))
@@ -382,5 +383,35 @@ func TestConfigureCreatesSeriesAtZero(t *testing.T) {
 	}
 	if _, ok := got["poold_engine_starts_total{pool=p0,profile=a,result=ok}"]; !ok {
 		t.Error("a kept series was deleted")
+	}
+}
+
+// The engines' own load is re-exported per pool and profile; a pool without
+// a sample, or whose engine looked nothing up in its prefix cache, exports
+// no such series.
+func TestEngineStatsGauges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	prof := "qwen"
+	New(reg, func() []statusapi.Pool {
+		return []statusapi.Pool{
+			{Name: "gpu0", State: statusapi.StateReady, Profile: &prof, Engine: &statusapi.Engine{Profile: prof},
+				EngineStats: &statusapi.EngineStats{Running: 4, Waiting: 12, KVCacheUsage: 0.96}},
+			{Name: "gpu1", State: statusapi.StateStarting},
+		}
+	}, "v", "r")
+	want := `
+# HELP poold_engine_kv_cache_usage_ratio Share of the awake engine's KV cache in use, 0 to 1 (vllm:kv_cache_usage_perc).
+# TYPE poold_engine_kv_cache_usage_ratio gauge
+poold_engine_kv_cache_usage_ratio{pool="gpu0",profile="qwen"} 0.96
+# HELP poold_engine_requests_running Requests in the awake engine's running batch, as the engine reports (vllm:num_requests_running).
+# TYPE poold_engine_requests_running gauge
+poold_engine_requests_running{pool="gpu0",profile="qwen"} 4
+# HELP poold_engine_requests_waiting Requests queued inside the awake engine, as the engine reports (vllm:num_requests_waiting).
+# TYPE poold_engine_requests_waiting gauge
+poold_engine_requests_waiting{pool="gpu0",profile="qwen"} 12
+`
+	names := []string{"poold_engine_requests_running", "poold_engine_requests_waiting", "poold_engine_kv_cache_usage_ratio", "poold_engine_prefix_cache_hit_ratio"}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
 	}
 }
