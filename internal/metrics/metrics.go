@@ -37,6 +37,7 @@ type Metrics struct {
 	duration         *prometheus.HistogramVec
 	ttfb             *prometheus.HistogramVec
 	queueWait        *prometheus.HistogramVec
+	ttft, itl        *prometheus.HistogramVec
 	promptTokens     *prometheus.CounterVec
 	completionTokens *prometheus.CounterVec
 	swaps            *prometheus.CounterVec
@@ -68,6 +69,12 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_queue_wait_seconds", Help: "Time a request waited for its model to be ready and admitted.", Buckets: latencyBuckets,
 		}, []string{"pool", "model"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_time_to_first_token_seconds", Help: "Time from a stream's arrival to the first chunk of generated text sent to the client, queueing included.", Buckets: ttftBuckets,
+		}, []string{"pool", "profile", "client"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_inter_token_latency_seconds", Help: "Gaps between the chunks of generated text of a stream, as sent to the client.", Buckets: itlBuckets,
+		}, []string{"pool", "profile", "client"}),
 		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_prompt_tokens_total", Help: "Prompt tokens reported by the engines.",
 		}, []string{"pool", "model", "client"}),
@@ -106,7 +113,7 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		Name: "poold_build_info", Help: "Always 1; labels carry the build.",
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
-	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.promptTokens, m.completionTokens,
+	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.ttft, m.itl, m.promptTokens, m.completionTokens,
 		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures, m.reloadOK, m.reloadTime, build,
 		&poolCollector{pools: pools}, &engineCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -255,6 +262,13 @@ type Record struct {
 	QueueWait                time.Duration
 	TTFB                     time.Duration
 	Duration                 time.Duration
+	// TTFT is, for a stream, the time from arrival to the first chunk of
+	// generated text sent to the client; zero when none was. ITLGaps
+	// counts the gaps between such chunks, ITLP50 and ITLMax are their
+	// median (estimated) and longest (see StreamTiming).
+	TTFT           time.Duration
+	ITLGaps        int
+	ITLP50, ITLMax time.Duration
 }
 
 // Observe adds a finished request to the metrics. Requests that reached no
@@ -279,15 +293,21 @@ func (m *Metrics) Observe(r *Record) {
 	if r.TTFB > 0 {
 		m.ttfb.WithLabelValues(pl, model).Observe(r.TTFB.Seconds())
 	}
+	if r.TTFT > 0 {
+		m.ttft.WithLabelValues(pl, model, r.Client).Observe(r.TTFT.Seconds())
+	}
 	if r.Counted || r.TokensEstimated {
 		m.promptTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.PromptTokens))
 		m.completionTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.CompletionTokens))
 	}
 }
 
-// Log writes r as one access-log line.
+// Log writes r as one access-log line; a stream that sent generated text
+// adds its ttft_ms, and with two chunks or more its itl_ms_p50 and
+// itl_ms_max.
 func (r *Record) Log(log *slog.Logger) {
-	log.LogAttrs(context.Background(), slog.LevelInfo, "request",
+	var buf [17]slog.Attr
+	attrs := append(buf[:0],
 		slog.String("request_id", r.RequestID),
 		slog.String("pool", r.Pool),
 		slog.String("model", r.Model),
@@ -303,6 +323,13 @@ func (r *Record) Log(log *slog.Logger) {
 		slog.Int64("ttfb_ms", r.TTFB.Milliseconds()),
 		slog.Int64("duration_ms", r.Duration.Milliseconds()),
 	)
+	if r.TTFT > 0 {
+		attrs = append(attrs, slog.Int64("ttft_ms", r.TTFT.Milliseconds()))
+	}
+	if r.ITLGaps > 0 {
+		attrs = append(attrs, slog.Int64("itl_ms_p50", r.ITLP50.Milliseconds()), slog.Int64("itl_ms_max", r.ITLMax.Milliseconds()))
+	}
+	log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
 func codeClass(status int) string {

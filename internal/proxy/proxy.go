@@ -180,6 +180,11 @@ type exchange struct {
 	sse      *openai.SSEReader
 	tail     *openai.TailReader
 	status   int
+	client   string // the request's client class
+	// timing and timed time a stream's chunks of generated text (TTFT,
+	// ITL); kept here so that a stream costs no allocation for them.
+	timing metrics.StreamTiming
+	timed  timedStream
 }
 
 type exchangeKey struct{}
@@ -222,7 +227,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
 	w.Header().Set("X-Request-Id", rec.RequestID)
-	x := &exchange{start: start}
+	x := &exchange{start: start, client: rec.Client}
 	defer func() {
 		if rec.Status == 0 {
 			// Forwarded (or aborted mid-stream, which unwinds through here).
@@ -235,6 +240,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if !x.first.IsZero() {
 			rec.TTFB = x.first.Sub(start)
 		}
+		x.timing.Record(rec)
 		rec.Outcome = x.outcome(rec.Status, r.Context().Err() != nil)
 		// Cut by a shutdown: an answer under way, or none yet from the engine.
 		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != metrics.OutcomeCompleted || x.sse == nil && x.tail == nil) {
@@ -395,7 +401,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	resp.Body = &engineBody{ReadCloser: resp.Body, x: x}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
-		resp.Body = x.sse
+		resp.Body = h.timeStream(x, x.sse)
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 		return nil
