@@ -128,6 +128,9 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 			return nil
 		},
 		EngineStats: engineStatsFill(engineStats),
+		// Readiness for balancers: /ready's saturation thresholds.
+		ReadyMaxEngineWaiting: s.ReadyMaxEngineWaiting,
+		ReadyMaxKVCacheUsage:  s.ReadyMaxKVCacheUsage,
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version:     version,

@@ -33,3 +33,34 @@ func TestEngineMetricsSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestReadySettings: /ready's thresholds default to 10 waiting and 95% of
+// the KV cache, come from any source, and must make sense.
+func TestReadySettings(t *testing.T) {
+	t.Setenv("POOLD_CONFIG", writeYAML(t, "{}\n"))
+	s, err := loadSettings([]string{"--profiles", "p.json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ReadyMaxEngineWaiting != 10 || s.ReadyMaxKVCacheUsage != 0.95 {
+		t.Errorf("defaults: %d waiting, %v KV; want 10 and 0.95", s.ReadyMaxEngineWaiting, s.ReadyMaxKVCacheUsage)
+	}
+	t.Setenv("POOLD_READY_MAX_ENGINE_WAITING", "4")
+	t.Setenv("POOLD_CONFIG", writeYAML(t, "ready-max-kv-cache-usage: 0.9\n"))
+	if s, err = loadSettings([]string{"--profiles", "p.json"}); err != nil {
+		t.Fatal(err)
+	}
+	if s.ReadyMaxEngineWaiting != 4 || s.ReadyMaxKVCacheUsage != 0.9 {
+		t.Errorf("%d waiting, %v KV; want 4 (env) and 0.9 (file)", s.ReadyMaxEngineWaiting, s.ReadyMaxKVCacheUsage)
+	}
+	for _, args := range [][]string{{"--ready-max-engine-waiting", "0"}, {"--ready-max-kv-cache-usage", "1.5"}, {"--ready-max-kv-cache-usage", "0"}} {
+		_, err := loadSettings(append([]string{"--profiles", "p.json"}, args...))
+		if name := strings.TrimPrefix(args[0], "--"); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%v: err = %v, want one naming %s", args, err, name)
+		}
+	}
+	t.Setenv("POOLD_READY_MAX_KV_CACHE_USAGE", "lots")
+	if _, err := loadSettings([]string{"--profiles", "p.json"}); err == nil || !strings.Contains(err.Error(), "invalid number") {
+		t.Errorf("a KV threshold that is not a number: err = %v", err)
+	}
+}

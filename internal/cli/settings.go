@@ -173,6 +173,8 @@ func set(f *pflag.Flag, val string) error {
 		return fmt.Errorf("invalid boolean %q: true or false", val)
 	case "int", "int64":
 		return fmt.Errorf("invalid integer %q", val)
+	case "float64":
+		return fmt.Errorf("invalid number %q", val)
 	case "bytes":
 		return err
 	case "string", "stringSlice":
@@ -258,6 +260,9 @@ func (s *Settings) Bool(name string) bool { return value(s.fl.GetBool, name) }
 
 // Int returns the value of the integer flag name.
 func (s *Settings) Int(name string) int { return value(s.fl.GetInt, name) }
+
+// Float64 returns the value of the float flag name.
+func (s *Settings) Float64(name string) float64 { return value(s.fl.GetFloat64, name) }
 
 // Duration returns the value of the duration flag name.
 func (s *Settings) Duration(name string) time.Duration { return value(s.fl.GetDuration, name) }

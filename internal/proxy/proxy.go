@@ -2,8 +2,8 @@
 // a profile, acquires a lease on a pool, forwards the request to that pool's
 // engine and streams the answer back unbuffered while counting tokens (the
 // OpenAI wire details live in package openai, the connections to engines in
-// package upstream). It also serves /v1/models, /status, /health and the
-// admin API.
+// package upstream). It also serves /v1/models, /status, /health, /ready
+// and the admin API.
 package proxy
 
 import (
@@ -51,6 +51,12 @@ type Options struct {
 	// awake engine has a recent sample (enginestats.Scraper.Fill); nil
 	// leaves every pool's nil.
 	EngineStats func(pools []statusapi.Pool)
+	// ReadyMaxEngineWaiting and ReadyMaxKVCacheUsage are the saturation
+	// thresholds of GET /ready: a pool with demand whose engine queues more
+	// requests, or uses more of its KV cache, makes it answer 503. Zero:
+	// DefaultReadyMaxEngineWaiting and DefaultReadyMaxKVCacheUsage.
+	ReadyMaxEngineWaiting int
+	ReadyMaxKVCacheUsage  float64
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
 	// comment line (see keepAlive); zero disables them.
 	KeepAliveInterval time.Duration
@@ -105,6 +111,12 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.ReadyMaxEngineWaiting == 0 {
+		opts.ReadyMaxEngineWaiting = DefaultReadyMaxEngineWaiting
+	}
+	if opts.ReadyMaxKVCacheUsage == 0 {
+		opts.ReadyMaxKVCacheUsage = DefaultReadyMaxKVCacheUsage
+	}
 	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
 	h.cut, h.cutAll = context.WithCancel(context.Background())
 	h.bodies.max = opts.QueueBodyBytes
@@ -127,6 +139,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	mux.HandleFunc("GET /pools/{pool}/metrics", h.serveEngineMetrics)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", h.serveHealth)
+	mux.HandleFunc("GET /ready", h.serveReady)
 	if opts.AdminToken != "" {
 		h.handleAdmin(mux, opts.AdminToken)
 	}

@@ -134,6 +134,25 @@ type EngineStats struct {
 	SampledAt time.Time `json:"sampledAt"`
 }
 
+// Ready is the body of poold's GET /ready: Status "ready" (200) while every
+// pool with demand can take more; "saturated" (503) with the Saturated
+// pools and why; "draining" (503) once a shutdown began.
+type Ready struct {
+	Status    string       `json:"status"`
+	Saturated []Saturation `json:"saturated,omitempty"`
+}
+
+// Saturation is one reason a pool with demand can take no more: Reason
+// "engine_waiting" (its engine queues more requests than poold's
+// ready-max-engine-waiting), "kv_cache_full" (its engine's KV cache use is
+// above ready-max-kv-cache-usage) or "queue_full" (poold's own queue for
+// the pool is full).
+type Saturation struct {
+	Pool    string `json:"pool"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
 // Engine describes a pool's current engine process.
 type Engine struct {
 	Profile   string    `json:"profile"`
