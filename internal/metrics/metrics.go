@@ -358,6 +358,7 @@ var (
 	loadedDesc   = prometheus.NewDesc("poold_pool_loaded_profile", "1 for the profile loaded in each pool.", []string{"pool", "profile"}, nil)
 	stateDesc    = prometheus.NewDesc("poold_pool_state", "1 for each pool's current state.", []string{"pool", "state"}, nil)
 	sleepingDesc = prometheus.NewDesc("poold_sleeping_engines", "Engines asleep in each pool (sleep mode).", []string{"pool"}, nil)
+	poolGPUDesc  = prometheus.NewDesc("poold_pool_gpu_info", "1 for each GPU (NVML index) of each pool: joins the GPU series to the pools.", []string{"pool", "gpu"}, nil)
 )
 
 var poolStates = []statusapi.PoolState{statusapi.StateEmpty, statusapi.StateStarting, statusapi.StateReady, statusapi.StateDraining, statusapi.StateStopping, statusapi.StateSleeping, statusapi.StateFailed}
@@ -368,6 +369,7 @@ func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- loadedDesc
 	ch <- stateDesc
 	ch <- sleepingDesc
+	ch <- poolGPUDesc
 }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -379,6 +381,9 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), st.Name, loaded)
 		ch <- prometheus.MustNewConstMetric(sleepingDesc, prometheus.GaugeValue, float64(len(st.Sleeping)), st.Name)
+		for _, g := range st.GPUs {
+			ch <- prometheus.MustNewConstMetric(poolGPUDesc, prometheus.GaugeValue, 1, st.Name, strconv.Itoa(g))
+		}
 		for model, n := range st.Waiting {
 			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), st.Name, model)
 		}

@@ -64,6 +64,16 @@ type GPU struct {
 	TemperatureC     int          `json:"temperatureC"`
 	PowerWatts       float64      `json:"powerWatts"`
 	Processes        []GPUProcess `json:"processes"`
+	// ECCErrors counts the memory's ECC errors since the driver last
+	// loaded (NVML's volatile counters); nil where ECC is off or
+	// unsupported.
+	ECCErrors *ECCErrors `json:"eccErrors"`
+}
+
+// ECCErrors are a GPU's ECC memory error counts.
+type ECCErrors struct {
+	Corrected   uint64 `json:"corrected"`
+	Uncorrected uint64 `json:"uncorrected"`
 }
 
 // GPUProcess is one compute process on a GPU. UsedBytes is 0 when unknown.
