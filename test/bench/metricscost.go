@@ -13,24 +13,15 @@ import (
 // without metrics exports no request series but still its pool state, the
 // other counts requests.
 func (b *bench) w2m(ctx context.Context) error {
-	on, off, err := b.startMetricsPair(ctx)
-	if on != nil {
-		defer on.stop()
-	}
-	if off != nil {
-		defer off.stop()
-	}
+	on, off, stop, err := b.startPair(ctx, "poold-metrics-on", "poold-metrics-off", "--metrics=false")
+	defer stop()
 	if err != nil {
 		return err
 	}
-	sh := chat(mFast, 16, false)
-	rs, err := b.rotate(ctx, []side{{"metrics on", on.base, b.pc}, {"metrics off", off.base, b.pc}}, func(s side) (result, error) {
-		return closedLoop(ctx, s.client, s.base, sh, 16, b.o.dur, 0), nil
-	})
+	rs, err := b.onOff(ctx, "2m", "metrics", on, off)
 	if err != nil {
 		return err
 	}
-	b.checkUsage(rs[0], rs[1], "2m")
 	if err := b.checkMetricsSetting(on, off); err != nil {
 		return err
 	}
@@ -40,19 +31,42 @@ func (b *bench) w2m(ctx context.Context) error {
 	return nil
 }
 
-// startMetricsPair starts the two poolds of w2m and waits until both serve.
-// It returns those it started even when it fails, for the caller to stop.
-func (b *bench) startMetricsPair(ctx context.Context) (on, off *proc, err error) {
+// startPair starts two fresh poolds serving workload 2's model, the second
+// with offFlags, and waits until both serve. stop stops those it started,
+// even when it fails.
+func (b *bench) startPair(ctx context.Context, onName, offName string, offFlags ...string) (on, off *proc, stop func(), err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	stop = func() {
+		for _, p := range []*proc{on, off} {
+			if p != nil {
+				p.stop()
+			}
+		}
+	}
 	profs := profiles(map[string][]string{mFast: nil}, false)
-	if on, err = startPoold(b.dir, "poold-metrics-on", b.bin, profs); err != nil {
-		return nil, nil, err
+	if on, err = startPoold(b.dir, onName, b.bin, profs); err != nil {
+		return nil, nil, stop, err
 	}
-	if off, err = startPoold(b.dir, "poold-metrics-off", b.bin, profs, "--metrics=false"); err != nil {
-		return on, nil, err
+	if off, err = startPoold(b.dir, offName, b.bin, profs, offFlags...); err != nil {
+		return on, nil, stop, err
 	}
-	return on, off, errors.Join(waitPoolsReady(ctx, on), waitPoolsReady(ctx, off))
+	return on, off, stop, errors.Join(waitPoolsReady(ctx, on), waitPoolsReady(ctx, off))
+}
+
+// onOff runs workload 2 through on and off in alternating rounds and
+// returns their results, on's first, checking that every answer's usage
+// was counted.
+func (b *bench) onOff(ctx context.Context, w, what string, on, off *proc) ([][]result, error) {
+	sh := chat(mFast, 16, false)
+	rs, err := b.rotate(ctx, []side{{what + " on", on.base, b.pc}, {what + " off", off.base, b.pc}}, func(s side) (result, error) {
+		return closedLoop(ctx, s.client, s.base, sh, 16, b.o.dur, 0), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	b.checkUsage(rs[0], rs[1], w)
+	return rs, nil
 }
 
 // checkMetricsSetting records a problem unless on counted requests and off
