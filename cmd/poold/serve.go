@@ -121,6 +121,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, Activity: usageLedger.activity()})
+	engineStats := newEngineStats(s, func() []statusapi.Pool { return h.PoolStatus() }, m, log)
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
@@ -150,6 +151,10 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		// The usage ledger: every finished request, and GET /usage.
 		Usage:       usageLedger.requests(),
 		UsageReport: usageLedger.report(s.Usage),
+		EngineStats: engineStatsFill(engineStats),
+		// Readiness for balancers: /ready's saturation thresholds.
+		ReadyMaxEngineWaiting: s.ReadyMaxEngineWaiting,
+		ReadyMaxKVCacheUsage:  s.ReadyMaxKVCacheUsage,
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version:     version,
@@ -180,6 +185,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	poolCtx, stopPools := context.WithCancel(context.Background())
 	defer stopPools()
 	pools.Run(poolCtx)
+	waitEngineStats := runEngineStats(poolCtx, engineStats)
 	defer h.Close()
 
 	// The server and the systemd supervisor run in one group: a failed
@@ -236,6 +242,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	log.Info("stopping engines")
 	stopPools()
 	pools.Wait()
+	waitEngineStats()
 	if servErr != nil {
 		return servErr
 	}

@@ -90,6 +90,14 @@ type settings struct {
 	// latencies, tokens); false records none, and /metrics serves only the
 	// pool, swap, engine, GPU, build and Go collectors.
 	Metrics bool
+	// EngineMetricsInterval is how often each awake engine's /metrics is
+	// scraped (engineStats in /status, the poold_engine_* gauges, /ready);
+	// zero scrapes none. EngineMetricsTimeout bounds one scrape.
+	EngineMetricsInterval, EngineMetricsTimeout time.Duration
+	// ReadyMaxEngineWaiting and ReadyMaxKVCacheUsage are /ready's
+	// saturation thresholds (proxy.Options).
+	ReadyMaxEngineWaiting int
+	ReadyMaxKVCacheUsage  float64
 	// Loaded says where the settings came from, for the start-up log.
 	Loaded *cli.Settings
 	// Usage is the usage ledger's (usage_settings.go).
@@ -135,6 +143,10 @@ func serveFlags() *pflag.FlagSet {
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.Bool("metrics", true, "record per-request metrics (requests, latencies, tokens); false leaves /metrics with the pool, swap, GPU and Go collectors")
+	fl.Duration("engine-metrics-interval", time.Second, "how often each awake engine's /metrics is read for its load (engineStats in /status, the poold_engine_* gauges, /ready); 0 disables")
+	fl.Duration("engine-metrics-timeout", 2*time.Second, "how long one read of an engine's /metrics may take before it counts as failed")
+	fl.Int("ready-max-engine-waiting", proxy.DefaultReadyMaxEngineWaiting, "GET /ready answers 503 while a pool with demand has an engine queueing more requests than this")
+	fl.Float64("ready-max-kv-cache-usage", proxy.DefaultReadyMaxKVCacheUsage, "GET /ready answers 503 while a pool with demand has an engine using more of its KV cache than this (0 to 1)")
 	usageFlags(fl)
 	return fl
 }
@@ -165,7 +177,23 @@ func loadSettings(args []string) (settings, error) {
 	s.Watch = v.Bool("watch")
 	s.ReloadDebounce = v.Duration("reload-debounce")
 	s.Metrics = v.Bool("metrics")
+	s.EngineMetricsInterval = v.Duration("engine-metrics-interval")
+	s.EngineMetricsTimeout = v.Duration("engine-metrics-timeout")
+	s.ReadyMaxEngineWaiting = v.Int("ready-max-engine-waiting")
+	s.ReadyMaxKVCacheUsage = v.Float64("ready-max-kv-cache-usage")
 	var errs []error
+	if s.EngineMetricsInterval < 0 {
+		errs = append(errs, errors.New("engine-metrics-interval: must not be negative"))
+	}
+	if s.EngineMetricsTimeout <= 0 {
+		errs = append(errs, errors.New("engine-metrics-timeout: must be positive"))
+	}
+	if s.ReadyMaxEngineWaiting < 1 {
+		errs = append(errs, fmt.Errorf("ready-max-engine-waiting: must be at least 1, not %d", s.ReadyMaxEngineWaiting))
+	}
+	if !(s.ReadyMaxKVCacheUsage > 0 && s.ReadyMaxKVCacheUsage <= 1) {
+		errs = append(errs, fmt.Errorf("ready-max-kv-cache-usage: must be above 0 and at most 1, not %v", s.ReadyMaxKVCacheUsage))
+	}
 	if s.KeepAliveInterval < 0 {
 		errs = append(errs, errors.New("keepalive-interval: must not be negative"))
 	}

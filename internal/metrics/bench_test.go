@@ -12,7 +12,8 @@ import (
 func BenchmarkObserve(b *testing.B) {
 	_, m := newLoaded(b, twoGPUs)
 	rec := &Record{RequestID: "r", Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true,
-		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second}
+		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second,
+		TTFT: 25 * time.Millisecond, ITLGaps: 33, ITLP50: 20 * time.Millisecond, ITLMax: 90 * time.Millisecond}
 	b.ReportAllocs()
 	for b.Loop() {
 		m.Observe(rec)
@@ -22,7 +23,8 @@ func BenchmarkObserve(b *testing.B) {
 func BenchmarkAccessLog(b *testing.B) {
 	log := slog.New(slog.NewJSONHandler(discard{}, nil))
 	rec := &Record{RequestID: "r", Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true,
-		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second}
+		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second,
+		TTFT: 25 * time.Millisecond, ITLGaps: 33, ITLP50: 20 * time.Millisecond, ITLMax: 90 * time.Millisecond}
 	b.ReportAllocs()
 	for b.Loop() {
 		rec.Log(log)

@@ -22,7 +22,8 @@ func (f fakeGPUs) Available() (bool, string)      { return true, "" }
 func (f fakeGPUs) Devices() ([]gpu.Device, error) { return f, nil }
 
 var twoGPUs = fakeGPUs{
-	{Index: 0, UUID: "GPU-aaa", MemoryUsedBytes: 70 << 30, MemoryTotalBytes: 80 << 30, Utilization: 0.93, TemperatureC: 61, PowerWatts: 412.5, Processes: []gpu.Process{{PID: 4242, UsedBytes: 69 << 30}}},
+	{Index: 0, UUID: "GPU-aaa", MemoryUsedBytes: 70 << 30, MemoryTotalBytes: 80 << 30, Utilization: 0.93, TemperatureC: 61, PowerWatts: 412.5, Processes: []gpu.Process{{PID: 4242, UsedBytes: 69 << 30}},
+		ECCErrors: &gpu.ECCErrors{Corrected: 120, Uncorrected: 2}},
 	{Index: 1, UUID: "GPU-bbb", MemoryUsedBytes: 1 << 20, MemoryTotalBytes: 80 << 30},
 }
 
@@ -31,10 +32,11 @@ var twoGPUs = fakeGPUs{
 func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	prof := "qwen"
+	prof, hitRate := "qwen", 0.25
 	pools := func() []statusapi.Pool {
-		return []statusapi.Pool{{Name: "gpu0", State: statusapi.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1},
-			Sleeping: []statusapi.Sleeper{{Profile: "llama", Level: 1}}}}
+		return []statusapi.Pool{{Name: "gpu0", GPUs: []int{0}, State: statusapi.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1},
+			Sleeping: []statusapi.Sleeper{{Profile: "llama", Level: 1}},
+			Engine:   &statusapi.Engine{Profile: prof}, EngineStats: &statusapi.EngineStats{Running: 2, Waiting: 11, KVCacheUsage: 0.9, PrefixCacheHitRate: &hitRate}}}
 	}
 	m := New(reg, pools, "v1.2.3", "abc123")
 	reg.MustRegister(GPUCollector(gpus))
@@ -44,8 +46,11 @@ func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics)
 	m.EngineExit("gpu0", "llama", "stopped")
 	m.VRAMNotReleased("gpu0")
 	m.SleepVRAMNotReleased("gpu0")
+	m.EngineScrapeFailed("gpu0")
 	m.Observe(&Record{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
-		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second})
+		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second,
+		TTFT: 5200 * time.Millisecond})
+	m.ITL("gpu0", "qwen", "team-a").Observe(0.02)
 	return reg, m
 }
 
@@ -140,6 +145,9 @@ poold_sleeping_engines{pool="gpu0"} 1
 	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_sleep_vram_not_released_total"))); n != 1 {
 		t.Errorf("poold_sleep_vram_not_released_total = %v, want 1", n)
 	}
+	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_engine_metrics_scrape_failures_total"))); n != 1 {
+		t.Errorf("poold_engine_metrics_scrape_failures_total = %v, want 1", n)
+	}
 }
 
 func label(m *dto.Metric, name string) string {
@@ -170,7 +178,12 @@ func regCounter(t *testing.T, reg *prometheus.Registry, name string) prometheus.
 func TestGPUCollector(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(GPUCollector(twoGPUs))
+	// GPU 1 has no ECC: no series.
 	want := `
+# HELP poold_gpu_ecc_errors_total ECC memory errors since the driver last loaded (NVML's volatile counters), by type (corrected, uncorrected); absent where ECC is off.
+# TYPE poold_gpu_ecc_errors_total counter
+poold_gpu_ecc_errors_total{gpu="0",type="corrected",uuid="GPU-aaa"} 120
+poold_gpu_ecc_errors_total{gpu="0",type="uncorrected",uuid="GPU-aaa"} 2
 # HELP poold_gpu_memory_used_bytes GPU memory in use, per GPU (NVML index).
 # TYPE poold_gpu_memory_used_bytes gauge
 poold_gpu_memory_used_bytes{gpu="0",uuid="GPU-aaa"} 7.516192768e+10
@@ -187,7 +200,7 @@ poold_gpu_telemetry_available 1
 poold_gpu_utilization_ratio{gpu="0",uuid="GPU-aaa"} 0.93
 poold_gpu_utilization_ratio{gpu="1",uuid="GPU-bbb"} 0
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_gpu_memory_used_bytes", "poold_gpu_processes", "poold_gpu_telemetry_available", "poold_gpu_utilization_ratio"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_gpu_ecc_errors_total", "poold_gpu_memory_used_bytes", "poold_gpu_processes", "poold_gpu_telemetry_available", "poold_gpu_utilization_ratio"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -240,6 +253,7 @@ func TestConfigureCreatesSeriesAtZero(t *testing.T) {
 		"poold_engine_exits_total{pool=p1,profile=b,reason=load_failed}",
 		"poold_vram_not_released_total{pool=p0}",
 		"poold_sleep_vram_not_released_total{pool=p1}",
+		"poold_engine_metrics_scrape_failures_total{pool=p1}",
 	} {
 		if zero, ok := got[want]; !ok || !zero {
 			t.Errorf("%s: present %v, at zero %v", want, ok, zero)
@@ -259,5 +273,53 @@ func TestConfigureCreatesSeriesAtZero(t *testing.T) {
 	}
 	if _, ok := got["poold_engine_starts_total{pool=p0,profile=a,result=ok}"]; !ok {
 		t.Error("a kept series was deleted")
+	}
+}
+
+// The engines' own load is re-exported per pool and profile; a pool without
+// a sample, or whose engine looked nothing up in its prefix cache, exports
+// no such series.
+func TestEngineStatsGauges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	prof := "qwen"
+	New(reg, func() []statusapi.Pool {
+		return []statusapi.Pool{
+			{Name: "gpu0", State: statusapi.StateReady, Profile: &prof, Engine: &statusapi.Engine{Profile: prof},
+				EngineStats: &statusapi.EngineStats{Running: 4, Waiting: 12, KVCacheUsage: 0.96}},
+			{Name: "gpu1", State: statusapi.StateStarting},
+		}
+	}, "v", "r")
+	want := `
+# HELP poold_engine_kv_cache_usage_ratio Share of the awake engine's KV cache in use, 0 to 1 (vllm:kv_cache_usage_perc).
+# TYPE poold_engine_kv_cache_usage_ratio gauge
+poold_engine_kv_cache_usage_ratio{pool="gpu0",profile="qwen"} 0.96
+# HELP poold_engine_requests_running Requests in the awake engine's running batch, as the engine reports (vllm:num_requests_running).
+# TYPE poold_engine_requests_running gauge
+poold_engine_requests_running{pool="gpu0",profile="qwen"} 4
+# HELP poold_engine_requests_waiting Requests queued inside the awake engine, as the engine reports (vllm:num_requests_waiting).
+# TYPE poold_engine_requests_waiting gauge
+poold_engine_requests_waiting{pool="gpu0",profile="qwen"} 12
+`
+	names := []string{"poold_engine_requests_running", "poold_engine_requests_waiting", "poold_engine_kv_cache_usage_ratio", "poold_engine_prefix_cache_hit_ratio"}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+}
+
+// Each pool's GPUs are exported, to join the GPU series to the pools.
+func TestPoolGPUInfo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	New(reg, func() []statusapi.Pool {
+		return []statusapi.Pool{{Name: "gpu0", GPUs: []int{0}, State: statusapi.StateEmpty}, {Name: "gpu12", GPUs: []int{1, 2}, State: statusapi.StateEmpty}}
+	}, "v", "r")
+	want := `
+# HELP poold_pool_gpu_info 1 for each GPU (NVML index) of each pool: joins the GPU series to the pools.
+# TYPE poold_pool_gpu_info gauge
+poold_pool_gpu_info{gpu="0",pool="gpu0"} 1
+poold_pool_gpu_info{gpu="1",pool="gpu12"} 1
+poold_pool_gpu_info{gpu="2",pool="gpu12"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_pool_gpu_info"); err != nil {
+		t.Error(err)
 	}
 }

@@ -2,8 +2,8 @@
 // a profile, acquires a lease on a pool, forwards the request to that pool's
 // engine and streams the answer back unbuffered while counting tokens (the
 // OpenAI wire details live in package openai, the connections to engines in
-// package upstream). It also serves /v1/models, /status, /health and the
-// admin API.
+// package upstream). It also serves /v1/models, /status, /health, /ready
+// and the admin API.
 package proxy
 
 import (
@@ -51,6 +51,16 @@ type Options struct {
 	Degraded func() []string
 	// Status fills the daemon-wide part of GET /status.
 	Status func() statusapi.Poold
+	// EngineStats, if not nil, fills the EngineStats of the pools whose
+	// awake engine has a recent sample (enginestats.Scraper.Fill); nil
+	// leaves every pool's nil.
+	EngineStats func(pools []statusapi.Pool)
+	// ReadyMaxEngineWaiting and ReadyMaxKVCacheUsage are the saturation
+	// thresholds of GET /ready: a pool with demand whose engine queues more
+	// requests, or uses more of its KV cache, makes it answer 503. Zero:
+	// DefaultReadyMaxEngineWaiting and DefaultReadyMaxKVCacheUsage.
+	ReadyMaxEngineWaiting int
+	ReadyMaxKVCacheUsage  float64
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
 	// comment line (see keepAlive); zero disables them.
 	KeepAliveInterval time.Duration
@@ -113,6 +123,12 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.ReadyMaxEngineWaiting == 0 {
+		opts.ReadyMaxEngineWaiting = DefaultReadyMaxEngineWaiting
+	}
+	if opts.ReadyMaxKVCacheUsage == 0 {
+		opts.ReadyMaxKVCacheUsage = DefaultReadyMaxKVCacheUsage
+	}
 	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
 	h.cut, h.cutAll = context.WithCancel(context.Background())
 	h.bodies.max = opts.QueueBodyBytes
@@ -135,6 +151,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	mux.HandleFunc("GET /pools/{pool}/metrics", h.serveEngineMetrics)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", h.serveHealth)
+	mux.HandleFunc("GET /ready", h.serveReady)
 	if opts.AdminToken != "" {
 		h.handleAdmin(mux, opts.AdminToken)
 	}
@@ -193,6 +210,11 @@ type exchange struct {
 	sse      *openai.SSEReader
 	tail     *openai.UsageReader
 	status   int
+	client   string // the request's client class
+	// timing and timed time a stream's chunks of generated text (TTFT,
+	// ITL); kept here so that a stream costs no allocation for them.
+	timing metrics.StreamTiming
+	timed  timedStream
 }
 
 type exchangeKey struct{}
@@ -241,7 +263,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		caller = pool.Caller{Tenant: ten.Name, Weight: ten.Weight(), Background: ten.Background()}
 	}
 	w.Header().Set("X-Request-Id", rec.RequestID)
-	x := &exchange{id: rec.RequestID, start: start}
+	x := &exchange{id: rec.RequestID, start: start, client: rec.Client}
 	defer func() {
 		if rec.Status == 0 {
 			// Forwarded (or aborted mid-stream, which unwinds through here).
@@ -254,6 +276,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if !x.first.IsZero() {
 			rec.TTFB = x.first.Sub(start)
 		}
+		x.timing.Record(rec)
 		if rec.Outcome == "" {
 			rec.Outcome = x.outcome(rec.Status, r.Context().Err() != nil)
 		}
@@ -448,7 +471,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))
-		resp.Body = x.sse
+		resp.Body = h.timeStream(x, x.sse)
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 		return nil

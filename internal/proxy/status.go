@@ -72,12 +72,16 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// PoolStatus snapshots every pool, in file order.
+// PoolStatus snapshots every pool, in file order, with its engine's stats
+// (Options.EngineStats).
 func (h *Handler) PoolStatus() []statusapi.Pool {
 	ps := h.pools.Pools()
 	out := make([]statusapi.Pool, len(ps))
 	for i, p := range ps {
 		out[i] = p.Status()
+	}
+	if h.opts.EngineStats != nil {
+		h.opts.EngineStats(out)
 	}
 	return out
 }

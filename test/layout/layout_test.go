@@ -36,6 +36,7 @@ var allowed = map[string][]string{
 	"internal/fleet":       {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement"},
 	"internal/usage":       {"internal/metrics", "internal/pool", "internal/statusapi", "internal/openai"},
 	"internal/pgtest":      nil,
+	"internal/enginestats": {"internal/statusapi"},
 }
 
 type pkg struct {
