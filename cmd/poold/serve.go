@@ -73,6 +73,10 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	m.Configure(cfg)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
+	tenants, err := openTenants(s.Tenants, reg, log)
+	if err != nil {
+		return err
+	}
 	contain, err := containment(s.Containment, log)
 	if err != nil {
 		return err
@@ -117,6 +121,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, Activity: usageLedger.activity()})
+	engineStats := newEngineStats(s, func() []statusapi.Pool { return h.PoolStatus() }, m, log)
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
@@ -127,7 +132,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		Logger:         log,
 		AccessLog:      slog.New(slog.NewJSONHandler(access, nil)).With("component", "access"),
 		Metrics:        reqMetrics,
-		Clients:        s.Clients,
+		Tenants:        tenants.Gate(),
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,
 		AdminToken:        s.AdminToken,
@@ -146,11 +151,16 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		// The usage ledger: every finished request, and GET /usage.
 		Usage:       usageLedger.requests(),
 		UsageReport: usageLedger.report(s.Usage),
+		EngineStats: engineStatsFill(engineStats),
+		// Readiness for balancers: /ready's saturation thresholds.
+		ReadyMaxEngineWaiting: s.ReadyMaxEngineWaiting,
+		ReadyMaxKVCacheUsage:  s.ReadyMaxKVCacheUsage,
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version:     version,
 				Host:        host,
 				Config:      rl.status(),
+				Tenants:     tenants.status(),
 				GPU:         gpuStatus(gpus),
 				Containment: contain.Status(),
 				Usage:       usageLedger.status(),
@@ -166,7 +176,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
 	srv := &http.Server{
-		Handler:           s.APIKeys.Require(h),
+		Handler:           tenants.Gate().Require(s.APIKeys.Require(h)),
 		ReadTimeout:       s.ReadTimeout,
 		ReadHeaderTimeout: s.ReadHeaderTimeout,
 		MaxHeaderBytes:    s.MaxHeaderBytes,
@@ -175,6 +185,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	poolCtx, stopPools := context.WithCancel(context.Background())
 	defer stopPools()
 	pools.Run(poolCtx)
+	waitEngineStats := runEngineStats(poolCtx, engineStats)
 	defer h.Close()
 
 	// The server and the systemd supervisor run in one group: a failed
@@ -184,6 +195,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	serving, servingCtx := errgroup.WithContext(ctx)
 	// Watch before serving: a change made once /health answers is seen.
 	waitReloads := rl.start(servingCtx, s.Watch, s.ReloadDebounce)
+	waitTenants := tenants.start(servingCtx, s.Watch, s.ReloadDebounce)
 	serving.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving: %w", err)
@@ -208,6 +220,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	stopHurry := hurryOnSecondSignal(log, cancel, pools)
 	defer stopHurry()
 	waitReloads()
+	waitTenants()
 	pools.Refuse()
 	// The listener stays open until the requests in flight are done, so that
 	// new ones get a 503 shutting_down rather than a refused connection; no
@@ -229,6 +242,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	log.Info("stopping engines")
 	stopPools()
 	pools.Wait()
+	waitEngineStats()
 	if servErr != nil {
 		return servErr
 	}

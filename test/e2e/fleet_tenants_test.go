@@ -14,35 +14,12 @@ import (
 
 	"github.com/poold/poold/internal/rdb/rdbtest"
 	"github.com/poold/poold/internal/statusapi"
-	"github.com/poold/poold/internal/tenant"
 )
 
-// writeTenants writes a tenants file of one tier at path; each tenant is a
-// JSON object without keys, and gets the key "key-NAME".
-func writeTenants(t *testing.T, path string, tenants ...string) {
-	t.Helper()
-	var list []string
-	for _, ten := range tenants {
-		var v struct{ Name string }
-		if err := json.Unmarshal([]byte(ten), &v); err != nil {
-			t.Fatal(err)
-		}
-		list = append(list, fmt.Sprintf(`{"keys": [%q], "tier": "shared", %s`, tenant.HashKey("key-"+v.Name), ten[1:]))
-	}
-	writeFile(t, path, []byte(`{"tiers": {"shared": {"weight": 1}}, "tenants": [`+strings.Join(list, ", ")+`]}`))
+// team is a tenant of the fleet tests, whose key is "key-NAME".
+func team(name string, rpm, tpm int) tenantSpec {
+	return tenantSpec{Name: name, Key: "key-" + name, RPM: rpm, TPM: tpm}
 }
-
-// tenantsPath writes a tenants file (writeTenants) in the test's directory.
-func tenantsPath(t *testing.T, tenants ...string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "tenants.json")
-	writeTenants(t, path, tenants...)
-	return path
-}
-
-// rateHeaders are OpenAI's six rate-limit headers.
-var rateHeaders = []string{"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
-	"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"}
 
 // missingRateHeaders lists the rate-limit headers h lacks.
 func missingRateHeaders(h http.Header) []string {
@@ -89,8 +66,25 @@ func (f *fleetd) status() statusapi.Fleetd {
 	return st
 }
 
-// hostRequests counts the requests a poold logged: those that reached it.
-func hostRequests(h *daemon) int { return strings.Count(h.stdout.String(), `"msg":"request"`) }
+// checkHostSaw stops h, which writes out its access log, and fails the test
+// unless h logged every request of seen and none of unseen (fleetd's request
+// ids, which it forwards). It returns the number of requests h logged.
+func checkHostSaw(t *testing.T, h *daemon, seen, unseen []string) int {
+	t.Helper()
+	h.stop()
+	log := h.stdout.String()
+	for _, id := range seen {
+		if !strings.Contains(log, `"request_id":"`+id+`"`) {
+			t.Errorf("request %s, forwarded, is not in the host's access log", id)
+		}
+	}
+	for _, id := range unseen {
+		if strings.Contains(log, `"request_id":"`+id+`"`) {
+			t.Errorf("request %s, refused by fleetd, reached the host", id)
+		}
+	}
+	return strings.Count(log, `"msg":"request"`)
+}
 
 // Two fleetd replicas share a tenant's limits in one real Redis: of 100
 // requests at once split across them, a tenant at 60 a minute gets 60 (one
@@ -100,7 +94,7 @@ func hostRequests(h *daemon) int { return strings.Count(h.stdout.String(), `"msg
 func TestFleetTenantsSharedLimits(t *testing.T) {
 	url := rdbtest.Start(t)
 	hosts := hostsWithA(t, 1, nil)
-	tenants := tenantsPath(t, `{"name": "team-a", "rpm": 60, "tpm": 10000000}`, `{"name": "team-b", "rpm": 100000, "tpm": 10000000}`)
+	tenants := writeTenants(t, tenantsJSON(team("team-a", 60, 10_000_000), team("team-b", 100_000, 10_000_000)))
 	replicas := []*fleetd{
 		startFleetd(t, hosts, "--redis-url", url, "--tenants", tenants, "--redis-timeout", "10s"),
 		startFleetd(t, hosts, "--redis-url", url, "--tenants", tenants, "--redis-timeout", "10s"),
@@ -180,7 +174,7 @@ func TestFleetTenantsSharedLimits(t *testing.T) {
 func TestFleetTenantsRedisDown(t *testing.T) {
 	srv := rdbtest.Run(t)
 	hosts := hostsWithA(t, 1, nil)
-	tenants := tenantsPath(t, `{"name": "team-a", "rpm": 6000, "tpm": 10000000}`)
+	tenants := writeTenants(t, tenantsJSON(team("team-a", 6000, 10_000_000)))
 	open := startFleetd(t, hosts, "--redis-url", srv.URL, "--tenants", tenants, "--redis-timeout", "10s")
 	closed := startFleetd(t, hosts, "--redis-url", srv.URL, "--tenants", tenants, "--redis-timeout", "10s", "--redis-fail-closed")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -200,24 +194,21 @@ func TestFleetTenantsRedisDown(t *testing.T) {
 	}
 
 	srv.Stop()
-	before := hostRequests(hosts[0])
 	const n = 10
+	var through []string
 	for range n {
-		if resp, body := post(open); resp.StatusCode != http.StatusOK {
+		resp, body := post(open)
+		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("fail-open without Redis: %d %s", resp.StatusCode, body)
 		}
-	}
-	if got := hostRequests(hosts[0]) - before; got != n {
-		t.Fatalf("the host served %d of the %d requests let through", got, n)
+		through = append(through, resp.Header.Get("X-Request-Id"))
 	}
 	resp, body := post(closed)
 	if e := apiError(t, body); resp.StatusCode != http.StatusTooManyRequests || e.Error.Code != "rate_limit_exceeded" ||
 		resp.Header.Get("Retry-After") == "" || !strings.Contains(e.Error.Message, "could not be checked") {
 		t.Fatalf("fail-closed without Redis: %d %v %s", resp.StatusCode, resp.Header, body)
 	}
-	if got := hostRequests(hosts[0]) - before; got != n {
-		t.Fatal("a request refused fail-closed reached the host")
-	}
+	refusedID := resp.Header.Get("X-Request-Id")
 	if v := metricSum(t, open.url, "fleetd_tenant_limits_unchecked_total", `step="admit"`); v != n {
 		t.Fatalf("fleetd_tenant_limits_unchecked_total{step=admit} = %v, want %d", v, n)
 	}
@@ -248,6 +239,9 @@ func TestFleetTenantsRedisDown(t *testing.T) {
 	if st := open.status(); !st.TenantLimits.Reachable {
 		t.Fatal("/status: still unreachable")
 	}
+	// The requests let through unchecked reached the host, the one refused
+	// did not.
+	checkHostSaw(t, hosts[0], through, []string{refusedID})
 }
 
 // fleetd applies a tenant's models, output cap and tokens per minute before
@@ -258,7 +252,9 @@ func TestFleetTenantsBeforeHosts(t *testing.T) {
 	tag := t.Name()
 	h := startPoold(t, tag, hostProfiles(tag, "a", []string{"a", "b"}))
 	h.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
-	f := startFleetd(t, []*daemon{h}, "--tenants", tenantsPath(t, `{"name": "team-a", "tpm": 60, "maxOutputTokens": 5, "models": ["a"]}`))
+	a := team("team-a", 0, 60)
+	a.MaxOutputTokens, a.Models = 5, []string{"a"}
+	f := startFleetd(t, []*daemon{h}, "--tenants", writeTenants(t, tenantsJSON(a)))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	send := func(body string) (*http.Response, []byte) {
@@ -269,17 +265,15 @@ func TestFleetTenantsBeforeHosts(t *testing.T) {
 		}
 		return resp, b
 	}
+	var forwarded, refusedIDs []string // fleetd's request ids
 	refused := func(what, body string, status int, code string) apiErr {
 		t.Helper()
-		before := hostRequests(h)
 		resp, b := send(body)
 		e := apiError(t, b)
 		if resp.StatusCode != status || e.Error.Code != code {
 			t.Fatalf("%s: %d %s, want %d %s", what, resp.StatusCode, b, status, code)
 		}
-		if hostRequests(h) != before {
-			t.Fatalf("%s: the host saw the request", what)
-		}
+		refusedIDs = append(refusedIDs, resp.Header.Get("X-Request-Id"))
 		return e
 	}
 
@@ -319,6 +313,7 @@ func TestFleetTenantsBeforeHosts(t *testing.T) {
 	if err := json.Unmarshal(body, &answer); err != nil || resp.StatusCode != http.StatusOK || answer.Usage.CompletionTokens != 5 {
 		t.Fatalf("without max_tokens: %d %s", resp.StatusCode, body)
 	}
+	forwarded = append(forwarded, resp.Header.Get("X-Request-Id"))
 	if lim := resp.Header.Get("x-ratelimit-limit-tokens"); lim != "60" {
 		t.Fatalf("x-ratelimit-limit-tokens %q", lim)
 	}
@@ -328,6 +323,7 @@ func TestFleetTenantsBeforeHosts(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || strings.Contains(string(body), "prompt_tokens") || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
 		t.Fatalf("stream: %d %s", resp.StatusCode, body)
 	}
+	forwarded = append(forwarded, resp.Header.Get("X-Request-Id"))
 	if after := metricSum(t, f.url, "fleetd_tenant_tokens_total", `tenant="team-a"`); after < tokens+3 {
 		t.Fatalf("the stream debited %v tokens", after-tokens)
 	}
@@ -336,9 +332,9 @@ func TestFleetTenantsBeforeHosts(t *testing.T) {
 	// in debt.
 	long := fmt.Sprintf(`{"model": "a", "max_tokens": 1, "messages": [{"role": "user", "content": %q}]}`, strings.Repeat("many words ", 20))
 	for i := 0; ; i++ {
-		before := hostRequests(h)
 		resp, body := send(long)
 		if resp.StatusCode == http.StatusOK {
+			forwarded = append(forwarded, resp.Header.Get("X-Request-Id"))
 			if i == 20 {
 				t.Fatal("20 requests and no 429 at 60 tokens a minute")
 			}
@@ -349,9 +345,7 @@ func TestFleetTenantsBeforeHosts(t *testing.T) {
 			resp.Header.Get("Retry-After") == "" || resp.Header.Get("x-ratelimit-remaining-tokens") != "0" {
 			t.Fatalf("in debt: %d %v %s", resp.StatusCode, resp.Header, body)
 		}
-		if hostRequests(h) != before {
-			t.Fatal("a request refused on tokens reached the host")
-		}
+		refusedIDs = append(refusedIDs, resp.Header.Get("X-Request-Id"))
 		t.Logf("refused on tokens after %d more requests", i)
 		break
 	}
@@ -359,6 +353,9 @@ func TestFleetTenantsBeforeHosts(t *testing.T) {
 		if v := metricSum(t, f.url, "fleetd_tenant_requests_total", `tenant="team-a"`, `code="`+code+`"`); v != want {
 			t.Errorf("fleetd_tenant_requests_total{code=%s} = %v, want %v", code, v, want)
 		}
+	}
+	if n := checkHostSaw(t, h, forwarded, refusedIDs); n != len(forwarded) {
+		t.Errorf("the host logged %d requests, want the %d fleetd forwarded", n, len(forwarded))
 	}
 }
 
@@ -368,7 +365,7 @@ func TestFleetTenantsBeforeHosts(t *testing.T) {
 // every problem, and with both api-keys and tenants.
 func TestFleetTenantsReload(t *testing.T) {
 	hosts := hostsWithA(t, 1, nil)
-	path := tenantsPath(t, `{"name": "team-a", "rpm": 2}`)
+	path := writeTenants(t, tenantsJSON(team("team-a", 2, 0)))
 	f := startFleetd(t, hosts, "--tenants", path)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -388,7 +385,7 @@ func TestFleetTenantsReload(t *testing.T) {
 	post(429, "2")
 
 	first := f.status().TenantsFile
-	writeTenants(t, path, `{"name": "team-a", "rpm": 100}`)
+	writeFile(t, path, tenantsJSON(team("team-a", 100, 0)))
 	var st statusapi.Fleetd
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if st = f.status(); st.TenantsFile.SHA256 != first.SHA256 {

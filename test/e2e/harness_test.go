@@ -341,6 +341,7 @@ type status struct {
 			PID     int    `json:"pid"`
 			Port    int    `json:"port"`
 		} `json:"engine"`
+		EngineStats *engineStats `json:"engineStats"`
 	} `json:"pools"`
 }
 
