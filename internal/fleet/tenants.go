@@ -84,9 +84,10 @@ func (ts *Tenants) Reload() error {
 		return err
 	}
 	if h := hash(raw); h != ts.fstat.SHA256 {
+		added, removed, changed := tenant.Diff(ts.gate.Config(), c)
 		ts.gate.Set(c)
 		ts.fstat = statusapi.File{Path: ts.path, SHA256: h, LoadedAt: ts.opts.Now()}
-		ts.log.Info("tenants file loaded", "path", ts.path, "tenants", len(c.Tenants))
+		ts.log.Info("tenants file reloaded", "path", ts.path, "sha256", h, "added", added, "removed", removed, "changed", changed)
 	} else if ts.fstat.LastError != nil {
 		ts.fstat.LastError = nil
 		ts.log.Info("tenants file valid again; the tenants in force are unchanged", "path", ts.path)

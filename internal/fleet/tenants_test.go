@@ -320,6 +320,9 @@ func TestTenantsReload(t *testing.T) {
 		t.Fatalf("after the reload: %d %v", resp.StatusCode, resp.Header)
 	}
 	second := status().TenantsFile
+	if !strings.Contains(logs.String(), `msg="tenants file reloaded"`) || !strings.Contains(logs.String(), "changed=[team-a]") {
+		t.Fatalf("the reload is not logged with what changed:\n%s", logs.String())
+	}
 
 	if err := os.WriteFile(path, []byte(`{"tiers": {"shared": {"weight": 1}}, "tenants": [{"name": "team-a", "tier": "gold"}]}`), 0o644); err != nil {
 		t.Fatal(err)
