@@ -3,7 +3,6 @@ package rdb
 import (
 	"context"
 	"fmt"
-	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -125,7 +124,7 @@ func (l *Limits) Admit(t *tenant.Tenant, now time.Time) tenant.Decision {
 		if err != nil {
 			return fail(err)
 		}
-		d.Headers = append(d.Headers, headers("tokens", t.TPM, left, reset)...)
+		d.Tokens = tenant.Bucket{Limit: t.TPM, Remaining: left, Reset: reset}
 		if !ok {
 			d.Limit, d.RetryAfter = "tpm", retry
 			return d
@@ -136,7 +135,7 @@ func (l *Limits) Admit(t *tenant.Tenant, now time.Time) tenant.Decision {
 		if err != nil {
 			return fail(err)
 		}
-		d.Headers = append(headers("requests", t.RPM, left, reset), d.Headers...)
+		d.Requests = tenant.Bucket{Limit: t.RPM, Remaining: left, Reset: reset}
 		if !ok {
 			d.Limit, d.RetryAfter = "rpm", retry
 			return d
@@ -153,13 +152,5 @@ func (l *Limits) Debit(t *tenant.Tenant, now time.Time, tokens int) {
 	}
 	if _, _, _, _, err := l.run("tpm:"+t.Name, t.TPM, tokens, "debit"); err != nil && l.OnDebitError != nil {
 		l.OnDebitError(err)
-	}
-}
-
-func headers(dim string, limit, left int, reset time.Duration) [][2]string {
-	return [][2]string{
-		{"x-ratelimit-limit-" + dim, strconv.Itoa(limit)},
-		{"x-ratelimit-remaining-" + dim, strconv.Itoa(max(0, left))},
-		{"x-ratelimit-reset-" + dim, tenant.ResetString(time.Duration(math.Max(0, float64(reset))))},
 	}
 }

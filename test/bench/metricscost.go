@@ -12,7 +12,7 @@ import (
 // throughput (target: on ≥ target × off). check, run after the rounds,
 // records a problem unless the setting took effect.
 func (b *bench) settingCost(ctx context.Context, id, feature string, offFlags []string, target float64, check func(on, off *proc) error) error {
-	on, off, err := b.startPair(ctx, id, offFlags)
+	on, off, err := b.startPair(ctx, id, nil, offFlags)
 	if on != nil {
 		defer on.stop()
 	}
@@ -50,14 +50,15 @@ func (b *bench) w2u(ctx context.Context) error {
 	return b.settingCost(ctx, "2u", "usage ledger", []string{"--usage=false"}, .95, b.checkLedgerSetting)
 }
 
-// startPair starts the two poolds of a settingCost workload and waits until
-// both serve. It returns those it started even when it fails, for the
+// startPair starts the two poolds of a workload that compares a setting on
+// and off, the first with onFlags and the second with offFlags, and waits
+// until both serve. It returns those it started even when it fails, for the
 // caller to stop.
-func (b *bench) startPair(ctx context.Context, id string, offFlags []string) (on, off *proc, err error) {
+func (b *bench) startPair(ctx context.Context, id string, onFlags, offFlags []string) (on, off *proc, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	profs := profiles(map[string][]string{mFast: nil}, false)
-	if on, err = startPoold(b.dir, "poold-"+id+"-on", b.bin, profs); err != nil {
+	if on, err = startPoold(b.dir, "poold-"+id+"-on", b.bin, profs, onFlags...); err != nil {
 		return nil, nil, err
 	}
 	if off, err = startPoold(b.dir, "poold-"+id+"-off", b.bin, profs, offFlags...); err != nil {

@@ -43,21 +43,21 @@ func TestCLIHelpAndVersion(t *testing.T) {
 		stdout []string // each must appear on stdout
 		stderr string   // must appear on stderr
 	}{
-		{bin: pooldBin, args: []string{"--help"}, stdout: []string{"\n  poold [serve] [flags]", "\n  poold check FILE", "\n  poold status [--addr ADDR] [--json]",
+		{bin: pooldBin, args: []string{"--help"}, stdout: []string{"\n  poold [serve] [flags]", "\n  poold check [PROFILES] [--tenants FILE]", "\n  poold status [--addr ADDR] [--json]",
 			"\n  poold engine-sim ", "\n  poold version", "\n  poold help [COMMAND]", "Flags of serve", "--profiles string", "--shutdown-timeout duration"}},
-		{bin: pooldBin, args: []string{"-h"}, stdout: []string{"\n  poold check FILE"}},
-		{bin: pooldBin, args: []string{"help"}, stdout: []string{"\n  poold check FILE"}},
+		{bin: pooldBin, args: []string{"-h"}, stdout: []string{"\n  poold check [PROFILES] [--tenants FILE]"}},
+		{bin: pooldBin, args: []string{"help"}, stdout: []string{"\n  poold check [PROFILES] [--tenants FILE]"}},
 		{bin: pooldBin, args: []string{"--version"}, stdout: []string{"poold "}},
 		{bin: pooldBin, args: []string{"version"}, stdout: []string{"poold "}},
 		{bin: pooldBin, args: []string{"serve", "--help"}, stdout: []string{"usage: poold serve [flags]", "--listen string"}},
-		{bin: pooldBin, args: []string{"check", "--help"}, stdout: []string{"usage: poold check FILE"}},
-		{bin: pooldBin, args: []string{"help", "check"}, stdout: []string{"usage: poold check FILE"}},
+		{bin: pooldBin, args: []string{"check", "--help"}, stdout: []string{"usage: poold check [PROFILES] [--tenants FILE]"}},
+		{bin: pooldBin, args: []string{"help", "check"}, stdout: []string{"usage: poold check [PROFILES] [--tenants FILE]"}},
 		{bin: pooldBin, args: []string{"status", "--help"}, stdout: []string{"usage: poold status [--addr ADDR] [--json]", "--addr string"}},
 		{bin: pooldBin, args: []string{"engine-sim", "--help"}, stdout: []string{"usage: poold engine-sim"}},
 		{bin: pooldBin, args: []string{"bogus"}, code: 2, stderr: `poold: unknown command "bogus"`},
 		{bin: pooldBin, args: []string{"--bogus"}, code: 2, stderr: "unknown flag: --bogus"},
 		{bin: pooldBin, args: []string{"status", "--bogus"}, code: 2, stderr: "poold status: unknown flag: --bogus"},
-		{bin: pooldBin, args: []string{"check"}, code: 2, stderr: "usage: poold check FILE"},
+		{bin: pooldBin, args: []string{"check"}, code: 2, stderr: "usage: poold check [PROFILES] [--tenants FILE]"},
 
 		{bin: fleetdBin, args: []string{"--help"}, stdout: []string{"\n  fleetd [serve] [flags]", "\n  fleetd check [--tenants TENANTS] [HOSTS]",
 			"\n  fleetd status [--addr ADDR] [--json]", "\n  fleetd version", "\n  fleetd help [COMMAND]", "Flags of serve", "--hosts string"}},

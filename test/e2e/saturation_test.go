@@ -71,12 +71,14 @@ func poll(t *testing.T, timeout time.Duration, what string, cond func() bool) ti
 
 // An engine loaded beyond its --max-num-seqs queues the rest: poold reads
 // that from the engine's own metrics into /status and its gauges, and
-// /ready turns 503 (engine_waiting) until the load is gone.
+// /ready turns 503 (engine_waiting) until the load is gone. (The profile's
+// maxInFlight, above the engine's limit, lets the engine queue: without it
+// poold would take --max-num-seqs as its ceiling and queue them itself.)
 func TestEngineSaturation(t *testing.T) {
 	tag := t.Name()
 	d := startPoold(t, tag, profilesJSON(tag,
 		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
-		[]sim{{ID: "m", Flags: []string{"--max-num-seqs", "2", "--sim-itl", "50ms"}}}, nil),
+		[]sim{{ID: "m", Flags: []string{"--max-num-seqs", "2", "--sim-itl", "50ms"}, Extra: map[string]any{"maxInFlight": 100}}}, nil),
 		"--ready-max-engine-waiting", "1")
 	d.waitPool("p0", 30*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	poll(t, 30*time.Second, "engineStats of the idle engine", func() bool {
@@ -164,12 +166,12 @@ func TestStreamTimingMatchesEngine(t *testing.T) {
 			for _, l := range m.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if labels["pool"] == "p0" && labels["profile"] == "m" && labels["client"] == "other" {
+			if labels["pool"] == "p0" && labels["profile"] == "m" && labels["client"] == "none" {
 				h := m.GetHistogram()
 				return h.GetSampleSum() / float64(h.GetSampleCount()), h.GetSampleCount()
 			}
 		}
-		t.Fatalf("no %s{pool=p0,profile=m,client=other}", name)
+		t.Fatalf("no %s{pool=p0,profile=m,client=none}", name)
 		return 0, 0
 	}
 	within := func(what string, got, want float64) {
