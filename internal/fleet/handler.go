@@ -94,9 +94,9 @@ type HandlerOptions struct {
 	ClaimTimeout time.Duration
 	// Tenants, when set, is the tenants file fleetd enforces before it asks
 	// any host: a key of a tenant on every API request (401), the tenant's
-	// models (the others do not exist for it: 404), its output cap (400, or
-	// the cap added) and its rate limits (429); the tokens each request used
-	// are debited when it ends.
+	// rate limits (429), its models (the others do not exist for it: 404)
+	// and its output cap (400, or the cap added); the tokens each request
+	// used are debited when it ends.
 	Tenants   *Tenants
 	Version   string
 	Logger    *slog.Logger
@@ -291,6 +291,14 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 
 	w.Header().Set("X-Request-Id", id)
+	// A tenant's request goes through its limits, its models and its output
+	// cap, in poold's order, before any host is asked: a refused request
+	// costs no host anything. The limits come first, before the body is
+	// read.
+	if !h.gate.Admit(w, ten) {
+		status = http.StatusTooManyRequests
+		return
+	}
 	body, req, code := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
 	if code != 0 {
 		status = code
@@ -317,15 +325,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if withhold {
 			body = openai.Rewrite(body, req, name, true)
 		}
-		// Before any host is asked, so that a refused request costs none
-		// of them anything: the output cap, then the rate limits.
 		var ok bool
 		if body, ok = h.gate.Cap(w, ten, r.URL.Path, req, body); !ok {
 			status = http.StatusBadRequest
-			return
-		}
-		if !h.gate.Admit(w, ten) {
-			status = http.StatusTooManyRequests
 			return
 		}
 	}

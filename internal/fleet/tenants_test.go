@@ -68,11 +68,11 @@ func apiErr(t *testing.T, body string) (code, msg string) {
 }
 
 // With a tenants file, fleetd refuses before any host is asked: no key
-// (401), a model outside the tenant's patterns (404, as if it did not
-// exist), an output bound above the cap (400), the rate limit (429). What
+// (401), the rate limit (429), a model outside the tenant's patterns (404,
+// as if it did not exist), an output bound above the cap (400). What
 // passes goes to the host with the client's key and the cap added, and
-// every answer past the admission carries fleetd's x-ratelimit-* headers,
-// not the host's.
+// every answer past the key carries fleetd's x-ratelimit-* headers, not the
+// host's.
 func TestTenantsEnforcedBeforeHosts(t *testing.T) {
 	var mu sync.Mutex // guards bodies
 	var bodies []string
@@ -89,7 +89,7 @@ func TestTenantsEnforcedBeforeHosts(t *testing.T) {
 		}
 	})
 	path := filepath.Join(t.TempDir(), "tenants.json")
-	tenantsFile(t, path, `{"name": "team-a", "rpm": 2, "maxOutputTokens": 50, "models": ["chat"]}`, `{"name": "team-b"}`)
+	tenantsFile(t, path, `{"name": "team-a", "rpm": 6, "maxOutputTokens": 50, "models": ["chat"]}`, `{"name": "team-b"}`)
 	tf, _ := startTenantFleet(t, path, TenantsOptions{}, h)
 	const a, b = "Bearer key-team-a", "Bearer key-team-b"
 	chatTo := func(model, extra string) string {
@@ -116,19 +116,23 @@ func TestTenantsEnforcedBeforeHosts(t *testing.T) {
 		if tc.status == 404 && !strings.HasSuffix(msg, "does not exist on any host; available models: chat") {
 			t.Errorf("%s: the 404 is not the one of a model that does not exist, listing only the tenant's: %s", tc.what, msg)
 		}
-		if resp.Header.Get("X-Ratelimit-Limit-Requests") != "" {
-			t.Errorf("%s: x-ratelimit headers on a request refused before the limits", tc.what)
+		want := "6" // every answer past the key
+		if tc.status == 401 {
+			want = ""
+		}
+		if resp.Header.Get("X-Ratelimit-Limit-Requests") != want {
+			t.Errorf("%s: x-ratelimit-limit-requests %q, want %q", tc.what, resp.Header.Get("X-Ratelimit-Limit-Requests"), want)
 		}
 	}
 	if n := h.postCount(); n != 0 {
 		t.Fatalf("the host got %d refused requests", n)
 	}
 
-	// Two requests a minute: both go, with the cap added to the one that
-	// set none; the third is refused.
+	// Six requests a minute, four taken by the refusals: two go, with the
+	// cap added to the one that set none; the next is refused.
 	for i, extra := range []string{"", `"max_tokens": 50, `} {
 		resp, body := tf.post(chatTo("chat", extra), "Authorization", a)
-		if limit := resp.Header.Values("X-Ratelimit-Limit-Requests"); resp.StatusCode != 200 || len(limit) != 1 || limit[0] != "2" ||
+		if limit := resp.Header.Values("X-Ratelimit-Limit-Requests"); resp.StatusCode != 200 || len(limit) != 1 || limit[0] != "6" ||
 			resp.Header.Get("X-Ratelimit-Remaining-Requests") != fmt.Sprint(1-i) || resp.Header.Get("X-Ratelimit-Reset-Requests") == "" {
 			t.Fatalf("request %d: %d %v %s", i, resp.StatusCode, resp.Header, body)
 		}
