@@ -99,7 +99,7 @@ func TestLimitsTokenDebt(t *testing.T) {
 // first call that reaches it again calls OnRecover, once.
 func TestLimitsWithoutRedis(t *testing.T) {
 	srv := rdbtest.Run(t)
-	l := open(t, srv.URL).Limits()
+	l := limits(t, srv.URL)
 	var errs, debitErrs, recovered atomic.Int64
 	l.OnError = func(err error) {
 		if err == nil {
