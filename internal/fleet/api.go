@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/tenant"
 )
 
 func (h *host) statusView(now time.Time) statusapi.Host {
@@ -81,7 +82,12 @@ func (f *Fleet) Status() ([]statusapi.Host, statusapi.File) {
 
 func (h *Handler) serveStatus(w http.ResponseWriter, r *http.Request) {
 	hosts, file := h.fleet.Status()
-	writeJSON(w, statusapi.Fleetd{Version: h.opts.Version, HostsFile: file, Hosts: hosts})
+	st := statusapi.Fleetd{Version: h.opts.Version, HostsFile: file, Hosts: hosts}
+	if h.opts.Tenants != nil {
+		tf, limits := h.opts.Tenants.Status()
+		st.TenantsFile, st.TenantLimits = &tf, &limits
+	}
+	writeJSON(w, st)
 }
 
 // stateRank orders model states, best first.
@@ -97,8 +103,10 @@ func stateRank(s string) int {
 	return 3
 }
 
-// serveModels lists every name any healthy host serves, with the hosts.
+// serveModels lists every name any healthy host serves, with the hosts; for
+// a tenant, only the models it may use.
 func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
+	t := tenant.FromContext(r.Context())
 	hosts := h.fleet.snapshot()
 	entries := make(map[string]*statusapi.FleetModel)
 	created := h.fleet.opts.Now().Unix()
@@ -108,6 +116,9 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		for _, m := range hs.modelList() {
+			if t != nil && !t.AllowsModel(m.ID, m.Root) {
+				continue
+			}
 			e := entries[m.ID]
 			if e == nil {
 				e = &statusapi.FleetModel{ModelObject: statusapi.ModelObject{ID: m.ID, Object: "model", Created: created, OwnedBy: "fleetd", Root: m.Root}, State: m.State}
@@ -135,15 +146,18 @@ func (h *host) modelList() []hostModel {
 	return out
 }
 
-// modelNames lists every name the healthy hosts serve, sorted.
-func modelNames(hosts map[string]*host) []string {
+// modelNames lists every name the healthy hosts serve that t (nil: anyone)
+// may use, sorted.
+func modelNames(hosts map[string]*host, t *tenant.Tenant) []string {
 	set := make(map[string]bool)
 	for _, h := range hosts {
 		if !h.healthy() {
 			continue
 		}
 		for _, m := range h.modelList() {
-			set[m.ID] = true
+			if t == nil || t.AllowsModel(m.ID, m.Root) {
+				set[m.ID] = true
+			}
 		}
 	}
 	return slices.Sorted(maps.Keys(set))
