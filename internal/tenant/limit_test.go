@@ -7,7 +7,6 @@ import (
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
-
 // rpm 60 and 100 requests at once: 60 pass, 40 are refused with when to
 // come back; another tenant is not affected.
 func TestRequestsPerMinute(t *testing.T) {
