@@ -119,25 +119,25 @@ func (l *Limits) Admit(t *tenant.Tenant, now time.Time) tenant.Decision {
 		}
 		return tenant.Decision{Allowed: true}
 	}
-	if t.TPM > 0 {
-		ok, retry, left, reset, err := l.run("tpm:"+t.Name, t.TPM, 0, "check")
+	// Tokens first: a tenant in token debt takes no request from its bucket.
+	for _, dim := range []struct {
+		name, mode  string
+		limit, cost int
+		bucket      *tenant.Bucket
+	}{
+		{"tpm", "check", t.TPM, 0, &d.Tokens},
+		{"rpm", "take", t.RPM, 1, &d.Requests},
+	} {
+		if dim.limit <= 0 {
+			continue
+		}
+		ok, retry, left, reset, err := l.run(dim.name+":"+t.Name, dim.limit, dim.cost, dim.mode)
 		if err != nil {
 			return fail(err)
 		}
-		d.Tokens = tenant.Bucket{Limit: t.TPM, Remaining: left, Reset: reset}
+		*dim.bucket = tenant.Bucket{Limit: dim.limit, Remaining: left, Reset: reset}
 		if !ok {
-			d.Limit, d.RetryAfter = "tpm", retry
-			return d
-		}
-	}
-	if t.RPM > 0 {
-		ok, retry, left, reset, err := l.run("rpm:"+t.Name, t.RPM, 1, "take")
-		if err != nil {
-			return fail(err)
-		}
-		d.Requests = tenant.Bucket{Limit: t.RPM, Remaining: left, Reset: reset}
-		if !ok {
-			d.Limit, d.RetryAfter = "rpm", retry
+			d.Limit, d.RetryAfter = dim.name, retry
 			return d
 		}
 	}

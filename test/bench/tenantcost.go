@@ -70,13 +70,8 @@ func (b *bench) w1t(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	on, off, err := b.startPair(ctx, "1t", []string{"--tenants", file}, nil)
-	if on != nil {
-		defer on.stop()
-	}
-	if off != nil {
-		defer off.stop()
-	}
+	on, off, stop, err := b.startPair(ctx, "1t", []string{"--tenants", file}, nil)
+	defer stop()
 	if err != nil {
 		return err
 	}
