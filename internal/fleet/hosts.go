@@ -26,8 +26,9 @@ const DefaultDNSInterval = 30 * time.Second
 
 // File is one decoded and validated hosts file:
 //
-//	{"hosts": [{"name": "gpu-node-1", "url": "http://10.0.0.11:8080", "labels": {"gpu": "h100"}, "weight": 2}],
-//	 "dns":   [{"name": "_poold._tcp.poold.llm.svc.cluster.local", "type": "srv", "interval": "30s"}]}
+//	{"hosts":  [{"name": "gpu-node-1", "url": "http://10.0.0.11:8080", "labels": {"gpu": "h100"}, "weight": 2}],
+//	 "dns":    [{"name": "_poold._tcp.poold.llm.svc.cluster.local", "type": "srv", "interval": "30s"}],
+//	 "models": [{"name": "qwen-7b", "minCopies": 1, "maxCopies": 3, "scaleInWindow": "10m"}]}
 //
 // It is immutable once returned by ParseFile.
 type File struct {
@@ -35,6 +36,29 @@ type File struct {
 	Hosts []HostSpec `json:"hosts"`
 	// DNS names whose records supply more hosts.
 	DNS []DNSSpec `json:"dns"`
+	// Models bound the copies scale-out and scale-in keep of some models;
+	// the others have the defaults (see ModelSpec).
+	Models []ModelSpec `json:"models"`
+}
+
+// ModelSpec bounds the copies of one model that fleetd's scale-out and
+// scale-in keep awake across the fleet.
+type ModelSpec struct {
+	// Name is the model as requests name it, or its profile id (a host's
+	// "root" for the name).
+	Name string `json:"name"`
+	// MinCopies is the fewest awake copies scale-in leaves; zero means 1.
+	// fleetd loads no copy ahead of demand: below it, nothing is unloaded.
+	MinCopies int `json:"minCopies,omitempty"`
+	// MaxCopies is the most awake copies scale-out brings the model to;
+	// zero means no bound (the hosts that can run it).
+	MaxCopies int `json:"maxCopies,omitempty"`
+	// ScaleInWindow is a Go duration: how long every awake copy must stay
+	// below saturation before fleetd unloads a copy it loaded by scaling
+	// out; empty means fleetd's --scale-in-window.
+	ScaleInWindow string `json:"scaleInWindow,omitempty"`
+
+	window time.Duration // ScaleInWindow parsed; zero: fleetd's
 }
 
 // HostSpec is one poold host.
@@ -92,8 +116,9 @@ func LoadFile(path string) (*File, []byte, error) {
 // `hosts[2] "gpu-7": url: scheme "ftp" is neither http nor https`.
 func ParseFile(data []byte) (*File, error) {
 	var top struct {
-		Hosts []json.RawMessage `json:"hosts"`
-		DNS   []json.RawMessage `json:"dns"`
+		Hosts  []json.RawMessage `json:"hosts"`
+		DNS    []json.RawMessage `json:"dns"`
+		Models []json.RawMessage `json:"models"`
 	}
 	if err := strictDecode(data, &top); err != nil {
 		return nil, fmt.Errorf("hosts file: %w", err)
@@ -133,6 +158,24 @@ func ParseFile(data []byte) (*File, error) {
 		}
 		errs = append(errs, checkDNS(path, &d)...)
 		f.DNS = append(f.DNS, d)
+	}
+	models := make(map[string]string) // name → path of its first use
+	for i, raw := range top.Models {
+		path := fmt.Sprintf("models[%d]", i)
+		var m ModelSpec
+		if err := strictDecode(raw, &m); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		if m.Name != "" {
+			path += " " + strconv.Quote(m.Name)
+		}
+		errs = append(errs, checkModel(path, &m)...)
+		if first, dup := models[m.Name]; dup && m.Name != "" {
+			errs = append(errs, fmt.Errorf("%s: name: already used by %s", path, first))
+		}
+		models[m.Name] = path
+		f.Models = append(f.Models, m)
 	}
 	if len(errs) == 0 && len(f.Hosts) == 0 && len(f.DNS) == 0 {
 		errs = append(errs, errors.New("hosts file: no hosts and no dns names: fleetd would have nowhere to route"))
@@ -212,13 +255,9 @@ func checkDNS(path string, d *DNSSpec) []error {
 	}
 	d.interval = DefaultDNSInterval
 	if d.Interval != "" {
-		v, err := time.ParseDuration(d.Interval)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("%s: interval: invalid duration %q", path, d.Interval))
-		case v < time.Second:
-			errs = append(errs, fmt.Errorf("%s: interval: %q is shorter than 1s", path, d.Interval))
-		default:
+		if v, err := seconds(path, "interval", d.Interval); err != nil {
+			errs = append(errs, err)
+		} else {
 			d.interval = v
 		}
 	}
@@ -226,6 +265,41 @@ func checkDNS(path string, d *DNSSpec) []error {
 		d.Weight = 1
 	}
 	return append(errs, checkCommon(path, d.Labels, d.Weight)...)
+}
+
+func checkModel(path string, m *ModelSpec) []error {
+	var errs []error
+	if m.Name == "" {
+		errs = append(errs, fmt.Errorf("%s: name: required", path))
+	}
+	if m.MinCopies < 0 {
+		errs = append(errs, fmt.Errorf("%s: minCopies: must not be negative (zero means 1), not %d", path, m.MinCopies))
+	}
+	switch {
+	case m.MaxCopies < 0:
+		errs = append(errs, fmt.Errorf("%s: maxCopies: must not be negative (zero means no bound), not %d", path, m.MaxCopies))
+	case m.MaxCopies > 0 && m.MaxCopies < max(m.MinCopies, 1):
+		errs = append(errs, fmt.Errorf("%s: maxCopies: %d is below minCopies (%d)", path, m.MaxCopies, max(m.MinCopies, 1)))
+	}
+	if m.ScaleInWindow != "" {
+		var err error
+		if m.window, err = seconds(path, "scaleInWindow", m.ScaleInWindow); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// seconds parses field's value s, a Go duration of at least a second.
+func seconds(path, field, s string) (time.Duration, error) {
+	v, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%s: %s: invalid duration %q", path, field, s)
+	case v < time.Second:
+		return 0, fmt.Errorf("%s: %s: %q is shorter than 1s", path, field, s)
+	}
+	return v, nil
 }
 
 func checkCommon(path string, labels map[string]string, weight int) []error {
