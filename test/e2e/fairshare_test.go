@@ -192,9 +192,14 @@ func TestNoisyNeighbour(t *testing.T) {
 	}
 
 	// A background tenant beside team-a's flood: each of its requests waits
-	// for the ageing bound, then goes in at the next free slot.
-	all, _ = together(ctx, d, 13*time.Second, []string{"nightly", "team-a"}, []int{2, 32})
-	n := ofTenant(all, "nightly", time.Time{}, time.Now().Add(time.Hour))
+	// for the ageing bound, then goes in at the next free slot. The flood
+	// starts first and outlasts the background tenant's phase, so that no
+	// background request finds a free slot before or after it.
+	flood := make(chan []done, 1)
+	go func() { flood <- closedLoopTenant(ctx, d, "team-a", 32, 16*time.Second) }()
+	d.waitPool("p0", 10*time.Second, "team-a backlogged", func(p poolView) bool { return p.Waiting["m"] >= 8 })
+	n := ofTenant(closedLoopTenant(ctx, d, "nightly", 2, 12*time.Second), "nightly", time.Time{}, time.Now().Add(time.Hour))
+	<-flood
 	nWaits := queueWaits(t, d, n)
 	t.Logf("nightly (background) beside team-a's flood: %d requests, queue waits %v", len(n), nWaits)
 	if len(n) == 0 {
