@@ -2,8 +2,8 @@ package fleet
 
 import (
 	"os"
-	"slices"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"

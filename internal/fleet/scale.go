@@ -146,7 +146,7 @@ func (f *Fleet) scaleInModel(ctx context.Context, root string) {
 	f.scale.mu.Lock()
 	defer f.scale.mu.Unlock()
 	m := f.scale.models[root]
-	if m.unloading != "" {
+	if m == nil || m.unloading != "" {
 		return
 	}
 	plan := planScaleIn(order, m.extra, m.calmSince, now, spec)
