@@ -107,9 +107,9 @@ type Choice struct {
 	// Rank is the host's best pool's rank for the model.
 	Rank placement.Rank
 	// Load is the requests on the pool chosen within the host: for an awake
-	// copy with a fresh engine sample, those its engine runs and queues plus
-	// those waiting for the model in poold's queue; else poold's in-flight
-	// plus waiting requests. Either way with this fleetd's requests since
+	// copy with a fresh engine sample, those its engine runs and queues (or
+	// poold's in flight, when more) plus those waiting for the model in
+	// poold's queue; else poold's in-flight plus waiting requests. Either way with this fleetd's requests since
 	// the host's poll.
 	Load int
 	// Saturated: the chosen pool is an awake copy past a saturation
@@ -344,7 +344,7 @@ func score(h HostView, opts RouteOptions) (poolLoad, bool) {
 		}
 		c := poolLoad{Candidate: placement.Of(in, h.Root, time.Time{}, 0)}
 		if c.Rank == placement.Awake {
-			c.weigh(p, h.Delta[p.Profile], opts)
+			c.weigh(p, in.InFlight, h.Delta[p.Profile], opts)
 		}
 		if !found || c.compare(best) < 0 {
 			best, found = c, true
@@ -360,17 +360,19 @@ func score(h HostView, opts RouteOptions) (poolLoad, bool) {
 	return best, true
 }
 
-// weigh sets the load of awake copy p, to which this fleetd sent sent
-// requests since the poll (fewer when negative), and whether it is
-// saturated. A fresh engine sample counts the requests the engine runs and
-// queues, and those poold queues for the model in front of it; without one
+// weigh sets the load of awake copy p, with inFlight requests in poold now
+// (as far as this fleetd knows), to which this fleetd sent sent requests
+// since the poll (fewer when negative), and whether it is saturated. A
+// fresh engine sample counts the requests the engine runs and queues, or
+// poold's in flight when more (the sample may be a second older than the
+// poll), and those poold queues for the model in front of it; without one
 // the load stays poold's in flight plus waiting (placement.Of's), and only
 // poold's queue can saturate the copy.
-func (c *poolLoad) weigh(p PoolView, sent int, opts RouteOptions) {
+func (c *poolLoad) weigh(p PoolView, inFlight, sent int, opts RouteOptions) {
 	c.queued = p.Queued[p.Profile]
 	waiting := c.queued
 	if e := p.Engine; e != nil && (opts.StatsMaxAge <= 0 || opts.Now.Sub(e.SampledAt) <= opts.StatsMaxAge) {
-		c.Load = max(0, e.Running+sent) + e.Waiting + c.queued
+		c.Load = max(max(0, e.Running+sent)+e.Waiting, inFlight) + c.queued
 		c.kv = e.KVCacheUsage
 		waiting += e.Waiting
 	}

@@ -430,7 +430,9 @@ func TestFleetAPIKeys(t *testing.T) {
 	if err != nil || code != http.StatusOK || host != "host1" {
 		t.Fatalf("with the key: %d host %q %s %v", code, host, body, err)
 	}
-	// poold logged exactly the one request that passed fleetd.
+	// poold logged exactly the one request that passed fleetd (its access
+	// log is written behind the answer).
+	poll(t, 10*time.Second, "poold's access-log line", func() bool { return strings.Contains(h.stdout.String(), `"msg":"request"`) })
 	if n := strings.Count(h.stdout.String(), `"msg":"request"`); n != 1 {
 		t.Fatalf("poold logged %d requests, want 1:\n%s", n, h.stdout.String())
 	}
