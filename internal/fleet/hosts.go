@@ -10,6 +10,7 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -124,59 +125,16 @@ func ParseFile(data []byte) (*File, error) {
 		return nil, fmt.Errorf("hosts file: %w", err)
 	}
 	f := &File{}
-	var errs []error
-	names := make(map[string]string) // name → path of its first use
-	for i, raw := range top.Hosts {
-		path := fmt.Sprintf("hosts[%d]", i)
-		var h HostSpec
-		if err := strictDecode(raw, &h); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", path, err))
-			continue
-		}
-		if h.Name != "" {
-			path += " " + strconv.Quote(h.Name)
-		}
-		errs = append(errs, checkHost(path, h)...)
-		if first, dup := names[h.Name]; dup && h.Name != "" {
-			errs = append(errs, fmt.Errorf("%s: name: already used by %s", path, first))
-		}
-		names[h.Name] = path
-		if h.Weight == 0 {
-			h.Weight = 1
-		}
-		f.Hosts = append(f.Hosts, h)
-	}
-	for i, raw := range top.DNS {
-		path := fmt.Sprintf("dns[%d]", i)
-		var d DNSSpec
-		if err := strictDecode(raw, &d); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", path, err))
-			continue
-		}
-		if d.Name != "" {
-			path += " " + strconv.Quote(d.Name)
-		}
-		errs = append(errs, checkDNS(path, &d)...)
-		f.DNS = append(f.DNS, d)
-	}
-	models := make(map[string]string) // name → path of its first use
-	for i, raw := range top.Models {
-		path := fmt.Sprintf("models[%d]", i)
-		var m ModelSpec
-		if err := strictDecode(raw, &m); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", path, err))
-			continue
-		}
-		if m.Name != "" {
-			path += " " + strconv.Quote(m.Name)
-		}
-		errs = append(errs, checkModel(path, &m)...)
-		if first, dup := models[m.Name]; dup && m.Name != "" {
-			errs = append(errs, fmt.Errorf("%s: name: already used by %s", path, first))
-		}
-		models[m.Name] = path
-		f.Models = append(f.Models, m)
-	}
+	var errs, more []error
+	f.Hosts, errs = decodeList(top.Hosts, "hosts", func(h HostSpec) string { return h.Name }, true, func(path string, h *HostSpec) []error {
+		errs := checkHost(path, *h)
+		h.Weight = cmp.Or(h.Weight, 1)
+		return errs
+	})
+	f.DNS, more = decodeList(top.DNS, "dns", func(d DNSSpec) string { return d.Name }, false, checkDNS)
+	errs = append(errs, more...)
+	f.Models, more = decodeList(top.Models, "models", func(m ModelSpec) string { return m.Name }, true, checkModel)
+	errs = append(errs, more...)
 	if len(errs) == 0 && len(f.Hosts) == 0 && len(f.DNS) == 0 {
 		errs = append(errs, errors.New("hosts file: no hosts and no dns names: fleetd would have nowhere to route"))
 	}
@@ -265,6 +223,37 @@ func checkDNS(path string, d *DNSSpec) []error {
 		d.Weight = 1
 	}
 	return append(errs, checkCommon(path, d.Labels, d.Weight)...)
+}
+
+// decodeList decodes each entry of the list named list strictly, checks it
+// with check (which may complete it), and with unique reports a name used
+// twice. It returns the entries decoded and every problem, each naming its
+// JSON path: the list's name, the entry's index, and its name when it has
+// one.
+func decodeList[T any](raws []json.RawMessage, list string, name func(T) string, unique bool, check func(path string, v *T) []error) ([]T, []error) {
+	var out []T
+	var errs []error
+	names := make(map[string]string) // name → path of its first use
+	for i, raw := range raws {
+		path := fmt.Sprintf("%s[%d]", list, i)
+		var v T
+		if err := strictDecode(raw, &v); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		n := name(v)
+		if n != "" {
+			path += " " + strconv.Quote(n)
+		}
+		errs = append(errs, check(path, &v)...)
+		if first, dup := names[n]; !dup {
+			names[n] = path
+		} else if unique && n != "" {
+			errs = append(errs, fmt.Errorf("%s: name: already used by %s", path, first))
+		}
+		out = append(out, v)
+	}
+	return out, errs
 }
 
 func checkModel(path string, m *ModelSpec) []error {
