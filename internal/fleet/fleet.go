@@ -113,7 +113,9 @@ type Fleet struct {
 	// models are the hosts file's models by name, replaced (never
 	// modified) when a file is applied; nil before.
 	models atomic.Pointer[map[string]ModelSpec]
-	scale  scaleIn
+	// scale is what scale-in knows of the copies this fleetd loaded by
+	// scaling out (runScaleIn).
+	scale scaleIn
 
 	mu sync.Mutex // guards every field below
 	// ctx is Run's context; nil before Run, which starts what Apply set up.
