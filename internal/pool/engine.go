@@ -160,7 +160,7 @@ func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
 	for sc.Scan() {
 		line := sc.Text()
 		e.logs.add(line)
-		log.Info(line, "stream", "engine")
+		log.Info(EngineOutput, EngineLine, line)
 	}
 }
 
