@@ -72,7 +72,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	m.ConfigLoaded(true, loadedAt)
 	m.Configure(cfg)
 	notify := newNotifier(log)
-	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
+	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), cfg: cfg, sum: sum, loadedAt: loadedAt}
 	contain, err := containment(s.Containment, log)
 	if err != nil {
 		return err
