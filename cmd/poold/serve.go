@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -168,7 +169,14 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		}
 		return nil
 	})
-	log.Info("poold listening", "addr", ln.Addr().String(), "profiles", s.Profiles, "version", version)
+	settingsFile := s.Loaded.File()
+	if settingsFile == "" {
+		settingsFile = "none"
+	}
+	gpuOn, _ := gpus.Available()
+	log.Info("poold listening", "addr", ln.Addr().String(), "version", version,
+		"settings", settingsFile, "profiles", s.Profiles, "profiles_sha256", hex.EncodeToString(sum[:]),
+		"api_keys", s.APIKeys != nil, "admin_api", s.AdminToken != "", "gpu_telemetry", gpuOn)
 	notify.ready()
 	serving.Go(func() error {
 		notify.supervise(servingCtx, time.Second,
