@@ -116,7 +116,8 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 // Handle adds another route (such as /metrics).
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+// ServeHTTP serves r through the mux, whose 404 and 405 are OpenAI-shaped.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { openai.ServeMux(h.mux, w, r) }
 
 // Close closes the idle connections to hosts and stops their sweep. Call it
 // once the server has stopped.

@@ -36,7 +36,7 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("pool")
 	p := h.pools.Pool(name)
 	if p == nil {
-		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("no pool %q", name))
+		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", h.unknownPool(name))
 		return
 	}
 	eng := p.Status().Engine
