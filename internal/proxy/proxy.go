@@ -120,6 +120,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", h.serveModels)
+	mux.HandleFunc("GET /v1/models/{id...}", h.serveModel)
 	mux.HandleFunc("GET /pools/{pool}/metrics", h.serveEngineMetrics)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", h.serveHealth)

@@ -101,31 +101,6 @@ func (h *Handler) serveHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]string{"status": "ok"})
 }
 
-// serveModels lists every servable name (ids and aliases), loaded or not.
-func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
-	state := make(map[string]string)
-	for _, st := range h.PoolStatus() {
-		if st.SwitchingTo != nil {
-			state[*st.SwitchingTo] = "loading"
-		}
-		if st.Profile != nil {
-			state[*st.Profile] = "ready"
-		}
-	}
-	cfg := h.cfg.Load()
-	names := cfg.Names()
-	data := make([]statusapi.Model, 0, len(names))
-	for _, name := range names {
-		prof := cfg.Lookup(name)
-		s := state[prof.ID]
-		if s == "" {
-			s = "available"
-		}
-		data = append(data, statusapi.Model{ModelObject: statusapi.ModelObject{ID: name, Object: "model", Created: h.created, OwnedBy: "poold", Root: prof.ID}, State: s, Pools: prof.Pools})
-	}
-	writeJSON(w, statusapi.ModelList[statusapi.Model]{Object: "list", Data: data})
-}
-
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)

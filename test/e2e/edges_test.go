@@ -55,8 +55,9 @@ func openAIError(t *testing.T, what string, a answer) (code, message string) {
 
 // Every error poold and fleetd answer by themselves is OpenAI-shaped, with
 // the status that says what is wrong: 404 for a path, 405 (with Allow) for a
-// method, 401 without a key, whose message is not HTML-escaped.
-func TestErrorShapesE2E(t *testing.T) {
+// method, 401 without a key, whose message is not HTML-escaped. Both serve
+// GET /v1/models/{id}.
+func TestAPIEdgesE2E(t *testing.T) {
 	tag := t.Name()
 	d := startPoold(t, tag, profilesJSON(tag, []pool{{Name: "p0", GPUs: []int{0}}}, []sim{{ID: "a"}}, nil), "--api-keys", "sk-1")
 	keys := filepath.Join(t.TempDir(), "keys")
@@ -83,6 +84,18 @@ func TestErrorShapesE2E(t *testing.T) {
 			if code, msg := openAIError(t, what, a); code != tt.code || tt.status == 401 && !strings.Contains(msg, "Bearer <key>") {
 				t.Errorf("%s: code %q message %q", what, code, msg)
 			}
+		}
+	}
+	// models.retrieve through fleetd, from the hosts' lists.
+	for _, base := range []string{d.url, f.url} {
+		a := do(t, "GET", base+"/v1/models/a", "sk-1", "")
+		var m struct{ ID, Object, Root string }
+		if a.status != http.StatusOK || json.Unmarshal([]byte(a.body), &m) != nil || m.ID != "a" || m.Object != "model" || m.Root != "a" {
+			t.Errorf("GET %s/v1/models/a: %d %s", base, a.status, a.body)
+		}
+		a = do(t, "GET", base+"/v1/models/b", "sk-1", "")
+		if code, _ := openAIError(t, "GET /v1/models/b", a); a.status != http.StatusNotFound || code != "model_not_found" {
+			t.Errorf("GET %s/v1/models/b: %d %s", base, a.status, a.body)
 		}
 	}
 	a := do(t, "POST", d.url+"/pools/gpu9/v1/chat/completions", "sk-1", `{"model":"a"}`)

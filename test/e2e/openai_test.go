@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
 	"testing"
 	"time"
 
@@ -110,6 +113,33 @@ func TestOpenAIClient(t *testing.T) {
 		}
 		if err := stream.Err(); err != nil || text != "tok0 tok1 tok2 " {
 			t.Fatalf("streamed completion %q, %v", text, err)
+		}
+	})
+
+	t.Run("models retrieve", func(t *testing.T) {
+		// qwen is loaded: its engine (the simulator, 4096 by default) gives
+		// max_model_len; chat-model is its alias.
+		for _, id := range []string{"qwen", "chat-model"} {
+			m, err := client.Models.Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var extra struct {
+				Root        string `json:"root"`
+				State       string `json:"state"`
+				MaxModelLen int    `json:"max_model_len"`
+			}
+			if err := json.Unmarshal([]byte(m.RawJSON()), &extra); err != nil {
+				t.Fatal(err)
+			}
+			if m.ID != id || m.Object != "model" || m.OwnedBy != "poold" || extra.Root != "qwen" || extra.State != "ready" || extra.MaxModelLen != 4096 {
+				t.Errorf("Models.Get(%s): %s", id, m.RawJSON())
+			}
+		}
+		_, err := client.Models.Get(ctx, "no-such-model")
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Code != "model_not_found" {
+			t.Errorf("Models.Get of an unknown model: %v", err)
 		}
 	})
 
