@@ -305,7 +305,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer lease.Release()
 	rec.Pool, rec.QueueWait = lease.Pool, lease.Waited
 
-	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
+	inject := req.Stream && !req.IncludeUsage && !req.Form && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
 	x.lease = lease
 	x.body = openai.Rewrite(body, req, prof.ID, inject)
 	x.withhold = inject
