@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/poold/poold/internal/statusapi"
@@ -84,5 +85,19 @@ func TestRetrieveModel(t *testing.T) {
 	var e struct{ Error struct{ Code, Param string } }
 	if status != http.StatusNotFound || json.Unmarshal(body, &e) != nil || e.Error.Code != "model_not_found" || e.Error.Param != "model" {
 		t.Errorf("an unknown model: %d %s", status, body)
+	}
+}
+
+// fleetd's JSON is not HTML-escaped: names read as written.
+func TestJSONNotHTMLEscaped(t *testing.T) {
+	a := newFakeHost(t, "a", []statusapi.Pool{readyPool("gpu0", "a<b>&c", 0)}, model("a<b>&c", "a<b>&c"))
+	tf := startFleet(t, Options{}, HandlerOptions{}, a)
+	resp, err := http.Get(tf.srv.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, _ := io.ReadAll(resp.Body); !strings.Contains(string(b), `"id": "a<b>&c"`) {
+		t.Errorf("GET /v1/models: %s", b)
 	}
 }

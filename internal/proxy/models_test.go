@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/poold/poold/internal/pool"
@@ -50,5 +51,18 @@ func TestRetrieveModel(t *testing.T) {
 	rec := serve(h, "GET", "/v1/models/nope", "")
 	if e := apiError(t, rec); rec.Code != http.StatusNotFound || e.Code != "model_not_found" || e.Param == nil || *e.Param != "model" {
 		t.Errorf("an unknown model: %d %+v", rec.Code, e)
+	}
+}
+
+// poold's JSON is not HTML-escaped: names (and errors in /status) read as
+// written.
+func TestJSONNotHTMLEscaped(t *testing.T) {
+	cfg, err := profile.Parse([]byte(`{"pools": [{"name": "a", "gpus": [0]}], "profiles": [{"id": "a<b>&c", "model": "m", "command": ["true", "{port}"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := New(cfg, pool.NewSet(cfg, pool.Options{}), Options{})
+	if rec := serve(h, "GET", "/v1/models", ""); !strings.Contains(rec.Body.String(), `"id": "a<b>&c"`) {
+		t.Errorf("GET /v1/models: %s", rec.Body)
 	}
 }
