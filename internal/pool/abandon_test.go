@@ -47,7 +47,7 @@ func noFailureLogged(t *testing.T, recs []map[string]any, from string) {
 // engine counts as stopped, not as a failed load.
 func TestShutdownDuringWakeIsNoFailure(t *testing.T) {
 	cfg := reloadConfig(t, sleepPool, sleepProfile("x", "--sim-wake-delay", "1m"), sleepProfile("y"))
-	var logs lockedBuffer
+	var logs logSink
 	obs := &exitObserver{}
 	s, stop := runSleepSet(t, cfg, Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Observer: obs})
 	waitFor(t, s, "a", "x ready", readyWith("x"))
@@ -102,7 +102,7 @@ func TestShutdownDuringSleepIsNoFailure(t *testing.T) {
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
 
 	cfg := reloadConfig(t, sleepPool, sleepProfile("x"))
-	var logs lockedBuffer
+	var logs logSink
 	p := NewSet(cfg, Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}).Pool("a")
 	prof, spec := cfg.Lookup("x"), cfg.Pool("a")
 	// The engine as the pool started it, but served by srv: no process.

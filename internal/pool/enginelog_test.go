@@ -12,19 +12,20 @@ import (
 	"github.com/poold/poold/internal/profile"
 )
 
-// lockedBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type lockedBuffer struct {
+// logSink is a bytes.Buffer for a test's log, safe for one writer and
+// concurrent readers.
+type logSink struct {
 	mu sync.Mutex // guards b
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *logSink) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedBuffer) String() string {
+func (l *logSink) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
@@ -40,7 +41,7 @@ func TestEngineOutputLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out lockedBuffer
+	var out logSink
 	p := newPool(cfg.Pool("g"), cfg, Options{Logger: slog.New(slog.NewJSONHandler(&out, nil))})
 	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.opts.Containment, p.http, nil, p.log)
 	if err != nil {
