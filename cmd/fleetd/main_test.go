@@ -72,12 +72,14 @@ func TestStatusTable(t *testing.T) {
 func TestSettings(t *testing.T) {
 	t.Setenv("FLEETD_HOSTS", "/env/hosts.json")
 	t.Setenv("FLEETD_SCALE_OUT_WAIT", "5s")
-	s, err := loadSettings([]string{"--scale-out-wait", "3s", "--load-slack", "0"})
+	s, err := loadSettings([]string{"--scale-out-wait", "3s", "--load-slack", "0", "--retry-silent=false", "--read-timeout", "5s"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Hosts != "/env/hosts.json" || s.Handler.ScaleOutWait != 3*time.Second || s.Handler.LoadSlack != 0 ||
-		s.Fleet.PollInterval != fleet.DefaultPollInterval || s.Handler.AffinityHeader != fleet.DefaultAffinityHeader {
+		s.Fleet.PollInterval != fleet.DefaultPollInterval || s.Handler.AffinityHeader != fleet.DefaultAffinityHeader ||
+		!s.Fleet.KeepSilent || s.ReadTimeout != 5*time.Second || s.Fleet.SilentAfter != fleet.DefaultSilentAfter ||
+		s.Handler.AffinityEpsilon != fleet.DefaultAffinityEpsilon || s.MaxHeaderBytes != 1<<20 {
 		t.Fatalf("settings: %+v", s)
 	}
 	keyFile := filepath.Join(t.TempDir(), "host-key")
@@ -94,8 +96,9 @@ func TestSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = loadSettings([]string{"--poll-interval", "0s", "--log-format", "xml", "--scale-out-wait", "-1s",
-		"--api-keys", "sha256:zz", "--host-api-key-file", empty})
+		"--api-keys", "sha256:zz", "--host-api-key-file", empty, "--silent-after", "0", "--read-timeout", "-1s", "--affinity-epsilon", "-0.5"})
 	for _, want := range []string{"hosts: a hosts file is required", "poll-interval: must be positive", `log-format: "xml"`, "scale-out-wait: must not be negative",
+		"silent-after: must be positive", "read-timeout: must not be negative", "affinity-epsilon: must not be negative",
 		"api-keys: api key 0: sha256: must be followed by 64 hex digits", "host-api-key-file: " + strconv.Quote(empty) + " holds no key"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/rdb"
 	"github.com/poold/poold/internal/watch"
 )
 
@@ -92,6 +93,17 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 	hopts := s.Handler
 	hopts.Logger = log
+	if s.RedisURL != "" {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rc, err := rdb.Open(rctx, s.RedisURL, rdb.Options{})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("redis-url: %w", err)
+		}
+		defer rc.Close()
+		hopts.Claims = rc
+		log.Info("claims of new copies shared in redis")
+	}
 	hopts.AccessLog = slog.New(slog.NewJSONHandler(os.Stdout, nil)).With("component", "access")
 	h := fleet.NewHandler(f, hopts)
 	defer h.Close()
@@ -101,7 +113,8 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
-	srv := &http.Server{Handler: s.APIKeys.Require(h), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := &http.Server{Handler: s.APIKeys.Require(h), ReadTimeout: s.ReadTimeout, ReadHeaderTimeout: s.ReadHeaderTimeout,
+		MaxHeaderBytes: s.MaxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serving, servingCtx := errgroup.WithContext(ctx)
 	serving.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

@@ -25,6 +25,13 @@ type settings struct {
 	LogFormat       string
 	MaxBodyBytes    int64
 	ShutdownTimeout time.Duration
+	// ReadTimeout bounds reading a request, body included (408 after), and
+	// ReadHeaderTimeout its headers; MaxHeaderBytes caps the headers' size
+	// (431 above): the same limits as poold's.
+	ReadTimeout, ReadHeaderTimeout time.Duration
+	MaxHeaderBytes                 int
+	// RedisURL, when set, is the Redis the replicas share (rdb.Open).
+	RedisURL string
 	// APIKeys, when non-nil, is required on /v1/* before any host is asked
 	// (api-keys, api-keys-file); the client's Authorization still goes to
 	// the host as sent. Only the keys' hashes are kept.
@@ -43,16 +50,26 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
 	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
+	cli.BytesFlag(fl, openai.MaxEventSetting, openai.DefaultMaxEvent, "largest server-sent event of a stream (a larger one ends the stream with an error event)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("poll-interval", fleet.DefaultPollInterval, "how often each host's /status and /v1/models are read")
-	fl.Duration("poll-timeout", fleet.DefaultPollTimeout, "time limit of one poll")
-	fl.Int("eject-after", fleet.DefaultEjectAfter, "failed polls, or failed forwards, in a row that eject a host until it answers again")
-	fl.Duration("max-backoff", fleet.DefaultMaxBackoff, "longest interval between the probes of an ejected host")
-	fl.Int("max-attempts", fleet.DefaultMaxAttempts, "hosts one request may be tried on (connect failure or 503 before any byte)")
+	fl.Duration("poll-timeout", fleet.DefaultPollTimeout, "time limit of one poll; a poll that times out is followed by another at once")
+	fl.Int("silent-after", fleet.DefaultSilentAfter, "polls in a row that time out that eject a host as silent")
+	fl.Bool("retry-silent", true, "cancel the requests of a host ejected as silent that have no response byte yet, and retry them on another host")
+	fl.Int("eject-after", fleet.DefaultEjectAfter, "failed polls, unanswered forwards, or failed answers of one model (5xx, cut streams) in a row that eject the host, or the model there")
+	fl.Duration("max-backoff", fleet.DefaultMaxBackoff, "longest ejection (each lasts at least poll-interval, doubling when a host keeps failing)")
+	fl.Int("max-attempts", fleet.DefaultMaxAttempts, "hosts one request may be tried on (no answer, silence, a refused key, or a refusal that started nothing)")
 	fl.String("affinity-header", fleet.DefaultAffinityHeader, "request header whose value keeps a session on one host")
 	cli.BytesFlag(fl, "affinity-bytes", fleet.DefaultAffinityBytes, "bytes of the first message that key affinity when the header is absent")
-	fl.Int("load-slack", fleet.DefaultLoadSlack, "requests by which a host may exceed the least loaded one and still win by affinity")
+	fl.Float64("affinity-epsilon", fleet.DefaultAffinityEpsilon, "a session stays on its host while the host's load is within (1+ε)× the mean")
+	fl.Int("load-slack", fleet.DefaultLoadSlack, "requests by which a host may exceed the least loaded one and still keep its sessions, whatever the mean")
 	fl.Duration("scale-out-wait", fleet.DefaultScaleOutWait, "queue wait of every awake copy above which another copy is loaded on an idle host (0 disables)")
+	fl.Duration("scale-out-cooldown", fleet.DefaultScaleOutCooldown, "least time between two scale-outs of one model by this fleetd, times a factor in [1, 2) drawn at start")
+	fl.Duration("claim-lease", fleet.DefaultClaimLease, "how long a claim of a model's new copy (cold load or scale-out) sends its model's requests to the claimed host")
+	fl.String("redis-url", "", "Redis shared by the replicas (redis://host:port[/db]): claims of new copies, so that replicas load one copy")
+	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
+	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
+	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
 	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys fleetd itself requires on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.String("host-api-key-file", "", "file holding the API key fleetd presents on its polls of hosts whose poold requires keys")
@@ -67,25 +84,35 @@ func loadSettings(args []string) (settings, error) {
 		return settings{}, err
 	}
 	s := settings{
-		Listen:          v.String("listen"),
-		Hosts:           v.String("hosts"),
-		LogFormat:       v.String("log-format"),
-		MaxBodyBytes:    v.Bytes("max-body-bytes"),
-		ShutdownTimeout: v.Duration("shutdown-timeout"),
+		Listen:            v.String("listen"),
+		Hosts:             v.String("hosts"),
+		LogFormat:         v.String("log-format"),
+		MaxBodyBytes:      v.Bytes("max-body-bytes"),
+		ShutdownTimeout:   v.Duration("shutdown-timeout"),
+		ReadTimeout:       v.Duration("read-timeout"),
+		ReadHeaderTimeout: v.Duration("read-header-timeout"),
+		MaxHeaderBytes:    int(v.Bytes("max-header-bytes")),
+		RedisURL:          v.String("redis-url"),
 		Fleet: fleet.Options{
 			PollInterval: v.Duration("poll-interval"),
 			PollTimeout:  v.Duration("poll-timeout"),
+			SilentAfter:  v.Int("silent-after"),
 			EjectAfter:   v.Int("eject-after"),
 			MaxBackoff:   v.Duration("max-backoff"),
+			KeepSilent:   !v.Bool("retry-silent"),
 		},
 		Handler: fleet.HandlerOptions{
-			MaxBodyBytes:   v.Bytes("max-body-bytes"),
-			MaxAttempts:    v.Int("max-attempts"),
-			AffinityHeader: v.String("affinity-header"),
-			AffinityBytes:  int(v.Bytes("affinity-bytes")),
-			LoadSlack:      v.Int("load-slack"),
-			ScaleOutWait:   v.Duration("scale-out-wait"),
-			Version:        version,
+			MaxBodyBytes:     v.Bytes("max-body-bytes"),
+			MaxEventBytes:    v.Bytes(openai.MaxEventSetting),
+			MaxAttempts:      v.Int("max-attempts"),
+			AffinityHeader:   v.String("affinity-header"),
+			AffinityBytes:    int(v.Bytes("affinity-bytes")),
+			AffinityEpsilon:  v.Float64("affinity-epsilon"),
+			LoadSlack:        v.Int("load-slack"),
+			ScaleOutWait:     v.Duration("scale-out-wait"),
+			ScaleOutCooldown: v.Duration("scale-out-cooldown"),
+			ClaimLease:       v.Duration("claim-lease"),
+			Version:          version,
 		},
 		Loaded: v,
 	}
@@ -115,16 +142,26 @@ func loadSettings(args []string) (settings, error) {
 		name string
 		ok   bool
 	}{
-		{"max-body-bytes", s.MaxBodyBytes > 0}, {"poll-interval", s.Fleet.PollInterval > 0}, {"poll-timeout", s.Fleet.PollTimeout > 0},
+		{"max-body-bytes", s.MaxBodyBytes > 0}, {openai.MaxEventSetting, s.Handler.MaxEventBytes > 0}, {"poll-interval", s.Fleet.PollInterval > 0}, {"poll-timeout", s.Fleet.PollTimeout > 0},
 		{"eject-after", s.Fleet.EjectAfter > 0}, {"max-backoff", s.Fleet.MaxBackoff > 0}, {"max-attempts", s.Handler.MaxAttempts > 0},
-		{"affinity-bytes", s.Handler.AffinityBytes > 0},
+		{"affinity-bytes", s.Handler.AffinityBytes > 0}, {"silent-after", s.Fleet.SilentAfter > 0},
+		{"scale-out-cooldown", s.Handler.ScaleOutCooldown > 0}, {"claim-lease", s.Handler.ClaimLease > 0},
+		{"max-header-bytes", s.MaxHeaderBytes > 0},
 	} {
 		if !c.ok {
 			errs = append(errs, fmt.Errorf("%s: must be positive", c.name))
 		}
 	}
-	if s.ShutdownTimeout < 0 {
-		errs = append(errs, errors.New("shutdown-timeout: must not be negative"))
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"shutdown-timeout", s.ShutdownTimeout}, {"read-timeout", s.ReadTimeout}, {"read-header-timeout", s.ReadHeaderTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative", d.name))
+		}
+	}
+	if s.Handler.AffinityEpsilon < 0 {
+		errs = append(errs, errors.New("affinity-epsilon: must not be negative"))
 	}
 	if s.Handler.ScaleOutWait < 0 {
 		errs = append(errs, errors.New("scale-out-wait: must not be negative (0 disables scale-out)"))

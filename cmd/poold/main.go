@@ -4,6 +4,7 @@
 //	poold [serve] [flags]                 run the daemon
 //	poold check FILE                      validate a profiles file
 //	poold status [--addr ADDR] [--json]   print a running poold's pools
+//	poold usage [reconcile] [flags]       usage and cost from the usage ledger
 //	poold engine-sim [MODEL] [flags]      run the bundled vLLM simulator
 //	poold version
 //	poold help [COMMAND]
@@ -35,6 +36,8 @@ func program() *cli.Program {
 				Run: func(args []string) int { return check(args, localHost(), os.Stdout, os.Stderr) }},
 			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running poold's pools as a table",
 				Run: func(args []string) int { return status(args, os.Stdout, os.Stderr) }},
+			{Name: "usage", Args: "[reconcile --access-log FILE] [flags]", Summary: "usage and cost per tenant, model, pool or day from the usage ledger; reconcile checks it against an access log",
+				Run: func(args []string) int { return usageCommand(args, os.Stdout, os.Stderr) }},
 			{Name: "engine-sim", Args: "[MODEL] [flags]", Summary: "run the bundled vLLM simulator (the engine of the demo and the tests)",
 				Run: enginesim.Main},
 		},

@@ -83,9 +83,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return err
 	}
 	defer ledger.Close()
-	nvml, closeGPUs := gpu.Open(log.With("component", "gpu"))
+	telemetry, closeGPUs, err := openGPUs(s, log.With("component", "gpu"))
+	if err != nil {
+		return err
+	}
 	defer closeGPUs()
-	gpus := gpu.Shared(nvml) // /status, scrapes and pools read the GPUs at once
+	gpus := gpu.Shared(telemetry) // /status, scrapes and pools read the GPUs at once
 	reg.MustRegister(metrics.GPUCollector(gpus))
 	// With NVML, the pools check that stopped and sleeping engines release
 	// their GPU memory, and evict sleepers when a start would not fit.
@@ -101,9 +104,20 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	access := newAccessQueue(accessOut, int(s.AccessLogBuffer), log)
 	defer access.Close(accessFlush)
 	reg.MustRegister(metrics.AccessLogDropped(access.Dropped))
+	// Closed after the pools have stopped (their last intervals) and the
+	// requests have drained: deferred before both.
+	usageLedger, err := openUsage(ctx, s, host, log, reg, gpus)
+	if err != nil {
+		return err
+	}
+	defer usageLedger.close()
 
+	health := s.EngineHealthInterval
+	if health == 0 {
+		health = -1 // the setting's 0 is the pools' "never"
+	}
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
-		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff})
+		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, Activity: usageLedger.activity()})
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
@@ -118,8 +132,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,
 		AdminToken:        s.AdminToken,
-		// Reliability: a hung engine answers 504 after this.
+		// Reliability: a hung engine answers 504 after the first, an event
+		// larger than the second or a silence longer than the third ends
+		// its stream.
 		UpstreamHeaderTimeout: s.UpstreamHeaderTimeout,
+		MaxEventBytes:         s.MaxEventBytes,
 		StreamIdleTimeout:     s.StreamIdleTimeout,
 		Degraded: func() []string {
 			if access.DroppedWithin(accessDropWindow) {
@@ -127,6 +144,9 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 			}
 			return nil
 		},
+		// The usage ledger: every finished request, and GET /usage.
+		Usage:       usageLedger.requests(),
+		UsageReport: usageLedger.report(s.Usage),
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version:     version,
@@ -134,9 +154,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 				Config:      rl.status(),
 				GPU:         gpuStatus(gpus),
 				Containment: contain.Status(),
+				Usage:       usageLedger.status(),
 			}
 		},
 	})
+	reg.MustRegister(metrics.EngineConnsClosed(h.EngineConnsClosed))
 	h.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	rl.pools, rl.h = pools, h
 

@@ -53,6 +53,9 @@ type settings struct {
 	Clients *metrics.Clients
 	// VRAMReleaseTimeout bounds the wait for a stopped or sleeping engine's GPU memory.
 	VRAMReleaseTimeout time.Duration
+	// GPUSimDir, when set, is a simulated-GPU directory (engine-sim's
+	// --sim-gpu-dir) read instead of NVML: for the simulator and the demo.
+	GPUSimDir string
 	// StateDir holds the engines file and the lock (crash clean-up).
 	StateDir string
 	// Containment is how engines' processes are kept account of: "auto"
@@ -69,13 +72,17 @@ type settings struct {
 	// Limits and faults (docs/reliability.md). UpstreamHeaderTimeout bounds
 	// the wait for an engine's response headers (0: none). ReadTimeout bounds
 	// reading a request, body included, and ReadHeaderTimeout its headers;
-	// MaxHeaderBytes caps the headers' size. RestartBackoff and
-	// MaxRestartBackoff space out restarts of a failing engine.
+	// MaxHeaderBytes caps the headers' size, MaxEventBytes one server-sent
+	// event of an engine's stream. RestartBackoff and MaxRestartBackoff
+	// space out restarts of a failing engine. EngineHealthInterval is how
+	// often a serving engine's /health is polled (0: never).
 	UpstreamHeaderTimeout, ReadTimeout, ReadHeaderTimeout time.Duration
+	MaxHeaderBytes                                        int
+	MaxEventBytes                                         int64
+	EngineHealthInterval                                  time.Duration
+	RestartBackoff, MaxRestartBackoff                     time.Duration
 	// StreamIdleTimeout bounds an engine's silence within an answer (0: none).
-	StreamIdleTimeout                 time.Duration
-	MaxHeaderBytes                    int
-	RestartBackoff, MaxRestartBackoff time.Duration
+	StreamIdleTimeout time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
 	APIKeys *openai.APIKeys
@@ -85,10 +92,12 @@ type settings struct {
 	Metrics bool
 	// Loaded says where the settings came from, for the start-up log.
 	Loaded *cli.Settings
+	// Usage is the usage ledger's (usage_settings.go).
+	Usage usageSettings
 }
 
 // serveSources are where serve's settings come from besides its flags.
-var serveSources = cli.Sources{EnvPrefix: "POOLD", FileFlag: "config", DefaultFile: defaultSettingsFile, FileOnly: []string{"clients"}}
+var serveSources = cli.Sources{EnvPrefix: "POOLD", FileFlag: "config", DefaultFile: defaultSettingsFile, FileOnly: []string{"clients", "usage-cost"}}
 
 // serveFlags defines serve's flags.
 func serveFlags() *pflag.FlagSet {
@@ -99,6 +108,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
 	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
+	cli.BytesFlag(fl, openai.MaxEventSetting, openai.DefaultMaxEvent, "largest server-sent event of an engine's stream (a larger one ends the stream with an error event); prompt_logprobs in a stream's first chunk may need more")
 	cli.BytesFlag(fl, "queue-body-budget", proxy.DefaultQueueBodyBytes, "request bodies that requests waiting for a model may hold together, host-wide (503 queue_budget past it)")
 	fl.Duration("shutdown-timeout", 2*time.Minute, "how long in-flight requests may run on after SIGTERM before they are cut")
 	fl.Duration("keepalive-interval", 10*time.Second, "interval of the SSE comments sent to a stream waiting for a swap; 0 disables them")
@@ -107,6 +117,8 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("access-log", "stdout", "where the JSON access log goes: stdout, stderr or a file path")
 	cli.BytesFlag(fl, "access-log-buffer", logqueue.DefaultMaxBytes, "access-log lines held while the destination is slow; lines beyond are dropped and counted, never waited for")
 	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
+	fl.String("gpu-sim-dir", "", "read GPU telemetry from this simulated-GPU directory (engine-sim --sim-gpu-dir) instead of NVML: for the simulator and the demo")
+	_ = fl.MarkHidden("gpu-sim-dir")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
 	fl.String("containment", pool.ModeAuto, "how engines' processes are contained: auto (a cgroup per engine when poold's cgroup is delegated to it, else process groups), cgroup or process-group")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
@@ -116,11 +128,13 @@ func serveFlags() *pflag.FlagSet {
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
+	fl.Duration("engine-health-interval", pool.DefaultHealthInterval, "how often a serving engine's /health is polled; a 503 (vLLM's dead engine core) fails the engine over; 0 never polls")
 	fl.Duration("restart-backoff", pool.DefaultRestartBackoff, "wait before restarting an engine that failed twice in a row, doubling with each further failure")
 	fl.Duration("restart-backoff-max", pool.DefaultMaxRestartBackoff, "cap of the restart backoff; an engine ready this long ends a failure streak")
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.Bool("metrics", true, "record per-request metrics (requests, latencies, tokens); false leaves /metrics with the pool, swap, GPU and Go collectors")
+	usageFlags(fl)
 	return fl
 }
 
@@ -137,12 +151,14 @@ func loadSettings(args []string) (settings, error) {
 	s.Profiles = v.String("profiles")
 	s.LogFormat = v.String("log-format")
 	s.MaxBodyBytes = v.Bytes("max-body-bytes")
+	s.MaxEventBytes = v.Bytes(openai.MaxEventSetting)
 	s.QueueBodyBudget = v.Bytes("queue-body-budget")
 	s.ShutdownTimeout = v.Duration("shutdown-timeout")
 	s.KeepAliveInterval = v.Duration("keepalive-interval")
 	s.AccessLog = v.String("access-log")
 	s.AccessLogBuffer = v.Bytes("access-log-buffer")
 	s.VRAMReleaseTimeout = v.Duration("vram-release-timeout")
+	s.GPUSimDir = v.String("gpu-sim-dir")
 	s.StateDir = v.String("state-dir")
 	s.Containment = v.String("containment")
 	s.Watch = v.Bool("watch")
@@ -177,12 +193,19 @@ func loadSettings(args []string) (settings, error) {
 	default:
 		errs = append(errs, fmt.Errorf("containment: %q is not auto, cgroup or process-group", s.Containment))
 	}
+	var usageErrs []error
+	s.Usage, usageErrs = loadUsageSettings(v, s.StateDir)
+	errs = append(errs, usageErrs...)
 	s.UpstreamHeaderTimeout = v.Duration("upstream-header-timeout")
 	s.StreamIdleTimeout = v.Duration("stream-idle-timeout")
 	s.ReadTimeout = v.Duration("read-timeout")
 	s.ReadHeaderTimeout = v.Duration("read-header-timeout")
 	s.MaxHeaderBytes = int(v.Bytes("max-header-bytes"))
 	s.RestartBackoff = v.Duration("restart-backoff")
+	s.EngineHealthInterval = v.Duration("engine-health-interval")
+	if s.EngineHealthInterval < 0 {
+		errs = append(errs, errors.New("engine-health-interval: must not be negative"))
+	}
 	s.MaxRestartBackoff = v.Duration("restart-backoff-max")
 	errs = append(errs, s.checkLimits()...)
 	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
@@ -208,6 +231,9 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("max-body-bytes: must be positive, not %d", s.MaxBodyBytes))
+	}
+	if s.MaxEventBytes <= 0 {
+		errs = append(errs, fmt.Errorf("%s: must be positive, not %d", openai.MaxEventSetting, s.MaxEventBytes))
 	}
 	if s.ShutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("shutdown-timeout: must not be negative"))

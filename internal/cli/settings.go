@@ -267,6 +267,9 @@ func (s *Settings) Bool(name string) bool { return value(s.fl.GetBool, name) }
 // Int returns the value of the integer flag name.
 func (s *Settings) Int(name string) int { return value(s.fl.GetInt, name) }
 
+// Float64 returns the value of the float flag name.
+func (s *Settings) Float64(name string) float64 { return value(s.fl.GetFloat64, name) }
+
 // Duration returns the value of the duration flag name.
 func (s *Settings) Duration(name string) time.Duration { return value(s.fl.GetDuration, name) }
 

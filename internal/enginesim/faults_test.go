@@ -111,3 +111,15 @@ func TestCleanPaths(t *testing.T) {
 		}
 	}
 }
+
+// --sim-fail-requests: the engine looks ready but answers every POST with 500.
+func TestFailRequests(t *testing.T) {
+	_, ts := newTestServer(t, "--sim-fail-requests")
+	if resp, _ := do(t, "GET", ts.URL+"/v1/models", ""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("/v1/models: %d", resp.StatusCode)
+	}
+	resp, body := do(t, "POST", ts.URL+"/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(body), "simulated failure") {
+		t.Fatalf("POST: %d %s", resp.StatusCode, body)
+	}
+}

@@ -141,6 +141,9 @@ type Config struct {
 	// HangRequests makes the API's POST endpoints block until the request or the
 	// process ends, while /v1/models and /health answer (a ready engine that hangs).
 	HangRequests bool
+	// FailRequests makes the API's POST endpoints answer 500 at once, while
+	// /v1/models and /health answer (a ready engine whose requests all fail).
+	FailRequests bool
 	// LogHeaders logs the names (never the values) of every request's headers.
 	LogHeaders bool
 	// CrashAfterTokens, when positive, SIGKILLs the process once that many content
@@ -360,6 +363,7 @@ var flagSpecs = map[string]flagSpec{
 	"sim-never-ready":        {kindBool, boolFlag(func(c *Config) *bool { return &c.NeverReady }), "never listen"},
 	"sim-hang":               {kindBool, boolFlag(func(c *Config) *bool { return &c.Hang }), "listen but never answer"},
 	"sim-hang-requests":      {kindBool, boolFlag(func(c *Config) *bool { return &c.HangRequests }), "become ready, but never answer POST requests"},
+	"sim-fail-requests":      {kindBool, boolFlag(func(c *Config) *bool { return &c.FailRequests }), "become ready, but answer every POST request with 500"},
 	"sim-log-headers":        {kindBool, boolFlag(func(c *Config) *bool { return &c.LogHeaders }), "log the names of each request's headers"},
 	"sim-crash-after-tokens": {kindInt, intFlag(func(c *Config) *int { return &c.CrashAfterTokens }, 0), "SIGKILL self after N content tokens in total"},
 	"sim-exit-after-ready":   {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.ExitAfterReady }), "exit 1 this long after ready"},

@@ -192,6 +192,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done()
 		return
 	}
+	if s.cfg.FailRequests && r.Method == http.MethodPost {
+		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxBodyBytes))
+		s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request failed (--sim-fail-requests)", slog.String("path", p))
+		writeError(w, &reqInfo{}, http.StatusInternalServerError, "InternalServerError", "", "simulated failure (--sim-fail-requests)")
+		return
+	}
 	info := reqInfo{id: r.Header.Get("X-Request-Id"), status: http.StatusOK}
 	if info.id == "" {
 		info.id = randomHex()

@@ -5,20 +5,27 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/statusapi"
 )
 
-func (h *host) statusView() statusapi.Host {
+func (h *host) statusView(now time.Time) statusapi.Host {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := statusapi.Host{
 		Name: h.spec.Name, URL: h.spec.URL, Source: h.source, Labels: h.spec.Labels, Weight: h.spec.Weight,
-		Healthy: h.polled && !h.ejected, Reachable: h.reachable, Ejected: h.ejected,
+		// A host whose last poll timed out may be paused: not healthy.
+		Healthy: h.healthyLocked() && h.silentPolls == 0, Reachable: h.reachable, Ejected: h.eject.active(),
+		EjectedFor:   h.eject.cause,
 		PollFailures: h.pollFails, ForwardFailures: h.fwdFails,
 		PollLatencyMs: float64(h.pollLatency.Microseconds()) / 1000,
 		Version:       h.status.Version, Pools: h.status.Pools,
+	}
+	if h.eject.active() {
+		t := h.eject.until
+		st.EjectedUntil = &t
 	}
 	if !h.lastPoll.IsZero() {
 		t := h.lastPoll
@@ -31,15 +38,42 @@ func (h *host) statusView() statusapi.Host {
 	if st.Pools == nil {
 		st.Pools = []statusapi.Pool{}
 	}
+	roots := make(map[string]bool)
+	for root := range h.health {
+		roots[root] = true
+	}
+	for root, e := range h.itls {
+		if e.value(now) > 0 {
+			roots[root] = true
+		}
+	}
+	for _, root := range slices.Sorted(maps.Keys(roots)) {
+		mh := statusapi.ModelHealth{Model: root, Health: Healthy.String(), SuccessRatio: 1,
+			ITLMs: float64(h.itls[root].value(now).Microseconds()) / 1000}
+		if m := h.health[root]; m != nil {
+			mh.SuccessRatio, mh.Answers = m.ratio(now)
+			if hs, ok := m.health(now); ok {
+				mh.Health = hs.String()
+			} else {
+				mh.Health = "ejected"
+			}
+			if m.eject.active() {
+				t := m.eject.until
+				mh.EjectedUntil = &t
+			}
+		}
+		st.Models = append(st.Models, mh)
+	}
 	return st
 }
 
 // Status returns the fleet view, hosts sorted by name.
 func (f *Fleet) Status() ([]statusapi.Host, statusapi.File) {
 	hosts := f.snapshot()
+	now := f.opts.Now()
 	out := make([]statusapi.Host, 0, len(hosts))
 	for _, name := range slices.Sorted(maps.Keys(hosts)) {
-		out = append(out, hosts[name].statusView())
+		out = append(out, hosts[name].statusView(now))
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

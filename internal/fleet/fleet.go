@@ -22,28 +22,43 @@ import (
 // Defaults for Options' zero values.
 const (
 	DefaultPollInterval = time.Second
-	DefaultPollTimeout  = 2 * time.Second
-	DefaultEjectAfter   = 3
-	DefaultMaxBackoff   = 30 * time.Second
+	// DefaultPollTimeout and DefaultSilentAfter find a silent host (a
+	// stopped process, a dead link that drops packets) within about
+	// DefaultPollInterval + 2×DefaultPollTimeout, 2.5 s.
+	DefaultPollTimeout = 750 * time.Millisecond
+	DefaultSilentAfter = 2
+	DefaultEjectAfter  = 3
+	DefaultMaxBackoff  = 30 * time.Second
 )
 
-// Options configures a Fleet. Zero values: Client → one on a proxy.Transport;
-// Resolver → net.DefaultResolver; PollInterval → DefaultPollInterval;
-// PollTimeout → DefaultPollTimeout; EjectAfter → DefaultEjectAfter;
-// MaxBackoff → DefaultMaxBackoff; Logger → discard; Metrics → none;
-// Now → time.Now.
+// Options configures a Fleet. Zero values: Client → one on an
+// upstream.Transport; Resolver → net.DefaultResolver; PollInterval →
+// DefaultPollInterval; PollTimeout → DefaultPollTimeout; SilentAfter →
+// DefaultSilentAfter; EjectAfter → DefaultEjectAfter; MaxBackoff →
+// DefaultMaxBackoff; KeepSilent → false (cancel and retry); Logger →
+// discard; Metrics → none; Now → time.Now.
 type Options struct {
 	Client   *http.Client
 	Resolver Resolver
 	// PollInterval is how often each host's /status and /v1/models are read.
 	PollInterval time.Duration
-	// PollTimeout bounds one poll (both requests).
+	// PollTimeout bounds one poll (both requests); a poll that times out is
+	// followed by another at once.
 	PollTimeout time.Duration
-	// EjectAfter is how many failed polls, or failed forwards, in a row eject
-	// a host from routing until a poll succeeds again.
+	// SilentAfter is how many polls in a row that time out eject a host as
+	// silent.
+	SilentAfter int
+	// EjectAfter is how many failed polls, forwards that got no answer, or
+	// failed answers of one model (5xx, cut streams) in a row eject the host,
+	// or the model on the host.
 	EjectAfter int
-	// MaxBackoff caps the doubling interval of an ejected host's probes.
+	// MaxBackoff caps an ejection's length: each lasts at least
+	// PollInterval, and one soon after the last doubles it.
 	MaxBackoff time.Duration
+	// KeepSilent leaves the requests of a host ejected for silence waiting
+	// there, instead of cancelling those that have no response byte yet and
+	// retrying them on another host.
+	KeepSilent bool
 	// PollKey, when set, goes with every poll as "Authorization: Bearer": a
 	// poold that requires API keys guards its /v1/models with them.
 	PollKey string
@@ -96,6 +111,9 @@ func New(opts Options) *Fleet {
 	}
 	if opts.PollTimeout <= 0 {
 		opts.PollTimeout = DefaultPollTimeout
+	}
+	if opts.SilentAfter <= 0 {
+		opts.SilentAfter = DefaultSilentAfter
 	}
 	if opts.EjectAfter <= 0 {
 		opts.EjectAfter = DefaultEjectAfter
@@ -278,11 +296,37 @@ func (f *Fleet) startLocked(spec HostSpec, source string) {
 	f.wg.Go(func() { f.run(ctx, h) })
 }
 
+// stopLocked stops h's poller and takes it out of the fleet; its series
+// stay until the requests that tried it are counted (release).
 func (f *Fleet) stopLocked(h *host) {
 	h.stop()
 	delete(f.hosts, h.name)
-	f.metrics.forget(h.name)
+	h.mu.Lock()
+	h.removed = true
+	gone := h.refs == 0
+	h.mu.Unlock()
+	if gone {
+		f.metrics.forget(h.name)
+	}
 	f.log.Info("host removed", "host", h.name)
+}
+
+// release ends one request's hold on h, taken by begin, once its outcome is
+// counted; the last one on a removed host drops the host's series, unless a
+// new host of the same name has taken them over.
+func (f *Fleet) release(h *host) {
+	h.mu.Lock()
+	h.refs--
+	gone := h.removed && h.refs == 0
+	h.mu.Unlock()
+	if !gone {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, back := f.hosts[h.name]; !back {
+		f.metrics.forget(h.name)
+	}
 }
 
 // snapshot returns the current hosts, in a map shared with every caller:
@@ -294,19 +338,17 @@ func (f *Fleet) snapshot() map[string]*host {
 	return nil
 }
 
-// views returns the routing input for model over the healthy hosts, and
-// whether any host, healthy or not, knows the name.
-func (f *Fleet) views(hosts map[string]*host, model string) ([]HostView, bool) {
+// views returns the routing input for model over the hosts where a request
+// with credential hash cred (or "") may go, and whether any host, healthy
+// or not, knows the name.
+func (f *Fleet) views(hosts map[string]*host, model, cred string) ([]HostView, bool) {
 	now := f.opts.Now()
 	var out []HostView
 	known := false
 	for _, h := range hosts {
-		v, ok := h.view(model, now)
-		if !ok {
-			continue
-		}
-		known = true
-		if h.healthy() {
+		v, ok, routable := h.view(model, cred, now)
+		known = known || ok
+		if routable {
 			out = append(out, v)
 		}
 	}

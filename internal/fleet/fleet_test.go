@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -300,34 +301,76 @@ func TestRetryOnConnectFailure(t *testing.T) {
 	}
 }
 
-// A 503 before any byte moves the request to the next host; on the last
-// host, the 503 reaches the client as it is.
+// A 503 that poold marks as refused before anything started moves the
+// request to the next host; on the last host, or without the mark (a queue
+// wait that timed out, whose load is under way), the 503 reaches the client
+// as it is, Retry-After included.
 func TestRetryOn503(t *testing.T) {
-	unavailable := func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Retry-After", "7")
-		http.Error(w, `{"error": {"message": "queue full"}}`, http.StatusServiceUnavailable)
+	unavailable := func(refused string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", "7")
+			if refused != "" {
+				w.Header().Set(openai.RefusedHeader, refused)
+			}
+			http.Error(w, `{"error": {"message": "queue full"}}`, http.StatusServiceUnavailable)
+		}
 	}
 	full := newFakeHost(t, "full", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
 	other := newFakeHost(t, "other", []statusapi.Pool{readyPool("gpu0", "qwen", 9)}, model("qwen", "qwen"))
-	full.set(func(fh *fakeHost) { fh.post = unavailable })
+	full.set(func(fh *fakeHost) { fh.post = unavailable("queue_full") })
 	tf := startFleet(t, Options{}, HandlerOptions{}, full, other)
 	resp, body := tf.post(`{"model": "qwen"}`)
 	if resp.StatusCode != http.StatusOK || body != `{"ok":"other"}` {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	if v := testutil.ToFloat64(tf.fleet.metrics.retries.WithLabelValues("full", "unavailable")); v != 1 {
+	if v := testutil.ToFloat64(tf.fleet.metrics.retries.WithLabelValues("full", "full")); v != 1 {
 		t.Fatalf("retries = %v", v)
 	}
-	other.set(func(fh *fakeHost) { fh.post = unavailable })
+	other.set(func(fh *fakeHost) { fh.post = unavailable("queue_full") })
 	resp, body = tf.post(`{"model": "qwen"}`)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "7" || !strings.Contains(body, "queue full") {
 		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
 	}
-	// 503s are the host's answer, not its failure: nobody is ejected.
+	if resp.Header.Get(openai.RefusedHeader) != "" {
+		t.Fatal("the client sees poold's X-Poold-Refused")
+	}
+	// A full queue sheds load: nobody is ejected for it.
 	for _, name := range []string{"full", "other"} {
-		if st := tf.waitHost(name, "healthy", func(s statusapi.Host) bool { return true }); !st.Healthy || st.ForwardFailures != 0 {
+		if st := tf.waitHost(name, "healthy", func(s statusapi.Host) bool { return true }); !st.Healthy || st.ForwardFailures != 0 || len(st.Models) != 0 {
 			t.Fatalf("%s: %+v", name, st)
 		}
+	}
+
+	// A queue timeout is not retried: another host would start a second load.
+	full.set(func(fh *fakeHost) { fh.post = unavailable(""); fh.posts = 0 })
+	other.set(func(fh *fakeHost) { fh.post = nil; fh.posts = 0 })
+	resp, body = tf.post(`{"model": "qwen"}`)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "7" || resp.Header.Get("X-Fleet-Host") != "full" {
+		t.Fatalf("queue timeout: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	if n := other.postCount(); n != 0 {
+		t.Fatalf("a queue timeout was retried on another host (%d requests)", n)
+	}
+}
+
+// After a full queue, the request goes on only to a host where the model is
+// awake or loading: a retry never starts another copy.
+func TestFullQueueRetriesOnlyWarmHosts(t *testing.T) {
+	full := newFakeHost(t, "full", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	cold := newFakeHost(t, "cold", []statusapi.Pool{emptyPool("gpu0")}, model("qwen", "qwen"))
+	full.set(func(fh *fakeHost) {
+		fh.post = func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set(openai.RefusedHeader, "queue_full")
+			http.Error(w, "full", http.StatusServiceUnavailable)
+		}
+	})
+	tf := startFleet(t, Options{}, HandlerOptions{}, full, cold)
+	resp, body := tf.post(`{"model": "qwen"}`)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("X-Fleet-Host") != "full" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	if n := cold.postCount(); n != 0 {
+		t.Fatalf("the cold host got %d requests after a full queue", n)
 	}
 }
 
@@ -615,8 +658,13 @@ func TestClientGoneCancelsHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs := tf.fleet.snapshot()["h"]
-	if v, _ := hs.view("qwen", time.Now()); v.Local["qwen"] != 1 {
-		t.Fatalf("local in flight = %v", v.Local)
+	inFlight := func() int {
+		hs.mu.Lock()
+		defer hs.mu.Unlock()
+		return hs.local["qwen"]
+	}
+	if n := inFlight(); n != 1 {
+		t.Fatalf("local in flight = %d", n)
 	}
 	cancel()
 	resp.Body.Close()
@@ -625,7 +673,7 @@ func TestClientGoneCancelsHost(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the host's request was not cancelled")
 	}
-	waitFor(t, "local count back to zero", func() bool { v, _ := hs.view("qwen", time.Now()); return len(v.Local) == 0 })
+	waitFor(t, "local count back to zero", func() bool { return inFlight() == 0 })
 }
 
 // A hosts-file reload that changes a host's weight and labels while requests
@@ -660,5 +708,30 @@ func TestReloadWeightDuringRequests(t *testing.T) {
 	st := tf.waitHost("a", "reloaded", func(s statusapi.Host) bool { return s.Labels["round"] == strconv.Itoa(last) })
 	if st.Weight != 1+last%3 {
 		t.Fatalf("weight %d after the last reload", st.Weight)
+	}
+}
+
+// A host that read the whole request and then dropped the connection may
+// have done the work: the request is not sent to another host (no replay),
+// the client gets a 502.
+func TestNoRetryOfARequestAHostRead(t *testing.T) {
+	dropper := newFakeHost(t, "dropper", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("qwen", "qwen"))
+	other := newFakeHost(t, "other", []statusapi.Pool{readyPool("gpu0", "qwen", 5)}, model("qwen", "qwen"))
+	dropper.set(func(fh *fakeHost) {
+		fh.post = func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body) // read it all, then go away
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		}
+	})
+	tf := startFleet(t, Options{PollInterval: time.Hour}, HandlerOptions{}, dropper, other)
+	resp, body := tf.post(`{"model": "qwen"}`)
+	if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("X-Fleet-Host") != "dropper" {
+		t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Fleet-Host"), body)
+	}
+	if n := other.postCount(); n != 0 {
+		t.Fatalf("the request was sent again to another host (%d times)", n)
 	}
 }

@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,20 +31,33 @@ const (
 	// DefaultScaleOutWait is the scale-out threshold fleetd's command line
 	// uses unless told otherwise (the zero HandlerOptions value disables it).
 	DefaultScaleOutWait = 2 * time.Second
-	// DefaultLoadSlack is the load slack fleetd's command line uses unless
-	// told otherwise (the zero HandlerOptions value means none).
-	DefaultLoadSlack = 1
+	// DefaultLoadSlack and DefaultAffinityEpsilon are the affinity bounds
+	// fleetd's command line uses unless told otherwise (the zero
+	// HandlerOptions values bound affinity to the least load).
+	DefaultLoadSlack       = 1
+	DefaultAffinityEpsilon = 0.25
+	DefaultClaimLease      = 5 * time.Second
+	// DefaultScaleOutCooldown is the least time between two scale-outs of
+	// one model by one fleetd; each fleetd draws a factor in [1, 2) for it.
+	DefaultScaleOutCooldown = 30 * time.Second
 )
 
 // HandlerOptions configures a Handler. Zero values: MaxBodyBytes →
-// openai.DefaultMaxBodyBytes; MaxAttempts → DefaultMaxAttempts;
+// openai.DefaultMaxBodyBytes; MaxEventBytes → openai.DefaultMaxEvent;
+// MaxAttempts → DefaultMaxAttempts;
 // AffinityHeader → DefaultAffinityHeader; AffinityBytes → DefaultAffinityBytes;
-// ScaleOutWait → scale-out off; Logger → discard; AccessLog → none.
+// ScaleOutWait → scale-out off; ClaimLease → DefaultClaimLease;
+// ScaleOutCooldown → DefaultScaleOutCooldown; Claims → this fleetd's own
+// only; Logger → discard; AccessLog → none.
 type HandlerOptions struct {
 	MaxBodyBytes int64
-	// MaxAttempts bounds the hosts one request is tried on: a host is skipped
-	// for the next only when it could not be reached or answered 503, and
-	// never once a response byte reached the client.
+	// MaxEventBytes bounds one server-sent event of a stream (larger ends
+	// the stream with an error event).
+	MaxEventBytes int64
+	// MaxAttempts bounds the hosts one request is tried on: the next host is
+	// tried only when the last could not be reached, went silent, refused
+	// the key, or refused the request before starting anything (poold's
+	// X-Poold-Refused), and never once a response byte reached the client.
 	MaxAttempts int
 	// AffinityHeader carries a client's session key; requests without it are
 	// keyed by the first AffinityBytes bytes of their first message (or
@@ -49,17 +65,30 @@ type HandlerOptions struct {
 	// host's prefix cache.
 	AffinityHeader string
 	AffinityBytes  int
-	// LoadSlack is RouteOptions.Slack: how many requests more than the least
-	// loaded host of its tier a host may have and still win by affinity.
-	LoadSlack int
+	// AffinityEpsilon and LoadSlack are RouteOptions.Epsilon and Slack: a
+	// key stays on its host while that host's load is within
+	// (1+AffinityEpsilon)× the mean, or within LoadSlack of the least.
+	AffinityEpsilon float64
+	LoadSlack       int
 	// ScaleOutWait: when every awake copy of a model has a queue wait (recent
 	// time to first byte of its streams) above this, and an idle or asleep
 	// eligible pool exists on another host, requests go there, which loads
 	// another copy.
 	ScaleOutWait time.Duration
-	Version      string
-	Logger       *slog.Logger
-	AccessLog    *slog.Logger
+	// ScaleOutCooldown is the least time between two scale-outs of a model
+	// by this fleetd, times a factor in [1, 2) drawn once per fleetd.
+	ScaleOutCooldown time.Duration
+	// Claims, when set, is shared by the replicas of fleetd (Redis): a new
+	// copy of a model (a cold load or a scale-out) is claimed there, so that
+	// the replicas load one copy, not one each.
+	Claims Claims
+	// ClaimLease is how long a claim of a model's new copy stands: the
+	// requests for the model that follow go to the claimed host until the
+	// polls show the copy loading there.
+	ClaimLease time.Duration
+	Version    string
+	Logger     *slog.Logger
+	AccessLog  *slog.Logger
 }
 
 // Handler is fleetd's HTTP surface: POST /v1/* forwarded to the best host,
@@ -72,6 +101,15 @@ type Handler struct {
 	tr    *upstream.Transport // the hosts' connections, rp's Transport
 	mux   *http.ServeMux
 	seq   atomic.Uint64 // request ids
+	// claims are the new copies claimed by this fleetd, or learnt from
+	// opts.Claims; scaledOut the models it scaled out, for their cool-down
+	// (cooldown: ScaleOutCooldown times this fleetd's jitter).
+	claims, scaledOut localClaims
+	cooldown          time.Duration
+	// claiming serialises the claims that go to opts.Claims, so that the
+	// requests of a burst wait for the first one's answer from the shared
+	// store instead of following this fleetd's own guess.
+	claiming sync.Mutex
 }
 
 // NewHandler builds the handler for f.
@@ -88,10 +126,17 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	if opts.AffinityBytes <= 0 {
 		opts.AffinityBytes = DefaultAffinityBytes
 	}
+	if opts.ClaimLease <= 0 {
+		opts.ClaimLease = DefaultClaimLease
+	}
+	if opts.ScaleOutCooldown <= 0 {
+		opts.ScaleOutCooldown = DefaultScaleOutCooldown
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router"), tr: &upstream.Transport{}}
+	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router"), tr: &upstream.Transport{},
+		cooldown: time.Duration(float64(opts.ScaleOutCooldown) * jitter())}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:    h.rewrite,
 		Transport:  h.tr,
@@ -127,53 +172,70 @@ func (h *Handler) Close() { h.tr.Close() }
 // attempt is one try of a request on one host, carried in the outgoing
 // request's context through the ReverseProxy callbacks.
 type attempt struct {
-	host *host
-	id   string // request id, forwarded
-	body []byte
-	root string // the model's profile id on host
+	host   *host
+	id     string // request id, forwarded
+	body   []byte
+	root   string          // the model's profile id on host
+	cred   string          // the client's credential hashed, "none" without one
+	client context.Context // the client's request context
+	// cancel ends the attempt with a cause (errSilent: the host went silent).
+	cancel context.CancelCauseFunc
 	// observe: the time to first byte is a sample of the host's queue wait
 	// (a stream to an awake copy; a load would only blur it).
 	observe bool
-	last    bool // no host is tried after this one
-	start   time.Time
-	now     func() time.Time
+	// nextAny and nextWarm report whether another host may be tried after
+	// this one: any host, or one where the model is awake or loading.
+	nextAny, nextWarm bool
+	trial             bool // the first answer for root on host after an ejection
+	start             time.Time
+	now               func() time.Time
 
-	first  time.Time // first response byte sent
-	status int       // answered with; 0 when retried or the client left
-	retry  string    // why the next host is tried ("connect", "unavailable"); "" when not
+	first   time.Time // first response byte sent
+	status  int       // answered with; 0 when retried or the client left
+	retry   string    // why the next host is tried; "" when not
+	cut     bool      // the answer broke off before its end, by the host's fault
+	settled bool      // the outcome is folded into the host's health
 }
 
 type attemptKey struct{}
 
-// errRetry turns a 503 into a retry on the next host.
-var errRetry = errors.New("host unavailable: retrying on the next host")
+// errRetry turns an answer into a retry on the next host.
+var errRetry = errors.New("host refused before starting anything: retrying on the next host")
 
-func (a *attempt) markFirst() {
-	a.first = a.now()
-	if a.observe {
-		a.host.observeWait(a.root, a.first.Sub(a.start), a.first)
+// settle folds the attempt's outcome into its host's health, once.
+func (a *attempt) settle(f *Fleet, o outcome) {
+	if !a.settled {
+		a.settled = true
+		f.outcome(a.host, a.root, o, a.trial)
 	}
 }
 
 // serveAPI forwards POST /v1/* to the best host for the body's model, trying
-// the next best on a connect failure or a 503.
+// the next best when the last one could not take it (see HandlerOptions.MaxAttempts).
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := h.fleet.opts.Now()
 	id := openai.RequestID(r, "fleetd", &h.seq)
 	log := make([]slog.Attr, 0, 12) // the access log line's attributes
 	log = append(log, slog.String("requestId", id), slog.String("path", r.URL.Path))
-	hostName, model, status := "none", "", 0
+	hostName, model, status, cut := "none", "", 0, false
+	var held []*host // hosts tried, released once the request is counted
 	var cur *attempt // the attempt under way; a broken stream unwinds from it with a panic
 	defer func() {
 		if cur != nil {
-			hostName, status = cur.host.name, cur.status
+			hostName, status, cut = cur.host.name, cur.status, cur.cut
 			log = append(log, slog.Bool("aborted", true)) // the stream broke off after its first bytes
 		}
 		if status == 0 {
 			status = 499 // the client left before an answer
 		}
-		h.fleet.metrics.request(hostName, model, status)
+		h.fleet.metrics.request(hostName, model, status, cut)
+		for _, hs := range held {
+			h.fleet.release(hs)
+		}
 		if h.opts.AccessLog != nil {
+			if cut {
+				log = append(log, slog.Bool("cut", true))
+			}
 			log = append(log, slog.String("host", hostName), slog.Int("status", status), slog.Int64("durationMs", h.fleet.opts.Now().Sub(start).Milliseconds()))
 			h.opts.AccessLog.LogAttrs(r.Context(), slog.LevelInfo, "request", log...)
 		}
@@ -194,28 +256,44 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	log = append(log, slog.String("model", name), slog.Bool("stream", stream))
 
 	hosts := h.fleet.snapshot()
-	views, known := h.fleet.views(hosts, name)
+	cred := credential(r)
+	views, known := h.fleet.views(hosts, name, cred)
 	if !known {
 		fail(http.StatusNotFound, "model_not_found", "model", h.unknownModel(hosts, name))
 		return
 	}
 	model = name
-	order := Route(views, h.affinityKey(r, body), RouteOptions{ScaleOutWait: h.opts.ScaleOutWait, Slack: h.opts.LoadSlack})
+	ropts := RouteOptions{ScaleOutWait: h.opts.ScaleOutWait, Epsilon: h.opts.AffinityEpsilon, Slack: h.opts.LoadSlack}
+	if len(views) > 0 && h.scaledOut.held(views[0].Root, start) != "" {
+		ropts.ScaleOutWait = 0 // cooling down after this fleetd's last scale-out of the model
+	}
+	order := Route(views, h.affinityKey(r, body), ropts)
 	if len(order) == 0 {
 		status = http.StatusServiceUnavailable
 		w.Header().Set("X-Request-Id", id)
 		openai.WriteUnavailable(w, "no_healthy_host", fmt.Sprintf("no healthy host can serve model %q now", name), 5*time.Second)
 		return
 	}
+	order = h.claimCopy(r.Context(), order, views)
 	h.fleet.metrics.decision(order[0].Reason)
 	log = append(log, slog.String("reason", order[0].Reason), slog.String("tier", order[0].Rank.String()))
-	n := min(len(order), h.opts.MaxAttempts)
 	var tried []string
-	for i, c := range order[:n] {
+	warmOnly := false // after a full queue, only hosts where the model is awake or loading
+	for i, c := range order {
+		if len(tried) == h.opts.MaxAttempts {
+			break
+		}
+		if warmOnly && c.Rank > placement.Loading {
+			continue
+		}
+		left := h.opts.MaxAttempts - len(tried) - 1
 		hs := hosts[c.Host]
-		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), observe: stream && c.Rank == placement.Awake,
-			last: i == n-1, start: h.fleet.opts.Now(), now: h.fleet.opts.Now}
+		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), cred: cred, client: r.Context(),
+			observe: stream && c.Rank == placement.Awake, start: h.fleet.opts.Now(), now: h.fleet.opts.Now,
+			nextAny:  left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return !warmOnly || n.Rank <= placement.Loading }),
+			nextWarm: left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return n.Rank <= placement.Loading })}
 		tried = append(tried, c.Host)
+		held = append(held, hs)
 		cur = a
 		h.forward(w, r, a)
 		cur = nil
@@ -226,6 +304,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			}
 			break
 		}
+		warmOnly = warmOnly || a.retry == "full"
 		h.fleet.metrics.retry(c.Host, a.retry)
 		h.log.Info("retrying on the next host", "requestId", id, "host", c.Host, "cause", a.retry)
 	}
@@ -234,16 +313,92 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// claimCopy decides where a new copy of the model goes when the best host
+// in order would start one (its rank is asleep, empty, idle or queue, or
+// it is a scale-out): the first claim of the model's copy wins for the
+// claim lease, in this fleetd and, with Claims, across replicas, and the
+// requests that claim it later go to the winner, so that a cold burst
+// loads one copy. It returns the order to try.
+func (h *Handler) claimCopy(ctx context.Context, order []Choice, views []HostView) []Choice {
+	c := order[0]
+	if c.Rank <= placement.Loading && c.Reason != ReasonScaleOut {
+		return order
+	}
+	root := rootOf(views, c.Host)
+	key := "copy:" + root
+	if h.opts.Claims != nil {
+		h.claiming.Lock()
+		defer h.claiming.Unlock()
+	}
+	now := h.fleet.opts.Now()
+	winner, had := h.claims.claim(key, c.Host, now, h.opts.ClaimLease)
+	if !had && h.opts.Claims != nil {
+		cctx, cancel := context.WithTimeout(ctx, claimTimeout)
+		shared, err := h.opts.Claims.Claim(cctx, key, c.Host, h.opts.ClaimLease)
+		cancel()
+		switch {
+		case err != nil:
+			h.fleet.metrics.claim("error")
+			h.log.Warn("shared claim failed; claiming for this fleetd only", "model", root, "err", err)
+		case shared != c.Host:
+			winner = shared
+			h.claims.put(key, shared, now.Add(h.opts.ClaimLease))
+		}
+	}
+	switch {
+	case winner == c.Host && !had:
+		h.fleet.metrics.claim("won")
+		if c.Reason == ReasonScaleOut {
+			h.scaledOut.put(root, c.Host, now.Add(h.cooldown))
+		}
+		return order
+	case winner == c.Host:
+		return order
+	}
+	i := slices.IndexFunc(order, func(o Choice) bool { return o.Host == winner })
+	if i < 0 {
+		h.fleet.metrics.claim("lost-unroutable")
+		return order // the winner is ejected or gone, as seen from here
+	}
+	h.fleet.metrics.claim("followed")
+	w := order[i]
+	w.Rank, w.Reason = placement.Loading, placement.Loading.String()
+	out := make([]Choice, 0, len(order))
+	out = append(out, w)
+	out = append(out, order[:i]...)
+	return append(out, order[i+1:]...)
+}
+
 // forward makes one attempt, counted in flight to its host meanwhile.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, a *attempt) {
-	a.host.addLocal(a.root, 1)
-	defer a.host.addLocal(a.root, -1) // also when a broken stream panics out
-	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), attemptKey{}, a)))
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	a.cancel = cancel
+	a.trial = a.host.begin(a, a.start)
+	defer func() { // also when a broken stream panics out
+		a.host.end(a)
+		a.settle(h.fleet, neutral)
+	}()
+	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, attemptKey{}, a)))
 }
 
 func rootOf(views []HostView, host string) string {
 	i := slices.IndexFunc(views, func(v HostView) bool { return v.Name == host })
 	return views[i].Root
+}
+
+// credential returns the hash of the client's key (Authorization or
+// X-Api-Key), or "none": hosts that refused it are tried last.
+func credential(r *http.Request) string {
+	v := r.Header.Get("Authorization")
+	if v == "" {
+		v = r.Header.Get("X-Api-Key")
+	}
+	if v == "" {
+		return "none"
+	}
+	sum := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(sum[:16])
 }
 
 // rewrite builds the request to a host: its URL, the body read once, the
@@ -257,59 +412,158 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	out.Header.Set("X-Request-Id", a.id)
 }
 
-// modifyResponse turns a 503 into a retry unless this is the last attempt,
-// names the host in X-Fleet-Host, and wraps the body to see its first byte
-// (and to end a broken event stream with an error event).
+// modifyResponse decides what an answer means: a refusal that started
+// nothing (a key refused, poold's X-Poold-Refused) is retried on the next
+// host when there is one; a 5xx counts against the model on the host; a
+// success counts once its body ended. It names the host in X-Fleet-Host
+// and watches the body (first byte, chunk gaps, a cut).
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
 	h.fleet.forwarded(a.host, nil)
-	if resp.StatusCode == http.StatusServiceUnavailable && !a.last {
-		a.retry = "unavailable"
-		return errRetry
+	code := resp.StatusCode
+	refused := resp.Header.Get(openai.RefusedHeader)
+	switch {
+	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+		// The key, not the host, decides: another host may accept it.
+		a.host.refuseKey(a.cred, a.now())
+		a.settle(h.fleet, neutral)
+		if a.nextAny {
+			a.retry = "key"
+			return errRetry
+		}
+	case code == http.StatusServiceUnavailable && (refused == "queue_full" || refused == "queue_budget"):
+		// Load shed at arrival: not a failure, and only a host where the
+		// model is awake or loading may take it (a retry must not load
+		// another copy).
+		a.settle(h.fleet, neutral)
+		if a.nextWarm {
+			a.retry = "full"
+			return errRetry
+		}
+	case code == http.StatusServiceUnavailable && refused != "":
+		a.settle(h.fleet, failure)
+		if a.nextAny {
+			a.retry = "refused"
+			return errRetry
+		}
+	case code >= 500:
+		a.settle(h.fleet, failure) // never retried: it may have started a load, or the work itself
+	case code >= 300:
+		a.settle(h.fleet, success) // the host answered; the request was at fault
 	}
-	a.status = resp.StatusCode
+	a.status = code
 	resp.Header.Set("X-Fleet-Host", a.host.name)
 	resp.Header.Del("X-Request-Id") // the answer has it already; poold's would be a second copy
+	resp.Header.Del(openai.RefusedHeader)
+	wb := &watchedBody{ReadCloser: resp.Body, h: h, a: a, ok: code < 300}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		resp.Body = openai.NewSSEReader(resp.Body, false, a.markFirst)
+		wb.stream = true
+		sse := openai.NewSSEReader(wb, false, nil)
+		sse.SetMaxEvent(int(h.opts.MaxEventBytes))
+		resp.Body = sse
 	} else {
-		resp.Body = &firstByteReader{ReadCloser: resp.Body, onFirst: a.markFirst}
+		resp.Body = wb
 	}
 	return nil
 }
 
 // upstreamError handles an attempt that got no response: the host is
-// skipped for the next one, or, on the last attempt, the client gets a 502.
+// skipped for the next one, or, on the last attempt, the client gets a 502
+// (a 504 when the host went silent).
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, errRetry) || r.Context().Err() != nil {
-		return // a 503 to retry, or the client left
-	}
 	a := r.Context().Value(attemptKey{}).(*attempt)
-	h.fleet.forwarded(a.host, err)
+	if errors.Is(err, errRetry) || a.client.Err() != nil {
+		return // a refusal to retry, or the client left
+	}
+	silent := errors.Is(context.Cause(r.Context()), errSilent)
+	if silent {
+		err = errSilent // the host was ejected for it already
+	} else {
+		h.fleet.forwarded(a.host, err)
+	}
 	h.log.Warn("host request failed", "host", a.host.name, "requestId", a.id, "err", err)
-	if !a.last {
+	// Another host gets the request only if this one cannot have run it: not
+	// a byte of it was written (a refused dial, a closed connection), or the
+	// host went silent and was ejected for it (the retry of silent hosts,
+	// which a setting turns off). A host that read the request and then
+	// failed may have done its GPU work: the client is told instead.
+	_, notSent := errors.AsType[*upstream.NotSentError](err)
+	if a.nextAny && (notSent || silent) {
 		a.retry = "connect"
+		if silent {
+			a.retry = "silent"
+		}
 		return
 	}
 	a.status = http.StatusBadGateway
+	code := "host_unavailable"
+	if silent {
+		a.status, code = http.StatusGatewayTimeout, "host_silent"
+	}
 	w.Header().Set("X-Fleet-Host", a.host.name)
 	w.Header().Set("X-Request-Id", a.id)
-	openai.WriteError(w, a.status, "host_unavailable", "", fmt.Sprintf("host %q failed: %v", a.host.name, err))
+	openai.WriteError(w, a.status, code, "", fmt.Sprintf("host %q failed: %v", a.host.name, err))
 }
 
-// firstByteReader calls onFirst when the first bytes are read.
-type firstByteReader struct {
+// minChunks is how many chunks a stream needs for its mean gap to be a
+// sample of the host's inter-token latency.
+const minChunks = 3
+
+// watchedBody watches an answer on its way to the client: its first byte,
+// the gaps between a stream's chunks (the host's inter-token latency, as
+// fleetd sees it), and its end: complete, or cut by the host.
+type watchedBody struct {
 	io.ReadCloser
-	onFirst func()
+	h      *Handler
+	a      *attempt
+	ok     bool // a 2xx, whose end is a success
+	stream bool
+
+	first, last time.Time
+	chunks      int
+	ended       bool
 }
 
-func (f *firstByteReader) Read(p []byte) (int, error) {
-	n, err := f.ReadCloser.Read(p)
-	if n > 0 && f.onFirst != nil {
-		f.onFirst()
-		f.onFirst = nil
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		now := b.a.now()
+		if b.chunks == 0 {
+			b.first = now
+			b.a.markFirst(now)
+		}
+		b.chunks++
+		b.last = now
+	}
+	if err != nil && !b.ended {
+		b.ended = true
+		b.end(err)
 	}
 	return n, err
+}
+
+func (b *watchedBody) end(err error) {
+	a := b.a
+	switch {
+	case err == io.EOF:
+		if b.ok {
+			a.settle(b.h.fleet, success)
+		}
+		if b.ok && b.stream && b.chunks >= minChunks {
+			a.host.observe(a.host.itls, a.root, b.last.Sub(b.first)/time.Duration(b.chunks-1), b.last)
+		}
+	case a.client.Err() == nil:
+		a.cut = true
+		a.settle(b.h.fleet, failure)
+	}
+}
+
+func (a *attempt) markFirst(now time.Time) {
+	a.first = now
+	a.host.answered(a)
+	if a.observe {
+		a.host.observe(a.host.waits, a.root, now.Sub(a.start), now)
+	}
 }
 
 // affinityKey is the client's session header, or else the first bytes of the

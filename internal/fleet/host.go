@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -32,18 +33,42 @@ type hostModel struct {
 	MaxModelLen int `json:"max_model_len"`
 }
 
-// waitWindow is how long an observed queue wait stays meaningful without a
-// new observation.
+// waitWindow is how long an observed queue wait or inter-chunk gap stays
+// meaningful without a new observation; past it a slow host is tried again
+// like any other, which is how it is probed.
 const waitWindow = 30 * time.Second
 
 // waitAlpha is the weight of a new observation in the moving average.
 const waitAlpha = 0.3
 
-// waitEstimate is a moving average of the time to first byte of one model's
-// streams on one host.
-type waitEstimate struct {
+// keyRefusal is how long a host's 401 or 403 for a key steers that key's
+// requests to other hosts; maxRefusals bounds the keys remembered per host.
+const (
+	keyRefusal  = time.Minute
+	maxRefusals = 4096
+)
+
+// estimate is a moving average of one model's observations on one host
+// (the time to first byte of its streams, or the gap between their chunks).
+type estimate struct {
 	avg  time.Duration
 	last time.Time // of the last observation
+}
+
+func (e *estimate) observe(d time.Duration, now time.Time) {
+	if now.Sub(e.last) > waitWindow {
+		e.avg = d
+	} else {
+		e.avg = time.Duration(waitAlpha*float64(d) + (1-waitAlpha)*float64(e.avg))
+	}
+	e.last = now
+}
+
+func (e estimate) value(now time.Time) time.Duration {
+	if now.Sub(e.last) <= waitWindow {
+		return e.avg
+	}
+	return 0
 }
 
 // host is one poold host: its spec, its poller and what the last polls and
@@ -60,20 +85,35 @@ type host struct {
 	// holding the Fleet's mutex too, under which it may also be read.
 	spec   HostSpec
 	source string // "file" or "dns:NAME"
-	// polled is set once a poll has succeeded: before that fleetd knows
+	// polled is set once a poll has success: before that fleetd knows
 	// nothing to route by.
 	polled      bool
-	reachable   bool // the last poll succeeded
-	ejected     bool
-	pollFails   int // consecutive failed polls
-	fwdFails    int // consecutive failed forwards
+	reachable   bool     // the last poll success
+	eject       ejection // of the whole host: polls, silence or connections failed
+	pollFails   int      // consecutive failed polls
+	silentPolls int      // consecutive polls that timed out
+	fwdFails    int      // consecutive forwards that got no answer
 	lastPoll    time.Time
 	pollLatency time.Duration
 	lastErr     string
 	status      hostStatus
-	models      map[string]hostModel    // by id and alias
-	local       map[string]int          // root → this fleetd's requests in flight there
-	waits       map[string]waitEstimate // root → observed stream TTFB
+	models      map[string]hostModel // by id and alias
+	// local counts this fleetd's requests in flight there by root, and
+	// atPoll what it counted when the last poll answered: local − atPoll is
+	// what the poll cannot have seen.
+	local, atPoll map[string]int
+	waits         map[string]estimate     // root → stream time to first byte
+	itls          map[string]estimate     // root → gap between stream chunks
+	health        map[string]*modelHealth // root → passive health
+	refused       map[string]time.Time    // credential hash → end of its refusal
+	// pending holds the attempts that have no response byte yet, which an
+	// ejection for silence cancels to retry them elsewhere.
+	pending map[*attempt]struct{}
+	// refs counts the requests that tried the host and are not yet counted
+	// in the metrics; removed is set when the host left the fleet, whose
+	// series go once refs is 0.
+	refs    int
+	removed bool
 }
 
 func newHost(spec HostSpec, source string) (*host, error) {
@@ -82,14 +122,19 @@ func newHost(spec HostSpec, source string) (*host, error) {
 		return nil, fmt.Errorf("host %q: url: %w", spec.Name, err)
 	}
 	return &host{name: spec.Name, spec: spec, source: source, base: u, done: make(chan struct{}), kick: make(chan struct{}, 1),
-		local: make(map[string]int), waits: make(map[string]waitEstimate)}, nil
+		local: make(map[string]int), atPoll: make(map[string]int), waits: make(map[string]estimate), itls: make(map[string]estimate),
+		health: make(map[string]*modelHealth), refused: make(map[string]time.Time), pending: make(map[*attempt]struct{})}, nil
 }
+
+// healthyLocked reports whether requests may be routed to the host (a model
+// of it may still be ejected); h.mu is held.
+func (h *host) healthyLocked() bool { return h.polled && !h.eject.active() }
 
 // healthy reports whether requests may be routed to the host.
 func (h *host) healthy() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.polled && !h.ejected
+	return h.healthyLocked()
 }
 
 // poke asks the poller to poll at once.
@@ -100,13 +145,13 @@ func (h *host) poke() {
 	}
 }
 
-// run polls the host every interval until ctx ends; while the host is ejected
-// the probes back off, doubling from interval up to the fleet's maximum.
+// run polls the host until ctx ends: every poll interval, at once after a
+// poll that timed out (silence is found in two poll timeouts), and while
+// the host is ejected at the ejection's end.
 func (f *Fleet) run(ctx context.Context, h *host) {
 	defer close(h.done)
 	t := time.NewTimer(0)
 	defer t.Stop()
-	backoff := f.opts.PollInterval
 	for {
 		select {
 		case <-ctx.Done():
@@ -114,19 +159,10 @@ func (f *Fleet) run(ctx context.Context, h *host) {
 		case <-t.C:
 		case <-h.kick:
 		}
-		f.poll(ctx, h)
+		next := f.poll(ctx, h)
 		if ctx.Err() != nil {
 			return
 		}
-		next := f.opts.PollInterval
-		h.mu.Lock()
-		if h.ejected {
-			next = backoff
-			backoff = min(2*backoff, f.opts.MaxBackoff)
-		} else {
-			backoff = f.opts.PollInterval
-		}
-		h.mu.Unlock()
 		if !t.Stop() {
 			select {
 			case <-t.C:
@@ -137,8 +173,12 @@ func (f *Fleet) run(ctx context.Context, h *host) {
 	}
 }
 
-// poll reads the host's /status and /v1/models once and records the result.
-func (f *Fleet) poll(ctx context.Context, h *host) {
+// errSilent cancels the attempts of a host ejected for silence.
+var errSilent = errors.New("host silent: its polls timed out")
+
+// poll reads the host's /status and /v1/models once, records the result and
+// returns the time until the next poll.
+func (f *Fleet) poll(ctx context.Context, h *host) time.Duration {
 	pctx, cancel := context.WithTimeout(ctx, f.opts.PollTimeout)
 	defer cancel()
 	start := f.opts.Now()
@@ -150,9 +190,10 @@ func (f *Fleet) poll(ctx context.Context, h *host) {
 	if err == nil {
 		err = f.getJSON(pctx, h.base.JoinPath("v1", "models"), &models)
 	}
-	took := f.opts.Now().Sub(start)
+	now := f.opts.Now()
+	took := now.Sub(start)
 	if ctx.Err() != nil {
-		return // fleetd is stopping or the host was removed
+		return 0 // fleetd is stopping or the host was removed
 	}
 	f.metrics.poll(h.name, took, err == nil)
 
@@ -160,22 +201,31 @@ func (f *Fleet) poll(ctx context.Context, h *host) {
 	defer h.mu.Unlock()
 	h.lastPoll, h.pollLatency = start, took
 	if err != nil {
+		timedOut := errors.Is(pctx.Err(), context.DeadlineExceeded)
 		h.reachable = false
 		h.pollFails++
-		h.lastErr = err.Error()
-		if !h.ejected && h.pollFails >= f.opts.EjectAfter {
-			f.ejectLocked(h, "poll", err)
+		if timedOut {
+			h.silentPolls++
+		} else {
+			h.silentPolls = 0
 		}
-		return
+		h.lastErr = err.Error()
+		switch {
+		case h.eject.active():
+		case timedOut && h.silentPolls >= f.opts.SilentAfter:
+			f.ejectLocked(h, "silent", err, now)
+		case h.pollFails >= f.opts.EjectAfter:
+			f.ejectLocked(h, "poll", err, now)
+		}
+		if h.eject.active() {
+			return max(h.eject.until.Sub(now), f.opts.PollInterval)
+		}
+		if timedOut {
+			return 0
+		}
+		return f.opts.PollInterval
 	}
-	if !h.polled || h.ejected {
-		f.metrics.setUp(h.name, true)
-	}
-	if h.ejected {
-		h.fwdFails = 0
-		f.log.Info("host re-admitted", "host", h.name)
-	}
-	h.reachable, h.polled, h.ejected, h.pollFails, h.lastErr = true, true, false, 0, ""
+	h.reachable, h.pollFails, h.silentPolls = true, 0, 0
 	h.status = st
 	h.models = make(map[string]hostModel, len(models.Data))
 	for _, m := range models.Data {
@@ -184,18 +234,79 @@ func (f *Fleet) poll(ctx context.Context, h *host) {
 		}
 		h.models[m.ID] = m
 	}
+	h.atPoll = maps.Clone(h.local)
+	if h.eject.active() && !h.eject.over(now) {
+		// Polls answer again, but the ejection lasts its length.
+		return h.eject.until.Sub(now)
+	}
+	if !h.polled || h.eject.active() {
+		f.metrics.setUp(h.name, true)
+	}
+	if h.eject.active() {
+		h.fwdFails = 0
+		h.eject.readmit(now)
+		f.log.Info("host re-admitted", "host", h.name)
+	}
+	h.polled, h.lastErr = true, ""
+	return f.opts.PollInterval
 }
 
-// ejectLocked takes h out of routing; h.mu is held.
-func (f *Fleet) ejectLocked(h *host, cause string, err error) {
-	h.ejected = true
+// ejectLocked takes h out of routing at now; h.mu is held. An ejection for
+// silence cancels the attempts that have no response byte yet, unless
+// Options.KeepSilent says not to: they are retried on another host.
+func (f *Fleet) ejectLocked(h *host, cause string, err error, now time.Time) {
+	h.eject.eject(now, f.opts.PollInterval, f.opts.MaxBackoff, cause, false)
 	f.metrics.setUp(h.name, false)
 	f.metrics.eject(h.name, cause)
-	f.log.Warn("host ejected", "host", h.name, "cause", cause, "pollFailures", h.pollFails, "forwardFailures", h.fwdFails, "err", err)
+	f.log.Warn("host ejected", "host", h.name, "cause", cause, "for", h.eject.length,
+		"pollFailures", h.pollFails, "forwardFailures", h.fwdFails, "err", err)
+	if cause == "silent" && !f.opts.KeepSilent {
+		for a := range h.pending {
+			a.cancel(errSilent)
+		}
+		clear(h.pending)
+	}
 }
 
-// forwarded records the outcome of one forward to h: err is nil when the host
-// answered. EjectAfter failures in a row eject the host.
+// begin counts attempt a in flight to h and pending until its first byte,
+// and reports whether it is the trial of a.root after an ejection.
+func (h *host) begin(a *attempt, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.local[a.root]++
+	h.refs++
+	h.pending[a] = struct{}{}
+	m := h.health[a.root]
+	if m == nil {
+		return false
+	}
+	if hs, ok := m.health(now); ok && hs == Trial {
+		m.trialBusy = true
+		return true
+	}
+	return false
+}
+
+// answered records that a's host sent a response byte: it is no longer
+// cancelled by an ejection for silence.
+func (h *host) answered(a *attempt) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.pending, a)
+}
+
+// end counts a out of flight.
+func (h *host) end(a *attempt) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.pending, a)
+	if h.local[a.root]--; h.local[a.root] <= 0 {
+		delete(h.local, a.root)
+	}
+}
+
+// forwarded records that a forward to h got an answer (err nil) or none.
+// EjectAfter failures in a row eject the host; a failure polls it at once.
 func (f *Fleet) forwarded(h *host, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -205,46 +316,95 @@ func (f *Fleet) forwarded(h *host, err error) {
 	}
 	h.fwdFails++
 	h.lastErr = err.Error()
-	if !h.ejected && h.fwdFails >= f.opts.EjectAfter {
-		f.ejectLocked(h, "forward", err)
+	if !h.eject.active() && h.fwdFails >= f.opts.EjectAfter {
+		f.ejectLocked(h, "connect", err, f.opts.Now())
 	}
 	h.poke()
 }
 
-// addLocal counts a request of this fleetd for root in flight to h (delta ±1).
-func (h *host) addLocal(root string, delta int) {
+// outcome folds what an answer says of root on h into its passive health;
+// EjectAfter failures in a row, or a failed trial, eject the model there.
+func (f *Fleet) outcome(h *host, root string, o outcome, trial bool) {
+	now := f.opts.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.local[root] += delta; h.local[root] <= 0 {
-		delete(h.local, root)
+	m := h.health[root]
+	if m == nil {
+		if o != failure && !trial {
+			return // nothing to say of a model that never failed there
+		}
+		m = &modelHealth{halfStart: now}
+		h.health[root] = m
+	}
+	if m.record(o, trial, now, f.opts.EjectAfter, f.opts.PollInterval, f.opts.MaxBackoff) {
+		f.metrics.eject(h.name, "errors")
+		f.log.Warn("model ejected on host", "host", h.name, "model", root, "for", m.eject.length, "failuresInARow", m.fails, "trial", trial)
+	} else if trial && o == success {
+		f.log.Info("model re-admitted on host", "host", h.name, "model", root)
 	}
 }
 
-// observeWait folds a stream's time to first byte into root's estimate.
-func (h *host) observeWait(root string, d time.Duration, now time.Time) {
+// refuseKey remembers that h refused the credential whose hash is cred.
+func (h *host) refuseKey(cred string, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	w := h.waits[root]
-	if now.Sub(w.last) > waitWindow {
-		w.avg = d
-	} else {
-		w.avg = time.Duration(waitAlpha*float64(d) + (1-waitAlpha)*float64(w.avg))
+	if len(h.refused) >= maxRefusals {
+		for k, until := range h.refused {
+			if !now.Before(until) {
+				delete(h.refused, k)
+			}
+		}
+		if len(h.refused) >= maxRefusals {
+			clear(h.refused)
+		}
 	}
-	w.last = now
-	h.waits[root] = w
+	h.refused[cred] = now.Add(keyRefusal)
 }
 
-// view returns the routing input for model on h, and whether h knows the name.
-func (h *host) view(model string, now time.Time) (HostView, bool) {
+// observe folds d into root's estimate in es, h.waits (a stream's time to
+// first byte) or h.itls (a stream's mean gap between chunks).
+func (h *host) observe(es map[string]estimate, root string, d time.Duration, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := es[root]
+	e.observe(d, now)
+	es[root] = e
+}
+
+// view returns the routing input for model on h for a request with
+// credential hash cred (or ""), whether h knows the name, and whether the
+// request may go there (the host and the model are not ejected).
+func (h *host) view(model, cred string, now time.Time) (v HostView, known, routable bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	m, ok := h.models[model]
 	if !ok {
-		return HostView{}, false
+		return HostView{}, false, false
 	}
-	v := HostView{Name: h.name, Weight: h.spec.Weight, Root: m.Root, Eligible: m.Pools, Local: maps.Clone(h.local)}
-	if w := h.waits[m.Root]; now.Sub(w.last) <= waitWindow {
-		v.Wait = w.avg
+	health := Healthy
+	if mh := h.health[m.Root]; mh != nil {
+		if health, ok = mh.health(now); !ok {
+			return HostView{}, true, false
+		}
+	}
+	if !h.healthyLocked() {
+		return HostView{}, true, false
+	}
+	if h.silentPolls > 0 && health == Healthy {
+		health = Degraded // its last poll timed out: it may have gone silent
+	}
+	if until, ok := h.refused[cred]; ok && cred != "" && now.Before(until) {
+		health = KeyRefused
+	}
+	v = HostView{Name: h.name, Weight: h.spec.Weight, Root: m.Root, Eligible: m.Pools, Health: health,
+		Wait: h.waits[m.Root].value(now), ITL: h.itls[m.Root].value(now)}
+	for root := range h.local {
+		v.Delta = addDelta(v.Delta, root, h.local[root]-h.atPoll[root])
+	}
+	for root, n := range h.atPoll {
+		if _, ok := h.local[root]; !ok {
+			v.Delta = addDelta(v.Delta, root, -n)
+		}
 	}
 	v.Pools = make([]PoolView, len(h.status.Pools))
 	for i, p := range h.status.Pools {
@@ -266,7 +426,19 @@ func (h *host) view(model string, now time.Time) (HostView, bool) {
 		}
 		v.Pools[i] = pv
 	}
-	return v, true
+	return v, true, true
+}
+
+// addDelta records a non-zero d for root in m, made when first needed.
+func addDelta(m map[string]int, root string, d int) map[string]int {
+	if d == 0 {
+		return m
+	}
+	if m == nil {
+		m = make(map[string]int)
+	}
+	m[root] = d
+	return m
 }
 
 // maxStatusBytes bounds a host's /status or /v1/models body.

@@ -60,7 +60,8 @@ type DNSSpec struct {
 	Type string `json:"type"`
 	// Port is poold's port for type "a"; it must be zero for "srv".
 	Port int `json:"port,omitempty"`
-	// Scheme is "http" or "https"; empty means "http".
+	// Scheme is "http", the only one fleetd speaks to hosts (see noTLS);
+	// empty means "http".
 	Scheme string `json:"scheme,omitempty"`
 	// Interval is a Go duration; empty means DefaultDNSInterval.
 	Interval string `json:"interval,omitempty"`
@@ -206,8 +207,8 @@ func checkDNS(path string, d *DNSSpec) []error {
 	if d.Scheme == "" {
 		d.Scheme = "http"
 	}
-	if d.Scheme != "http" && d.Scheme != "https" {
-		errs = append(errs, fmt.Errorf("%s: scheme: %q is neither http nor https", path, d.Scheme))
+	if d.Scheme != "http" {
+		errs = append(errs, fmt.Errorf("%s: scheme: %s", path, schemeProblem(d.Scheme)))
 	}
 	d.interval = DefaultDNSInterval
 	if d.Interval != "" {
@@ -254,6 +255,19 @@ func nameProblem(name string) string {
 	return ""
 }
 
+// noTLS says why https is refused: fleetd's connections to hosts are plain
+// HTTP/1.1 (upstream.Transport), so an https host would stay unreachable
+// forever; refusing it when the file loads says so at once.
+const noTLS = "fleetd speaks plain HTTP to hosts: secure the network between them (a private network, WireGuard, a mesh sidecar)"
+
+// schemeProblem says why scheme, which is not "http", is unusable.
+func schemeProblem(scheme string) string {
+	if scheme == "https" {
+		return `"https" is not supported: ` + noTLS
+	}
+	return fmt.Sprintf("%q is not http", scheme)
+}
+
 // urlProblem says why a base URL is unusable, or "".
 func urlProblem(s string) string {
 	if s == "" {
@@ -263,8 +277,8 @@ func urlProblem(s string) string {
 	switch {
 	case err != nil:
 		return fmt.Sprintf("%q does not parse", s)
-	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Sprintf("scheme %q is neither http nor https", u.Scheme)
+	case u.Scheme != "http":
+		return "scheme " + schemeProblem(u.Scheme)
 	case u.Host == "":
 		return fmt.Sprintf("%q has no host", s)
 	case u.Path != "" && u.Path != "/", u.RawQuery != "", u.Fragment != "", u.User != nil:

@@ -12,11 +12,11 @@ func TestParseFile(t *testing.T) {
 	f, err := ParseFile([]byte(`{
 		"hosts": [
 			{"name": "gpu-1", "url": "http://10.0.0.1:8080", "labels": {"gpu": "h100"}, "weight": 3},
-			{"name": "gpu-2", "url": "https://gpu-2.example:8443/"}
+			{"name": "gpu-2", "url": "http://gpu-2.example:8443/"}
 		],
 		"dns": [
 			{"name": "_poold._tcp.poold.llm.svc.cluster.local", "type": "srv", "interval": "10s"},
-			{"name": "poold.service.consul", "type": "a", "port": 8080, "scheme": "https"}
+			{"name": "poold.service.consul", "type": "a", "port": 8080, "scheme": "http"}
 		]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -25,7 +25,7 @@ func TestParseFile(t *testing.T) {
 		t.Fatalf("hosts: %+v", f.Hosts)
 	}
 	if len(f.DNS) != 2 || f.DNS[0].Every() != 10*time.Second || f.DNS[1].Every() != DefaultDNSInterval ||
-		f.DNS[0].Scheme != "http" || f.DNS[1].Scheme != "https" || f.DNS[0].Weight != 1 {
+		f.DNS[0].Scheme != "http" || f.DNS[1].Scheme != "http" || f.DNS[0].Weight != 1 {
 		t.Fatalf("dns: %+v", f.DNS)
 	}
 }
@@ -45,28 +45,30 @@ func TestParseFileErrors(t *testing.T) {
 		{"wrong type", `{"hosts": [{"name": "a", "url": "http://a", "weight": "2"}]}`, []string{"hosts[0]: weight: must be a JSON number, not string"}},
 		{"several problems in one file", `{"hosts": [
 				{"name": "a", "url": "ftp://a"},
+				{"name": "tls", "url": "https://tls:8443"},
 				{"url": "http://b"},
 				{"name": "a", "url": "http://a:1/v1", "weight": -1, "labels": {"": "x"}},
 				{"name": "has space", "url": "http://"}
 			], "dns": [
 				{"name": "x", "type": "mx"},
 				{"type": "a"},
-				{"name": "y", "type": "srv", "port": 80, "interval": "soon", "scheme": "tcp"},
+				{"name": "y", "type": "srv", "port": 80, "interval": "soon", "scheme": "https"},
 				{"name": "z", "type": "a", "port": 80, "interval": "10ms"}
 			]}`, []string{
-			`hosts[0] "a": url: scheme "ftp" is neither http nor https`,
-			`hosts[1]: name: required`,
-			`hosts[2] "a": url: "http://a:1/v1" must be a base URL: scheme and host[:port] only`,
-			`hosts[2] "a": weight: must not be negative (zero means 1), not -1`,
-			`hosts[2] "a": labels: a label name must not be empty`,
-			`hosts[2] "a": name: already used by hosts[0] "a"`,
-			`hosts[3] "has space": name: "has space": only printable ASCII without spaces`,
-			`hosts[3] "has space": url: "http://" has no host`,
+			`hosts[0] "a": url: scheme "ftp" is not http`,
+			`hosts[1] "tls": url: scheme "https" is not supported: ` + noTLS,
+			`hosts[2]: name: required`,
+			`hosts[3] "a": url: "http://a:1/v1" must be a base URL: scheme and host[:port] only`,
+			`hosts[3] "a": weight: must not be negative (zero means 1), not -1`,
+			`hosts[3] "a": labels: a label name must not be empty`,
+			`hosts[3] "a": name: already used by hosts[0] "a"`,
+			`hosts[4] "has space": name: "has space": only printable ASCII without spaces`,
+			`hosts[4] "has space": url: "http://" has no host`,
 			`dns[0] "x": type: "mx" is neither "srv" nor "a"`,
 			`dns[1]: name: required`,
 			`dns[1]: port: required for type "a", between 1 and 65535 (not 0)`,
 			`dns[2] "y": port: must be absent for type "srv" (SRV records carry the port)`,
-			`dns[2] "y": scheme: "tcp" is neither http nor https`,
+			`dns[2] "y": scheme: "https" is not supported: ` + noTLS,
 			`dns[2] "y": interval: invalid duration "soon"`,
 			`dns[3] "z": interval: "10ms" is shorter than 1s`,
 		}},

@@ -14,6 +14,7 @@ type Metrics struct {
 	retries   *prometheus.CounterVec
 	hostUp    *prometheus.GaugeVec
 	ejections *prometheus.CounterVec
+	claims    *prometheus.CounterVec
 	polls     *prometheus.HistogramVec
 	reload    prometheus.Gauge
 }
@@ -22,20 +23,23 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fleetd_requests_total", Help: "Requests answered, by the host that answered (\"none\" when no host did), model and status class.",
+			Name: "fleetd_requests_total", Help: "Requests answered, by the host that answered (\"none\" when no host did), model and status class (\"cut\": the answer broke off by the host's fault).",
 		}, []string{"host", "model", "code_class"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetd_routing_decisions_total", Help: "Routing decisions by reason: awake, loading, asleep, idle, queue or scale-out.",
 		}, []string{"reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fleetd_retries_total", Help: "Requests retried on the next host, by the host that failed and the cause (connect or unavailable).",
+			Name: "fleetd_retries_total", Help: "Requests retried on the next host, by the host that failed and the cause (connect, silent, key, full or refused).",
 		}, []string{"host", "cause"}),
 		hostUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fleetd_host_up", Help: "1 when the host is polled and not ejected, else 0.",
 		}, []string{"host"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fleetd_host_ejections_total", Help: "Hosts ejected from routing, by cause (poll or forward).",
+			Name: "fleetd_host_ejections_total", Help: "Ejections from routing, by host and cause: poll, silent or connect (the host), errors (one model on the host).",
 		}, []string{"host", "cause"}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetd_copy_claims_total", Help: "Claims of a model's new copy (cold load or scale-out), by result: won, followed (another request or replica had claimed it), lost-unroutable, error (the shared store failed).",
+		}, []string{"result"}),
 		polls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "fleetd_poll_duration_seconds", Help: "Latency of one poll of a host's /status and /v1/models, by result.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
@@ -44,13 +48,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fleetd_hosts_file_last_reload_successful", Help: "1 when the last load of the hosts file succeeded.",
 		}),
 	}
-	reg.MustRegister(m.requests, m.decisions, m.retries, m.hostUp, m.ejections, m.polls, m.reload)
+	reg.MustRegister(m.requests, m.decisions, m.retries, m.hostUp, m.ejections, m.claims, m.polls, m.reload)
 	return m
 }
 
-func (m *Metrics) request(host, model string, status int) {
+// request counts an answered request; cut says it broke off by the host's
+// fault, which is its own class whatever the status.
+func (m *Metrics) request(host, model string, status int, cut bool) {
 	if m != nil {
-		m.requests.WithLabelValues(host, model, strconv.Itoa(status/100)+"xx").Inc()
+		class := strconv.Itoa(status/100) + "xx"
+		if cut {
+			class = "cut"
+		}
+		m.requests.WithLabelValues(host, model, class).Inc()
+	}
+}
+
+func (m *Metrics) claim(result string) {
+	if m != nil {
+		m.claims.WithLabelValues(result).Inc()
 	}
 }
 

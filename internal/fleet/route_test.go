@@ -48,11 +48,15 @@ func TestScore(t *testing.T) {
 		{"no pools: host cannot serve", HostView{}, 0, 0, false},
 		{"best tier among pools", HostView{Pools: []PoolView{busyOther, named(loading, "p1"), named(awakeBusy, "p2")}}, placement.Awake, 4, true},
 		{"least load within the best tier", HostView{Pools: []PoolView{awakeBusy, named(awake, "p1")}}, placement.Awake, 0, true},
-		{"local requests raise the load", HostView{Local: map[string]int{"m": 5}, Pools: []PoolView{awakeBusy}}, placement.Awake, 5, true},
-		{"local requests on an idle pool mean loading", HostView{Local: map[string]int{"m": 1}, Pools: []PoolView{empty}}, placement.Loading, 1, true},
-		{"local requests on an asleep model mean waking", HostView{Local: map[string]int{"m": 2}, Pools: []PoolView{asleep}}, placement.Loading, 2, true},
-		{"local requests for the loaded profile make an idle pool busy", HostView{Local: map[string]int{"other": 1}, Pools: []PoolView{idleOther}}, placement.Queue, 1, true},
-		{"local requests do not turn a queue into loading", HostView{Local: map[string]int{"m": 1}, Pools: []PoolView{busyOther}}, placement.Queue, 3, true},
+		{"requests sent since the poll raise the load", HostView{Delta: map[string]int{"m": 5}, Pools: []PoolView{awakeBusy}}, placement.Awake, 9, true},
+		{"requests ended since the poll lower the load", HostView{Delta: map[string]int{"m": -3}, Pools: []PoolView{awakeBusy}}, placement.Awake, 1, true},
+		{"the load never goes below the waiting", HostView{Delta: map[string]int{"m": -9}, Pools: []PoolView{awakeBusy}}, placement.Awake, 1, true},
+		{"requests sent to an empty pool mean loading", HostView{Delta: map[string]int{"m": 1}, Pools: []PoolView{empty}}, placement.Loading, 1, true},
+		{"requests sent to an asleep model mean waking", HostView{Delta: map[string]int{"m": 2}, Pools: []PoolView{asleep}}, placement.Loading, 3, true},
+		{"requests sent for the loaded profile make an idle pool busy", HostView{Delta: map[string]int{"other": 1}, Pools: []PoolView{idleOther}}, placement.Queue, 1, true},
+		{"requests sent to a queue mean loading: the burst follows them", HostView{Delta: map[string]int{"m": 1}, Pools: []PoolView{busyOther}}, placement.Loading, 4, true},
+		{"a claimed host is loading", HostView{Claimed: true, Pools: []PoolView{busyOther}}, placement.Loading, 3, true},
+		{"a claim does not demote an awake host", HostView{Claimed: true, Pools: []PoolView{awake}}, placement.Awake, 0, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -80,7 +84,9 @@ func withLastUsed(p PoolView, ago time.Duration) PoolView {
 	p.LastUsed = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC).Add(-ago)
 	return p
 }
-func withWeight(h HostView, w int) HostView { h.Weight = w; return h }
+func withWeight(h HostView, w int) HostView          { h.Weight = w; return h }
+func withHealth(h HostView, s Health) HostView       { h.Health = s; return h }
+func withITL(h HostView, itl time.Duration) HostView { h.ITL = itl; return h }
 func hostsOf(cs []Choice) (out []string) {
 	for _, c := range cs {
 		out = append(out, c.Host+"/"+c.Reason)
@@ -97,6 +103,23 @@ func TestRoute(t *testing.T) {
 		slack int
 		want  []string
 	}{
+		// Health before rank: a success ratio, not speed or warmth, decides.
+		{"a trial goes first, then healthy, degraded and key-refused hosts",
+			[]HostView{withHealth(hv("refused", awake), KeyRefused), withHealth(hv("degraded", awake), Degraded), hv("healthy", busyOther), withHealth(hv("trial", empty), Trial)}, 0, 0,
+			[]string{"trial/empty", "healthy/queue", "degraded/awake", "refused/awake"}},
+		{"a degraded host does not take a scale-out",
+			[]HostView{withWait(hv("a", awake), 2*threshold), withHealth(hv("d", empty), Degraded)}, threshold, 0,
+			[]string{"a/awake", "d/empty"}},
+		// A slow host's load counts as many times over as it is slower.
+		{"a host 10x slower loses to a busier fast one",
+			[]HostView{withITL(hv("slow", awake), 200*time.Millisecond), withITL(hv("fast", awakeBusy), 20*time.Millisecond)}, 0, 0,
+			[]string{"fast/awake", "slow/awake"}},
+		{"a host 10x slower wins once the fast one is 10x busier",
+			[]HostView{withITL(hv("slow", awake), 200*time.Millisecond), withITL(hv("fast", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 12}), 20*time.Millisecond)}, 0, 0,
+			[]string{"slow/awake", "fast/awake"}},
+		{"an unknown speed counts as the fastest",
+			[]HostView{hv("unknown", awake), withITL(hv("fast", awakeBusy), 20*time.Millisecond)}, 0, 0,
+			[]string{"unknown/awake", "fast/awake"}},
 		{"no hosts", nil, threshold, 0, nil},
 		{"ranks in order: awake, loading, asleep, empty, idle, queue",
 			[]HostView{hv("q", busyOther), hv("i", idleOther), hv("e", empty), hv("s", asleep), hv("l", loading), hv("a", awakeBusy)}, 0, 0,
@@ -156,7 +179,7 @@ func TestRoute(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got := hostsOf(Route(c.hosts, "key", RouteOptions{ScaleOutWait: c.wait, Slack: c.slack}))
+			got := hostsOf(Route(c.hosts, "key", RouteOptions{ScaleOutWait: c.wait, Slack: c.slack, Epsilon: 0}))
 			if !slices.Equal(got, c.want) {
 				t.Fatalf("Route = %v; want %v", got, c.want)
 			}

@@ -145,19 +145,19 @@ func TestWatchSleepTimeoutWhenMemoryStays(t *testing.T) {
 	}
 }
 
-func TestFreeSumsThePoolsGPUs(t *testing.T) {
+func TestGPUsReadsThePoolsGPUs(t *testing.T) {
 	f := &fakeProvider{reads: [][]Device{{dev(0, 70*gib), dev(1, 10*gib), dev(2, 80*gib)}}}
 	r := &Releaser{Provider: f}
-	free, total, err := r.Free([]int{0, 1})
-	if err != nil || free != 80*gib || total != 160*gib {
-		t.Fatalf("Free = %d, %d, %v; want %d, %d, nil", free, total, err, 80*gib, 160*gib)
+	devs, err := r.GPUs([]int{1, 0, 7})
+	if err != nil || len(devs) != 2 || devs[0].Index != 1 || devs[0].MemoryUsedBytes != 10*gib || devs[1].Index != 0 || devs[1].MemoryUsedBytes != 70*gib {
+		t.Fatalf("GPUs = %+v, %v; want gpus 1 and 0, in that order", devs, err)
 	}
-	if _, _, err := r.Free([]int{5}); err == nil {
-		t.Fatal("Free of a GPU no device has: no error")
+	if _, err := r.GPUs([]int{5}); err == nil {
+		t.Fatal("GPUs of a GPU no device has: no error")
 	}
 	r = &Releaser{Provider: Unavailable{Reason: "no driver"}}
-	if _, _, err := r.Free([]int{0}); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("Free without NVML: %v, want ErrUnavailable", err)
+	if _, err := r.GPUs([]int{0}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("GPUs without NVML: %v, want ErrUnavailable", err)
 	}
 }
 

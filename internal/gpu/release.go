@@ -11,8 +11,8 @@ const DefaultReleaseTimeout = 30 * time.Second
 
 // Releaser checks, after an engine's process group is gone, that the pool's
 // GPUs released its memory (the stop step of the swap contract,
-// docs/design.md), checks the same after an engine
-// is put to sleep, and reads free memory. It implements pool.VRAM; with the
+// docs/design.md), checks the same after an engine is put to sleep, and
+// reads the GPUs before an engine starts. It implements pool.VRAM; with the
 // Unavailable provider every read fails with ErrUnavailable. A zero Timeout
 // means DefaultReleaseTimeout.
 type Releaser struct {
@@ -91,22 +91,19 @@ func (r *Releaser) watch(gpus []int, pids []int, gone bool) func() error {
 	}
 }
 
-// Free reads the free and total memory of the GPUs with the given indexes,
-// summed; it fails when none of them can be read.
-func (r *Releaser) Free(gpus []int) (free, total uint64, err error) {
+// GPUs reads the GPUs with the given indexes (memory and compute processes),
+// in that order, leaving out those no device has; it fails when none of them
+// can be read. The devices may be shared: callers must not modify them.
+func (r *Releaser) GPUs(indexes []int) ([]Device, error) {
 	devs, err := r.Provider.Devices()
 	if err != nil {
-		return 0, 0, fmt.Errorf("reading gpus: %w", err)
+		return nil, fmt.Errorf("reading gpus: %w", err)
 	}
-	sel := Select(devs, gpus)
+	sel := Select(devs, indexes)
 	if len(sel) == 0 {
-		return 0, 0, fmt.Errorf("reading gpus: none of %v found", gpus)
+		return nil, fmt.Errorf("reading gpus: none of %v found", indexes)
 	}
-	for _, d := range sel {
-		total += d.MemoryTotalBytes
-		free += d.MemoryTotalBytes - min(d.MemoryUsedBytes, d.MemoryTotalBytes)
-	}
-	return free, total, nil
+	return sel, nil
 }
 
 func pidsOf(ps []Process) []int {

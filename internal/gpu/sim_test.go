@@ -40,9 +40,8 @@ func TestSimProvider(t *testing.T) {
 		len(devs[1].Processes) != 1 || devs[1].Processes[0] != (Process{PID: engine, UsedBytes: 72 * gib}) {
 		t.Fatalf("devices %+v", devs)
 	}
-	free, total, err := (&Releaser{Provider: p}).Free([]int{1})
-	if err != nil || free != 8*gib || total != 80*gib {
-		t.Fatalf("Free: %d of %d, %v", free, total, err)
+	if sel, err := (&Releaser{Provider: p}).GPUs([]int{1}); err != nil || len(sel) != 1 || sel[0].MemoryUsedBytes != 72*gib {
+		t.Fatalf("GPUs: %+v, %v", sel, err)
 	}
 
 	// The release check of a stopped engine passes once its process is gone.

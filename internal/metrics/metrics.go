@@ -243,6 +243,9 @@ type Record struct {
 	QueueWait                time.Duration
 	TTFB                     time.Duration
 	Duration                 time.Duration
+	// CausedSwap reports that the request was the one whose wait made its
+	// pool swap (pool.Lease.CausedSwap), for the usage ledger.
+	CausedSwap bool
 }
 
 // Observe adds a finished request to the metrics. Requests that reached no

@@ -85,10 +85,7 @@ func LoadAPIKeys(list []string, file string) (*APIKeys, error) {
 // valid reports whether h carries an accepted key, as "Authorization: Bearer
 // KEY" or "x-api-key: KEY". Every stored hash is compared, match or not.
 func (k *APIKeys) valid(h http.Header) bool {
-	key := h.Get("X-Api-Key")
-	if auth := h.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-		key = strings.TrimSpace(auth[7:])
-	}
+	key := PresentedKey(h)
 	if key == "" {
 		return false
 	}
@@ -100,6 +97,15 @@ func (k *APIKeys) valid(h http.Header) bool {
 	return ok == 1
 }
 
+// PresentedKey is the API key h carries, as "Authorization: Bearer KEY"
+// (first) or "x-api-key: KEY"; "" when none.
+func PresentedKey(h http.Header) string {
+	if auth := h.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+		return strings.TrimSpace(auth[7:])
+	}
+	return h.Get("X-Api-Key")
+}
+
 // Require wraps next so that every request answers 401 in the OpenAI shape
 // without an accepted key, but for the operations endpoints (/health,
 // /status, /metrics and /pools/{pool}/metrics) and the admin API (/admin/…,
@@ -109,7 +115,7 @@ func (k *APIKeys) Require(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !keyFree(r.URL.Path) && !k.valid(r.Header) {
+		if !KeyFree(r.URL.Path) && !k.valid(r.Header) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="poold"`)
 			WriteError(w, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
 			return
@@ -118,9 +124,9 @@ func (k *APIKeys) Require(next http.Handler) http.Handler {
 	})
 }
 
-// keyFree reports whether path is one that needs no API key: an operations
+// KeyFree reports whether path is one that needs no API key: an operations
 // endpoint or the admin API.
-func keyFree(path string) bool {
+func KeyFree(path string) bool {
 	switch path {
 	case "/health", "/status", "/metrics":
 		return true

@@ -41,6 +41,10 @@ func WriteError(w http.ResponseWriter, status int, code, param, msg string) {
 	if param != "" {
 		e.Param = &param
 	}
+	writeError(w, status, e)
+}
+
+func writeError(w http.ResponseWriter, status int, e apiError) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -66,6 +70,21 @@ func marshal(v any) []byte {
 
 // WriteUnavailable writes a 503 with Retry-After in whole seconds (at least 1).
 func WriteUnavailable(w http.ResponseWriter, code, msg string, retry time.Duration) {
+	setRetryAfter(w, retry)
+	WriteError(w, http.StatusServiceUnavailable, code, "", msg)
+}
+
+// WriteRateLimited writes OpenAI's 429: code rate_limit_exceeded, type the
+// limit's dimension ("requests" or "tokens", as OpenAI names it), and
+// Retry-After in whole seconds (at least 1).
+func WriteRateLimited(w http.ResponseWriter, dimension, msg string, retry time.Duration) {
+	setRetryAfter(w, retry)
+	writeError(w, http.StatusTooManyRequests, apiError{Message: msg, Type: dimension, Code: "rate_limit_exceeded"})
+}
+
+// setRetryAfter sets Retry-After to retry rounded up to whole seconds, at
+// least 1.
+func setRetryAfter(w http.ResponseWriter, retry time.Duration) {
 	// Rounded up without adding to retry, which could overflow.
 	secs := retry / time.Second
 	if retry%time.Second > 0 {
@@ -73,7 +92,6 @@ func WriteUnavailable(w http.ResponseWriter, code, msg string, retry time.Durati
 	}
 	secs = max(1, secs)
 	w.Header().Set("Retry-After", strconv.FormatInt(int64(secs), 10))
-	WriteError(w, http.StatusServiceUnavailable, code, "", msg)
 }
 
 // ErrorEvent turns an error answer (status, Retry-After, body) into the SSE

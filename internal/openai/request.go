@@ -28,11 +28,15 @@ const DefaultMaxBodyBytes = 32 << 20
 type Request struct {
 	Model  string
 	Stream bool
-	// IncludeUsage reports that the client asked for usage in its stream.
+	// IncludeUsage reports that the client asked for usage in its stream:
+	// stream_options is an object whose include_usage is true or absent.
 	IncludeUsage bool
 	// Form reports a multipart/form-data body (an audio upload), whose
 	// model, stream and stream_include_usage are form fields.
 	Form bool
+	// OutputCaps are the bounds on generated tokens the request sets, in
+	// body order (see OutputCap); nil when it sets none.
+	OutputCaps []OutputCap
 
 	modelSpan span // the model value's bytes, quotes included (a form's: its content)
 	// opts is the stream_options value's span; zero when absent.
@@ -146,6 +150,12 @@ func (r *Request) member(key, raw []byte, sp span) error {
 		// it as the model: poold and the engine could disagree on which.
 		return &fieldError{k, fmt.Sprintf("%s is a case variant of \"model\": the model is ambiguous", strconv.Quote(k))}
 	}
+	if outputParams[string(key)] {
+		if c, ok := outputCap(key, raw); ok {
+			r.OutputCaps = append(r.OutputCaps, c)
+		}
+		return nil
+	}
 	switch string(key) {
 	case `"model"`:
 		if !r.modelSpan.empty() {
@@ -170,16 +180,34 @@ func (r *Request) member(key, raw []byte, sp span) error {
 			return fmt.Errorf("%w: \"stream\" must be a boolean", errBadBody)
 		}
 	case `"stream_options"`:
-		var o *struct {
-			IncludeUsage *bool `json:"include_usage"`
-		}
-		if err := json.Unmarshal(raw, &o); err != nil {
-			return fmt.Errorf("%w: \"stream_options\" must be an object", errBadBody)
+		usage, err := includeUsage(raw)
+		if err != nil {
+			return err
 		}
 		r.opts = sp
-		r.IncludeUsage = o != nil && o.IncludeUsage != nil && *o.IncludeUsage
+		r.IncludeUsage = usage
 	}
 	return nil
+}
+
+// includeUsage reads a stream_options value as vLLM does: inside a present
+// object, include_usage defaults to true (so {} asks for usage), while
+// false or null, or stream_options null, do not ask for it. Keys match
+// exactly, as in vLLM's model.
+func includeUsage(raw []byte) (bool, error) {
+	var o map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return false, fmt.Errorf("%w: \"stream_options\" must be an object", errBadBody)
+	}
+	v, set := o["include_usage"]
+	if o == nil || !set {
+		return o != nil, nil
+	}
+	var b *bool
+	if err := json.Unmarshal(v, &b); err != nil {
+		return false, fmt.Errorf("%w: \"stream_options.include_usage\" must be a boolean", errBadBody)
+	}
+	return b != nil && *b, nil
 }
 
 // skipSpace returns the index of the first byte at or after i that is not JSON

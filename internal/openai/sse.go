@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -15,11 +16,16 @@ type Usage struct {
 	CompletionTokens int `json:"completion_tokens"`
 }
 
-// maxEvent bounds one SSE event held while it is incomplete.
-const maxEvent = 1 << 20
+// DefaultMaxEvent bounds, unless SetMaxEvent says otherwise, one SSE event
+// held while it is incomplete.
+const DefaultMaxEvent = 1 << 20
 
-// errEventTooLarge ends a stream whose event exceeds maxEvent.
-var errEventTooLarge = errors.New("upstream SSE event larger than 1 MiB")
+// errEventTooLarge ends a stream whose event exceeds the reader's limit.
+var errEventTooLarge = errors.New("an event from upstream is too large")
+
+// MaxEventSetting is the daemons' setting of the SSE event limit, named in
+// the error event of a stream cut for it.
+const MaxEventSetting = "max-sse-event-bytes"
 
 // SSEReader passes an upstream SSE stream through event by event, reading usage
 // from the events that carry it and, when withhold is set, dropping the final
@@ -33,6 +39,7 @@ type SSEReader struct {
 	src      io.ReadCloser
 	withhold bool
 	onFirst  func() // called once, when the first bytes are returned
+	maxEvent int    // see SetMaxEvent; zero means DefaultMaxEvent
 
 	// buf holds the bytes read from src and not yet returned: buf[off:ready]
 	// are complete events to return, buf[ready:] bytes that do not yet end an
@@ -103,8 +110,8 @@ func (s *SSEReader) Read(p []byte) (int, error) {
 		s.buf = s.buf[:len(s.buf)+n]
 		s.err = err
 		s.split()
-		if len(s.buf)-s.ready > maxEvent && (s.err == nil || s.err == io.EOF) {
-			s.err = errEventTooLarge
+		if len(s.buf)-s.ready > s.limit() && (s.err == nil || s.err == io.EOF) {
+			s.err = s.tooLarge()
 		}
 	}
 	if s.onFirst != nil {
@@ -117,6 +124,22 @@ func (s *SSEReader) Read(p []byte) (int, error) {
 }
 
 func (s *SSEReader) Close() error { return s.src.Close() }
+
+// SetMaxEvent bounds each event held while incomplete to n bytes (n ≤ 0:
+// DefaultMaxEvent); a larger one ends the stream with an error event that
+// names the limit and MaxEventSetting. Call it before the first Read.
+func (s *SSEReader) SetMaxEvent(n int) { s.maxEvent = n }
+
+func (s *SSEReader) limit() int {
+	if s.maxEvent <= 0 {
+		return DefaultMaxEvent
+	}
+	return s.maxEvent
+}
+
+func (s *SSEReader) tooLarge() error {
+	return fmt.Errorf("%w: over the %d-byte limit (setting %s)", errEventTooLarge, s.limit(), MaxEventSetting)
+}
 
 // Usage is the token usage the stream reported, and whether it reported any.
 // Call it once the stream has been read.
@@ -153,10 +176,10 @@ func (s *SSEReader) split() {
 			return
 		}
 		end += from - s.ready
-		if end > maxEvent {
+		if end > s.limit() {
 			// Too large whether or not it arrived whole: the limit must not
 			// depend on how the engine's bytes were chunked.
-			s.err = errEventTooLarge
+			s.err = s.tooLarge()
 			return
 		}
 		if s.keep(s.buf[s.ready : s.ready+end]) {
@@ -295,8 +318,9 @@ func hasContent(data []byte) bool {
 }
 
 // hasUsage reports whether data may hold a usage object: a "usage" key whose
-// value is not null. vLLM puts "usage":null in every chunk of a stream that
-// asked for usage, and decoding each of them would dominate a stream's cost.
+// value is not null. Current vLLM leaves the key out of every chunk but the
+// usage chunk; older versions put "usage":null in each, and decoding each of
+// them would dominate a stream's cost.
 func hasUsage(data []byte) bool {
 	for {
 		i := bytes.Index(data, usageKey)
@@ -324,72 +348,4 @@ func eventData(ev []byte) []byte {
 		ev = ev[min(end+1, len(ev)):]
 	}
 	return nil
-}
-
-// TailReader passes a body through unchanged, keeping only its last tailSize
-// bytes, from which the usage of a non-streaming response is read at the end.
-type TailReader struct {
-	src     io.ReadCloser
-	onFirst func()
-	tail    []byte
-	err     error // src's error other than io.EOF
-	ended   bool  // src returned io.EOF
-}
-
-const tailSize = 16 * 1024
-
-// NewTailReader wraps src, a JSON response body. onFirst, if not nil, is
-// called once, when the first bytes are read.
-func NewTailReader(src io.ReadCloser, onFirst func()) *TailReader {
-	return &TailReader{src: src, onFirst: onFirst}
-}
-
-func (t *TailReader) Read(p []byte) (int, error) {
-	n, err := t.src.Read(p)
-	switch {
-	case err == io.EOF:
-		t.ended = true
-	case err != nil:
-		t.err = err
-	}
-	if n > 0 {
-		if t.onFirst != nil {
-			t.onFirst()
-			t.onFirst = nil
-		}
-		t.tail = append(t.tail, p[:n]...)
-		if over := len(t.tail) - tailSize; over > 0 {
-			t.tail = append(t.tail[:0], t.tail[over:]...)
-		}
-	}
-	return n, err
-}
-
-func (t *TailReader) Close() error { return t.src.Close() }
-
-// Err is the error that ended the body before its end (an engine that
-// promised more bytes than it sent, say), or nil.
-func (t *TailReader) Err() error { return t.err }
-
-// Ended reports whether the whole body was read.
-func (t *TailReader) Ended() bool { return t.ended }
-
-// Usage finds the last "usage" member holding an object in the tail. Later
-// occurrences of the string "usage" that are not a key (a decoded token in
-// prompt_logprobs, say) are skipped.
-func (t *TailReader) Usage() (Usage, bool) {
-	for i := bytes.LastIndex(t.tail, usageKey); i >= 0; i = bytes.LastIndex(t.tail[:i], usageKey) {
-		rest := bytes.TrimLeft(t.tail[i+len(usageKey):], " \t\r\n")
-		rest, ok := bytes.CutPrefix(rest, []byte(":"))
-		if !ok {
-			continue
-		}
-		rest = bytes.TrimLeft(rest, " \t\r\n")
-		var u *Usage
-		if json.Unmarshal(rest[:valueEnd(rest, 0)], &u) != nil || u == nil {
-			continue
-		}
-		return *u, true
-	}
-	return Usage{}, false
 }

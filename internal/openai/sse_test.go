@@ -272,28 +272,36 @@ func TestSSEReaderUpstreamError(t *testing.T) {
 }
 
 func TestSSEReaderEventTooLarge(t *testing.T) {
-	big := "data: " + strings.Repeat("x", maxEvent) + "\n\n"
-	almost := "data: " + strings.Repeat("y", maxEvent-len("data: \n\n")) + "\n\n"
-	for _, size := range []int{100, 1500, 32 * 1024, 2 * maxEvent} {
-		t.Run("read size "+itoa(size), func(t *testing.T) {
-			// An event of exactly maxEvent bytes passes.
-			in := evRole + almost + evDone
-			s := NewSSEReader(&scriptReader{parts: chunks([]byte(in), size)}, true, nil)
-			got, err := readAll(s, 32*1024)
-			if err != io.EOF || string(got) != in {
-				t.Fatalf("1 MiB event: err %v, output %d bytes, want %d", err, len(got), len(in))
-			}
-			// One byte more ends the stream.
-			s = NewSSEReader(&scriptReader{parts: chunks([]byte(evRole+big+evDone), size)}, true, nil)
-			got, err = readAll(s, 32*1024)
-			if !errors.Is(err, errEventTooLarge) {
-				t.Fatalf("err = %v, want errEventTooLarge", err)
-			}
-			if !bytes.HasPrefix(got, []byte(evRole)) {
-				t.Fatalf("output %.100q lacks the first event", got)
-			}
-			checkErrorEvent(t, got[len(evRole):], "larger than 1 MiB")
-		})
+	for _, limit := range []int{0, 3 << 20} { // the default, and a setting
+		maxEvent := limit
+		if limit == 0 {
+			maxEvent = DefaultMaxEvent
+		}
+		big := "data: " + strings.Repeat("x", maxEvent) + "\n\n"
+		almost := "data: " + strings.Repeat("y", maxEvent-len("data: \n\n")) + "\n\n"
+		for _, size := range []int{100, 1500, 32 * 1024, 2 * maxEvent} {
+			t.Run("limit "+itoa(maxEvent)+" read size "+itoa(size), func(t *testing.T) {
+				// An event of exactly maxEvent bytes passes.
+				in := evRole + almost + evDone
+				s := NewSSEReader(&scriptReader{parts: chunks([]byte(in), size)}, true, nil)
+				s.SetMaxEvent(limit)
+				got, err := readAll(s, 32*1024)
+				if err != io.EOF || string(got) != in {
+					t.Fatalf("an event at the limit: err %v, output %d bytes, want %d", err, len(got), len(in))
+				}
+				// One byte more ends the stream.
+				s = NewSSEReader(&scriptReader{parts: chunks([]byte(evRole+big+evDone), size)}, true, nil)
+				s.SetMaxEvent(limit)
+				got, err = readAll(s, 32*1024)
+				if !errors.Is(err, errEventTooLarge) {
+					t.Fatalf("err = %v, want errEventTooLarge", err)
+				}
+				if !bytes.HasPrefix(got, []byte(evRole)) {
+					t.Fatalf("output %.100q lacks the first event", got)
+				}
+				checkErrorEvent(t, got[len(evRole):], "over the "+itoa(maxEvent)+"-byte limit (setting max-sse-event-bytes)")
+			})
+		}
 	}
 }
 
@@ -342,95 +350,6 @@ func FuzzSSEReader(f *testing.F) {
 	})
 }
 
-// chatResponse is a non-streaming vLLM chat response whose content is about
-// contentLen bytes, serialized compactly or, with spaced, as Python's
-// json.dumps does by default.
-func chatResponse(contentLen int, spaced bool, tailExtra string) []byte {
-	content := strings.Repeat("The quick brown \"fox\" jumps; usage: {}. ", contentLen/40+1)
-	s := `{"id":"chatcmpl-42","object":"chat.completion","created":1718000000,"model":"qwen","choices":[{"index":0,"message":{"role":"assistant","content":` +
-		mustJSON(content) + `,"refusal":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"length","stop_reason":null}],` +
-		`"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":1234,"total_tokens":21234,"completion_tokens":20000,"prompt_tokens_details":null},` +
-		`"prompt_logprobs":` + tailExtra + `,"kv_transfer_params":null}`
-	if spaced {
-		s = strings.NewReplacer(`":`, `": `, `,"`, `, "`).Replace(s)
-	}
-	return []byte(s)
-}
-
-func TestTailReaderClose(t *testing.T) {
-	src := &scriptReader{}
-	if err := (NewTailReader(src, nil)).Close(); err != nil || !src.closed {
-		t.Fatalf("Close did not close the source")
-	}
-}
-
-func TestTailReader(t *testing.T) {
-	want := Usage{PromptTokens: 1234, CompletionTokens: 20000}
-	tests := []struct {
-		name  string
-		body  []byte
-		want  Usage
-		found bool
-	}{
-		{"compact", chatResponse(70*1024, false, "null"), want, true},
-		{"spaced", chatResponse(70*1024, true, "null"), want, true},
-		{"small", chatResponse(10, false, "null"), want, true},
-		{"usage string after usage key", chatResponse(70*1024, false,
-			`[null,{"8207":{"logprob":-1.5,"rank":1,"decoded_token":"usage"}}]`), want, true},
-		{"usage null", []byte(`{"object":"list","data":[],"usage":null}`), Usage{}, false},
-		{"no usage", []byte(`{"object":"list","data":[{"id":"m","object":"model"}]}`), Usage{}, false},
-		{"usage only in content", []byte(`{"choices":[{"message":{"content":"\"usage\":{\"prompt_tokens\":3}"}}]}`), Usage{}, false},
-		{"usage too early", append(append([]byte(`{"usage":{"prompt_tokens":1,"completion_tokens":2},"data":"`), bytes.Repeat([]byte("z"), 2*tailSize)...), `"}`...), Usage{}, false},
-		{"embeddings", []byte(`{"id":"embd-1","object":"list","created":1,"model":"e5","data":[{"index":0,"object":"embedding","embedding":[0.1,-0.2]}],"usage":{"prompt_tokens":8,"total_tokens":8,"completion_tokens":0,"prompt_tokens_details":null}}`),
-			Usage{PromptTokens: 8}, true},
-		{"empty", nil, Usage{}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			readers := map[string]func() io.Reader{
-				"whole":  func() io.Reader { return bytes.NewReader(tt.body) },
-				"odd":    func() io.Reader { return &scriptReader{parts: chunks(bytes.Clone(tt.body), 4093)} },
-				"halves": func() io.Reader { return iotest.HalfReader(bytes.NewReader(tt.body)) },
-				"one byte": func() io.Reader {
-					return iotest.OneByteReader(bytes.NewReader(tt.body[max(0, len(tt.body)-3*tailSize):]))
-				},
-			}
-			for how, src := range readers {
-				firsts := 0
-				tr := NewTailReader(io.NopCloser(src()), func() { firsts++ })
-				for _, bufSize := range []int{1 << 20, 32 * 1024} {
-					if how == "one byte" && bufSize != 32*1024 {
-						continue
-					}
-					got, err := readAll(tr, bufSize)
-					if err != io.EOF {
-						t.Fatalf("%s: err %v", how, err)
-					}
-					body := tt.body
-					if how == "one byte" {
-						body = body[max(0, len(body)-3*tailSize):]
-					}
-					if !bytes.Equal(got, body) {
-						t.Fatalf("%s: body changed", how)
-					}
-					if len(tr.tail) > tailSize {
-						t.Fatalf("%s: tail holds %d bytes", how, len(tr.tail))
-					}
-					u, ok := tr.Usage()
-					if u != tt.want || ok != tt.found {
-						t.Fatalf("%s: usage() = %+v, %v; want %+v, %v", how, u, ok, tt.want, tt.found)
-					}
-					if firsts != min(1, len(body)) {
-						t.Fatalf("%s: onFirst called %d times", how, firsts)
-					}
-					tr = NewTailReader(io.NopCloser(src()), func() { firsts++ })
-					firsts = 0
-				}
-			}
-		})
-	}
-}
-
 // A stream the engine breaks off tells why, and how many chunks with
 // generated text the client received: the estimate of its completion tokens.
 func TestSSEReaderCutStream(t *testing.T) {
@@ -458,19 +377,6 @@ func TestSSEReaderCutStream(t *testing.T) {
 	whole := NewSSEReader(io.NopCloser(strings.NewReader(evRole+evHello+evUsage+evDone)), true, nil)
 	if _, err := io.ReadAll(whole); err != nil || whole.Err() != nil {
 		t.Fatalf("a whole stream: read %v, Err %v", err, whole.Err())
-	}
-}
-
-// A JSON body cut short (an engine that promised more than it sent) is
-// reported by the TailReader.
-func TestTailReaderCut(t *testing.T) {
-	tr := NewTailReader(&scriptReader{parts: [][]byte{[]byte(`{"usage":`)}, err: io.ErrUnexpectedEOF}, nil)
-	if _, err := io.ReadAll(tr); err != io.ErrUnexpectedEOF || tr.Err() != io.ErrUnexpectedEOF {
-		t.Fatalf("read %v, Err %v", err, tr.Err())
-	}
-	whole := NewTailReader(io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":1}}`)), nil)
-	if _, err := io.ReadAll(whole); err != nil || whole.Err() != nil {
-		t.Fatalf("a whole body: read %v, Err %v", err, whole.Err())
 	}
 }
 

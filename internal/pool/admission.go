@@ -18,8 +18,14 @@ type Lease struct {
 	// Target is the engine's base URL (http://127.0.0.1:PORT), shared by every
 	// lease on that engine: read it, never modify it.
 	Target *url.URL
+	// IdleTimeout is how long a connection to the engine may stay idle
+	// between requests: below the engine's own keep-alive (idleTimeout).
+	IdleTimeout time.Duration
 	// Waited is how long the request queued before admission.
 	Waited time.Duration
+	// CausedSwap reports that the request was the oldest one waiting for the
+	// swap that loaded its profile: the one that caused it.
+	CausedSwap bool
 
 	p    *Pool
 	eng  *engine // the engine the lease is on
@@ -40,6 +46,7 @@ func (l *Lease) Release() {
 		p := l.p
 		p.mu.Lock()
 		p.sched.Release(p.opts.Now())
+		p.noteActivityLocked()
 		kick := p.loopWaitsLocked()
 		p.mu.Unlock()
 		if kick {
@@ -213,7 +220,8 @@ func (p *Pool) leave(w *Waiter, err error) error {
 // leaseLocked makes a lease on the current engine; p.mu must be held and the
 // scheduler must have counted it in flight.
 func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
-	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, Waited: waited, p: p, eng: p.eng}
+	p.noteActivityLocked()
+	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, IdleTimeout: p.eng.idle, Waited: waited, p: p, eng: p.eng}
 }
 
 // retryAfterLocked estimates how long until a queued request could be served:
@@ -245,7 +253,9 @@ func (p *Pool) answerLocked(ws []*Waiter, err error) {
 		case w.Intent:
 			w.done <- grant{} // done; an intent holds no lease
 		default:
-			w.done <- grant{lease: p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))}
+			l := p.leaseLocked(p.cfg.Lookup(w.Profile), now.Sub(w.Arrived))
+			l.CausedSwap = w.causedSwap
+			w.done <- grant{lease: l}
 		}
 	}
 }

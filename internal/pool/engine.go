@@ -1,10 +1,9 @@
 package pool
 
 import (
-	"bufio"
+	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -14,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/poold/poold/internal/profile"
@@ -25,7 +25,8 @@ const logLines = 30
 // engine is one engine subprocess in its own process group. Its fields are set
 // before start returns and not changed afterwards, except through the exited
 // channel (closed by the one goroutine that calls cmd.Wait, after setting
-// exitErr) and the log ring (which has its own mutex).
+// exitErr), unwatch (the run loop's alone), and the log ring and noted
+// (safe for concurrent use).
 type engine struct {
 	profile   *profile.Profile
 	port      int
@@ -44,6 +45,8 @@ type engine struct {
 	cgroup string
 
 	http clients // its probe and control clients
+	// idle is how long a connection to it may stay idle (idleTimeout).
+	idle time.Duration
 	// hurry, once closed, cuts the SIGTERM grace of a stop short (a second
 	// signal at shutdown); nil never is.
 	hurry <-chan struct{}
@@ -52,6 +55,12 @@ type engine struct {
 	exitErr error         // valid once exited is closed
 	pumped  chan struct{} // closed once every writer closed the log pipe
 	logs    *ring
+	// noted has a bit set for each kind of output line (noteLines) the log
+	// pump has seen.
+	noted atomic.Uint32
+	// unwatch ends the /health poller; nil while none runs. Only the
+	// pool's run loop uses it.
+	unwatch context.CancelFunc
 }
 
 // startEngine starts prof's engine for the pool on a free loopback port, in
@@ -112,6 +121,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		token:     token,
 		cgroup:    cgroup,
 		http:      hc,
+		idle:      idleTimeout(cmd.Env),
 		hurry:     hurry,
 		exited:    make(chan struct{}),
 		pumped:    make(chan struct{}),
@@ -148,20 +158,6 @@ func (e *engine) base() string { return "http://127.0.0.1:" + strconv.Itoa(e.por
 // loopbackURL is the base URL of an engine listening on port.
 func loopbackURL(port int) *url.URL {
 	return &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(port)}
-}
-
-// pump copies the engine's output lines into the log and the ring until every
-// writer (the engine and its descendants) has closed the pipe.
-func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
-	defer close(e.pumped)
-	defer r.Close()
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 4096), 64*1024)
-	for sc.Scan() {
-		line := sc.Text()
-		e.logs.add(line)
-		log.Info(EngineOutput, EngineLine, line)
-	}
 }
 
 // outputWait bounds the wait for an exited engine's last output lines: a
@@ -287,13 +283,6 @@ func (r *ring) add(line string) {
 		r.lines = r.lines[:r.max-1]
 	}
 	r.lines = append(r.lines, line)
-}
-
-// snapshot returns a copy of the kept lines.
-func (r *ring) snapshot() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.lines)
 }
 
 // tail returns the last n lines joined by " | ", or "(none)".

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -10,12 +11,14 @@ import (
 	"github.com/poold/poold/internal/profile"
 )
 
-// An engine's output is read asynchronously: its failure waits for the last
-// lines, here written by a descendant after the engine itself exited.
-func TestFailureWaitsForLastOutput(t *testing.T) {
+// exitedEngine starts an engine that runs script with sh (which must
+// mention {port}, in a comment say) and waits for it to exit.
+func exitedEngine(t *testing.T, script string) *engine {
+	t.Helper()
+	cmd, _ := json.Marshal([]string{"sh", "-c", script})
 	cfg, err := profile.Parse([]byte(`{
 	  "pools": [{"name": "g", "gpus": [0]}],
-	  "profiles": [{"id": "s", "model": "m", "command": ["sh", "-c", "echo first; (sleep 0.3; echo last-words) & exit 3 # {port}"]}]
+	  "profiles": [{"id": "s", "model": "m", "command": ` + string(cmd) + `}]
 	}`))
 	if err != nil {
 		t.Fatal(err)
@@ -31,6 +34,13 @@ func TestFailureWaitsForLastOutput(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the engine did not exit")
 	}
+	return e
+}
+
+// An engine's output is read asynchronously: its failure waits for the last
+// lines, here written by a descendant after the engine itself exited.
+func TestFailureWaitsForLastOutput(t *testing.T) {
+	e := exitedEngine(t, "echo first; (sleep 0.3; echo last-words) & exit 3 # {port}")
 	msg := e.failure().Error()
 	if !strings.Contains(msg, "exit status 3") || !strings.Contains(msg, "first | last-words") {
 		t.Fatalf("failure %q lacks the exit status or the last output", msg)

@@ -1,5 +1,15 @@
 package pool
 
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
 // An engine's output reaches poold's log one line per record: the message
 // is EngineOutput and the line, as the engine printed it, is the string
 // attribute EngineLine, beside the pool, profile and pid of the engine. The
@@ -9,3 +19,95 @@ const (
 	EngineOutput = "engine output"
 	EngineLine   = "line"
 )
+
+// Kinds of engine output line the pool acts on, as bits of engine.noted.
+const (
+	notePortTaken   uint32 = 1 << iota // the engine could not bind its port
+	noteMemoryShort                    // vLLM found too little free GPU memory at start-up
+)
+
+// noteLines match each kind of line, whatever its letter case: portInUse,
+// and vLLM's memoryShortLine.
+var noteLines = []struct {
+	bit uint32
+	re  *regexp.Regexp
+}{
+	{notePortTaken, portInUse},
+	{noteMemoryShort, regexp.MustCompile(`(?i)` + regexp.QuoteMeta(memoryShortLine))},
+}
+
+// note records the kinds of line that line is.
+func (e *engine) note(line string) {
+	for _, n := range noteLines {
+		if n.re.MatchString(line) {
+			e.noted.Or(n.bit)
+		}
+	}
+}
+
+// printed reports whether the exited engine printed a line of kind bit.
+// Call it once the engine's group is stopped: it waits (bounded) for the
+// engine's last output lines.
+func (e *engine) printed(bit uint32) bool {
+	select {
+	case <-e.exited:
+	default:
+		return false
+	}
+	e.awaitOutput()
+	return e.noted.Load()&bit != 0
+}
+
+// maxLogLine bounds the part of one engine output line that poold keeps and
+// logs; the rest of a longer line (a prompt logged by vLLM's
+// --enable-log-requests, say) is read and dropped.
+const maxLogLine = 16 * 1024
+
+// pump copies the engine's output lines into the log and the ring, noting
+// the kinds poold acts on, until every writer (the engine and its
+// descendants) has closed the pipe. It never stops reading before: an
+// engine writing into a pipe nobody reads would block, and one whose pipe
+// was closed would die of SIGPIPE. A line longer than maxLogLine is cut
+// there and says how much was dropped.
+func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
+	defer close(e.pumped)
+	defer r.Close()
+	br := bufio.NewReaderSize(r, maxLogLine)
+	for {
+		line, err := readLine(br)
+		if line != "" || err == nil {
+			e.note(line)
+			e.logs.add(line)
+			log.Info(EngineOutput, EngineLine, line)
+		}
+		if err != nil {
+			if err != io.EOF {
+				log.Warn("reading the engine's output", "err", err)
+			}
+			return
+		}
+	}
+}
+
+// readLine reads one line, without its line end (LF or CRLF), keeping at
+// most br's buffer size of it and marking a longer one truncated. At the
+// end of the input it returns the last, unterminated line, if any, with
+// io.EOF.
+func readLine(br *bufio.Reader) (string, error) {
+	b, err := br.ReadSlice('\n')
+	line := string(b)
+	dropped := 0
+	for err == bufio.ErrBufferFull {
+		b, err = br.ReadSlice('\n')
+		dropped += len(b)
+	}
+	if dropped == 0 {
+		line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
+	} else if err == nil { // the line end is the last of what was dropped
+		dropped -= len(b) - len(bytes.TrimSuffix(bytes.TrimSuffix(b, []byte("\n")), []byte("\r")))
+	}
+	if dropped > 0 {
+		line += " … [line truncated: " + strconv.Itoa(dropped) + " more bytes]"
+	}
+	return line, err
+}

@@ -1,74 +1,63 @@
 package pool
 
 import (
-	"bytes"
-	"encoding/json"
-	"log/slog"
+	"bufio"
+	"io"
+	"strconv"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/poold/poold/internal/profile"
 )
 
-// logSink is a bytes.Buffer for a test's log, safe for one writer and
-// concurrent readers.
-type logSink struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
+func TestNoteLines(t *testing.T) {
+	for _, tt := range []struct {
+		line string
+		want uint32
+	}{
+		{"OSError: [Errno 98] Address already in use", notePortTaken},
+		{"ERROR 11-30 12:00:00 [api_server.py:1] Port 8000 is already in use", notePortTaken},
+		{"listen tcp 127.0.0.1:8000: bind: address already in use", notePortTaken},
+		{"PORT 41873 IS ALREADY IN USE", notePortTaken},
+		{"ValueError: Free memory on device cuda:0 (8.00/10.00 GiB) on startup is less than desired GPU memory utilization (0.9, 9.00 GiB).", noteMemoryShort},
+		{"INFO: the port is already in use by nobody", 0},
+		{"Loading safetensors checkpoint shards: 100%", 0},
+	} {
+		e := &engine{}
+		e.note(tt.line)
+		if got := e.noted.Load(); got != tt.want {
+			t.Errorf("%q: noted %b, want %b", tt.line, got, tt.want)
+		}
+	}
 }
 
-func (l *logSink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
+func TestReadLine(t *testing.T) {
+	long := strings.Repeat("p", 3*maxLogLine+5)
+	in := "short\r\n" + long + "\n" + "x" + long + "\r\n" + "\n" + "last, unterminated"
+	br := bufio.NewReaderSize(strings.NewReader(in), maxLogLine)
+	want := []string{
+		"short",
+		long[:maxLogLine] + " … [line truncated: " + strconv.Itoa(2*maxLogLine+5) + " more bytes]",
+		("x" + long)[:maxLogLine] + " … [line truncated: " + strconv.Itoa(2*maxLogLine+6) + " more bytes]",
+		"",
+		"last, unterminated",
+	}
+	for i, w := range want {
+		line, err := readLine(br)
+		if line != w || (err != nil) != (i == len(want)-1) {
+			t.Fatalf("line %d: %.60q… (%d bytes), %v; want %.60q… (%d bytes)", i, line, len(line), err, w, len(w))
+		}
+	}
+	if line, err := readLine(br); line != "" || err != io.EOF {
+		t.Fatalf("after the end: %q, %v", line, err)
+	}
 }
 
-func (l *logSink) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// Each line an engine prints is logged as it was printed, in a field of its
-// own, with the engine's pool, profile and pid: never as poold's message.
-func TestEngineOutputLogged(t *testing.T) {
-	cfg, err := profile.Parse([]byte(`{
-	  "pools": [{"name": "g", "gpus": [0]}],
-	  "profiles": [{"id": "s", "model": "m", "command": ["sh", "-c", "echo 'level=INFO msg=\"loading model\"'; echo done # {port}"]}]
-	}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out logSink
-	p := newPool(cfg.Pool("g"), cfg, Options{Logger: slog.New(slog.NewJSONHandler(&out, nil))})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.opts.Containment, p.http, nil, p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.stop(0, p.log) })
-	select {
-	case <-e.pumped:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the engine's output was not read to its end")
-	}
-	var lines []string
-	for line := range strings.Lines(out.String()) {
-		var rec map[string]any
-		if err := json.Unmarshal([]byte(line), &rec); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if rec["msg"] != EngineOutput {
-			continue
-		}
-		if rec["pool"] != "g" || rec["profile"] != "s" || rec["pid"] != float64(e.pid) {
-			t.Errorf("engine line without its pool, profile and pid: %v", rec)
-		}
-		l, _ := rec[EngineLine].(string)
-		lines = append(lines, l)
-	}
-	if want := []string{`level=INFO msg="loading model"`, "done"}; strings.Join(lines, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("engine lines %q, want %q", lines, want)
+// An engine printing a line far over maxLogLine, then more, keeps its
+// pipe: every line is read (the long one cut and marked), and the engine
+// exits on its own, not of SIGPIPE.
+func TestPumpSurvivesLongLines(t *testing.T) {
+	e := exitedEngine(t, "head -c 200000 /dev/zero | tr '\\0' x; echo; echo after; exit 7 # {port}")
+	msg := e.failure().Error()
+	if !strings.Contains(msg, "exit status 7") || !strings.Contains(msg, " … [line truncated: "+strconv.Itoa(200000-maxLogLine)+" more bytes] | after") {
+		t.Fatalf("failure %.300q…: want exit status 7 and the truncated line followed by the next", msg)
 	}
 }

@@ -13,7 +13,9 @@ import (
 // decisions until ctx ends, and then stops the engine.
 func (p *Pool) run(ctx context.Context) {
 	defer close(p.done)
+	defer p.endActivity()
 	p.mu.Lock()
+	p.noteActivityLocked()
 	if def := p.cfg.Lookup(p.spec.Default); def != nil && p.sched.QueueLen() == 0 {
 		retired := p.beginLocked(def.ID)
 		p.mu.Unlock()
@@ -211,7 +213,11 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		}
 	}
 
-	p.makeGPURoom(prof, spec.GPUs)
+	var own []int // a sleeper about to wake reclaims the memory it holds
+	if sl != nil {
+		own = sl.eng.members()
+	}
+	p.makeGPURoom(prof, spec.GPUs, own)
 	p.mu.Lock()
 	p.setStateLocked(StateStarting)
 	if sl != nil {
@@ -228,8 +234,10 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	}
 	// An engine that could not bind its port (taken between freePort and the
 	// engine's bind), or that shares it with another process, is started
-	// again on another, a bounded number of times.
+	// again on another, a bounded number of times; one that found too little
+	// free GPU memory, once, after an eviction.
 	var exposed error // listeners beyond loopback that did not fail the start
+	memoryRetried := false
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
@@ -274,18 +282,27 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			}
 			err = fmt.Errorf("engine %q found its port taken %d times in a row: %w", prof.ID, attempt, err)
 		}
+		if !memoryRetried && e.printed(noteMemoryShort) && p.evictOldest("vLLM found too little free GPU memory for "+prof.ID) {
+			memoryRetried = true
+			p.log.Warn("engine found too little free GPU memory; evicted a sleeper, starting it again", "profile", prof.ID, "attempt", attempt)
+			continue
+		}
 		p.failSwap(ctx, prof, from, phases, err)
 		return
 	}
 	now := p.opts.Now()
 
 	p.mu.Lock()
+	p.watchHealth(p.eng)
 	p.lastErr = exposed
 	p.readyAt = now
 	p.backoff.ready(now)
 	p.lastSwap = now.Sub(begin)
 	p.setStateLocked(StateReady)
-	p.answerLocked(p.sched.Ready(prof.ID, now), nil)
+	admitted := p.sched.Ready(prof.ID, now)
+	p.noteActivityLocked() // the state went ready before the scheduler knew the profile
+	markSwapCause(admitted)
+	p.answerLocked(admitted, nil)
 	p.mu.Unlock()
 	p.log.Info("engine ready", "profile", prof.ID, "from", from, "kind", kind, "took", now.Sub(begin))
 	p.observeSwap(from, prof.ID, kind, "ok", phases)
@@ -375,6 +392,7 @@ func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
 // processes are gone.
 // release is how long the check took, zero when it did not run or gave up.
 func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration, err error) {
+	e.unwatchHealth()
 	var released func() error
 	if p.opts.VRAM != nil {
 		released = p.opts.VRAM.Watch(e.gpus, e.members())

@@ -79,11 +79,13 @@ type Observer interface {
 // GPU's used memory fell by at least half of what those pids held, or returns
 // an error (also when the GPUs cannot be read).
 //
-// Free reads the free and total memory of the given GPUs, summed.
+// GPUs reads the given GPUs (memory used and total, compute processes), in
+// that order, before an engine starts or wakes; it fails when none can be
+// read. The pool only reads what it returns.
 type VRAM interface {
 	Watch(gpus []int, pids []int) (released func() error)
 	WatchSleep(gpus []int, pids []int) (released func() error)
-	Free(gpus []int) (free, total uint64, err error)
+	GPUs(gpus []int) ([]statusapi.GPU, error)
 }
 
 // Options configures a Pool. Self is poold's executable (for {poold} in engine
@@ -94,6 +96,9 @@ type Options struct {
 	Logger   *slog.Logger
 	Observer Observer
 	VRAM     VRAM
+	// Activity receives the pool's activity changes, for the usage ledger
+	// (activity.go); nil means none.
+	Activity ActivityObserver
 	// Ledger records the engines started, for crash clean-up; nil records none.
 	Ledger *Ledger
 	// Containment is how engines' processes are kept account of; nil is
@@ -119,6 +124,9 @@ type Options struct {
 	// warm-up calls, each bounded by its own context; nil means a plain
 	// client.
 	ProbeClient, ControlClient *http.Client
+	// HealthInterval is how often a serving engine's /health is polled
+	// (liveness.go); zero means DefaultHealthInterval, negative none.
+	HealthInterval time.Duration
 	// RestartBackoff is the wait before the second start in a row of a profile
 	// whose engine failed twice in a row, doubling with each further failure up
 	// to MaxRestartBackoff (restartBackoff in backoff.go). Zero values mean
@@ -160,6 +168,9 @@ type Pool struct {
 	// failed is why the engine serving failed though its process lives
 	// (Lease.Fail), for the run loop to stop it; nil when it did not.
 	failed error
+	// activity and activityProfile are what Options.Activity was last told.
+	activity        Activity
+	activityProfile string
 }
 
 func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
@@ -223,6 +234,7 @@ func (p *Pool) setStateLocked(s State) {
 	}
 	p.state = s
 	p.since = p.opts.Now()
+	p.noteActivityLocked()
 }
 
 func (p *Pool) observeSwap(from, to, kind, result string, phases map[string]time.Duration) {

@@ -100,8 +100,10 @@ func (e *engine) serves(ctx context.Context) (ok bool, seen string) {
 	return false, fmt.Sprintf("it lists [%s], not %q (check --served-model-name)", strings.Join(ids, ", "), e.profile.ID)
 }
 
-// warmupTimeout bounds the warm-up probe after a wake.
-const warmupTimeout = 30 * time.Second
+// warmupTimeout bounds the warm-up probe after a wake: a 1-token answer of
+// an awake engine takes milliseconds, while vLLM queues a request to an
+// engine not fully awake until it is, which may be never.
+const warmupTimeout = 10 * time.Second
 
 // call sends one sleep-mode request to the engine and returns the status and
 // (the start of) the body. It fails on a transport error (status 0) or a
@@ -142,9 +144,11 @@ func (e *engine) isSleeping(ctx context.Context) (bool, error) {
 }
 
 // sleep puts the engine to sleep at level and confirms it with /is_sleeping.
-// The pool has drained it: vLLM's sleep aborts the requests in flight.
+// The pool has drained it: vLLM's sleep aborts the requests in flight by
+// default, and mode=wait (which versions before it ignore) would let any
+// still running finish.
 func (e *engine) sleep(ctx context.Context, level int) error {
-	if _, _, err := e.call(ctx, http.MethodPost, "/sleep?level="+strconv.Itoa(level), ""); err != nil {
+	if _, _, err := e.call(ctx, http.MethodPost, "/sleep?level="+strconv.Itoa(level)+"&mode=wait", ""); err != nil {
 		return err
 	}
 	asleep, err := e.isSleeping(ctx)
@@ -154,9 +158,10 @@ func (e *engine) sleep(ctx context.Context, level int) error {
 	return err
 }
 
-// wakeUp wakes a sleeping engine: /wake_up (after level 2 also reload_weights
-// and a prefix-cache reset), the readiness gate, and a 1-token warm-up probe
-// that proves it generates. timeout bounds it all.
+// wakeUp wakes a sleeping engine: /wake_up (after level 2 in vLLM's
+// documented order, below), /is_sleeping confirming it is fully awake (else
+// the warm-up would only queue), the readiness gate, and a 1-token warm-up
+// probe that proves it generates. timeout bounds it all.
 func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) error {
 	select {
 	case <-e.exited:
@@ -165,16 +170,16 @@ func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) e
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, _, err := e.call(ctx, http.MethodPost, "/wake_up", ""); err != nil {
-		return err
+	for _, c := range wakeCalls(level) {
+		if _, _, err := e.call(ctx, http.MethodPost, c.path, c.body); err != nil {
+			return err
+		}
 	}
-	if level == 2 {
-		if _, _, err := e.call(ctx, http.MethodPost, "/collective_rpc", `{"method":"reload_weights"}`); err != nil {
-			return err
+	if asleep, err := e.isSleeping(ctx); err != nil || asleep {
+		if err == nil {
+			err = errors.New("GET /is_sleeping: still asleep after the wake")
 		}
-		if _, _, err := e.call(ctx, http.MethodPost, "/reset_prefix_cache", ""); err != nil {
-			return err
-		}
+		return err
 	}
 	if err := e.waitReady(ctx, timeout); err != nil {
 		return err
@@ -182,15 +187,38 @@ func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) e
 	return e.warmUp(ctx)
 }
 
-// warmUp sends a 1-token completion. Any answer but a 5xx passes: a 4xx
-// (an embedding model refusing completions, say) still comes from a live
-// model, while a sleeping engine fails with 500.
+// wakeCalls are the POSTs that wake an engine asleep at level. At level 2
+// the weights were discarded: vLLM documents waking the weights' memory
+// alone, reloading them, and only then allocating the KV cache, so that the
+// reload does not run beside a full KV cache (a higher peak of GPU memory);
+// the prefix cache, whose blocks are gone, is reset last.
+func wakeCalls(level int) []struct{ path, body string } {
+	if level != 2 {
+		return []struct{ path, body string }{{"/wake_up", ""}}
+	}
+	return []struct{ path, body string }{
+		{"/wake_up?tags=weights", ""},
+		{"/collective_rpc", `{"method":"reload_weights"}`},
+		{"/wake_up?tags=kv_cache", ""},
+		{"/reset_prefix_cache", ""},
+	}
+}
+
+// warmUp runs the model once, bounded by warmupTimeout: a 1-token
+// completion, or, where the engine serves no completions (404: vLLM
+// registers them only for generative models), an embedding of the same
+// text, as a pooling model serves. Any answer but a 5xx passes: a 4xx
+// still comes from a live engine (a reranker that serves neither route
+// answers 404 to both).
 func (e *engine) warmUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, warmupTimeout)
 	defer cancel()
 	id, _ := json.Marshal(e.profile.ID)
-	body := `{"model":` + string(id) + `,"prompt":"warm-up","max_tokens":1}`
-	if status, _, err := e.call(ctx, http.MethodPost, "/v1/completions", body); err != nil && (status == 0 || status >= 500) {
+	status, _, err := e.call(ctx, http.MethodPost, "/v1/completions", `{"model":`+string(id)+`,"prompt":"warm-up","max_tokens":1}`)
+	if status == http.StatusNotFound {
+		status, _, err = e.call(ctx, http.MethodPost, "/v1/embeddings", `{"model":`+string(id)+`,"input":"warm-up"}`)
+	}
+	if err != nil && (status == 0 || status >= 500) {
 		return fmt.Errorf("warm-up probe: %w", err)
 	}
 	return nil

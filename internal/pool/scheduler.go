@@ -59,7 +59,19 @@ type Policy struct {
 	PriorityAge time.Duration
 	// MaxQueue bounds the number of waiting requests.
 	MaxQueue int
+	// MaxInFlight is, per profile, the admission ceiling of its engine:
+	// requests beyond it wait in the pool's queue, not the engine's, and
+	// are admitted as leases end, by weighted fair queueing over their
+	// tenants (see Waiter.Tenant). A profile missing, or at zero, has none.
+	MaxInFlight map[string]int
+	// BackgroundAge is how long a background tenant's request may wait
+	// before it counts as any other: background tenants are served when no
+	// other waits, and never starved. Zero: they age at once.
+	BackgroundAge time.Duration
 }
+
+// ceiling is profile's admission ceiling; zero: none.
+func (p Policy) ceiling(profile string) int { return p.MaxInFlight[profile] }
 
 // residency is how long profile keeps the pool once loaded.
 func (p Policy) residency(profile string) time.Duration {
@@ -80,13 +92,22 @@ type Waiter struct {
 	// the admin API rather than a request: it queues, is ordered and closes
 	// the gate like a request, but holds no lease once admitted.
 	Intent bool
+	// Tenant, Weight and Background place the request in the weighted fair
+	// queue of its profile, when that profile has an admission ceiling:
+	// slots go to tenants in proportion to their weights (zero counts as
+	// one), first come first served within a tenant, and to background
+	// tenants only when no other waits (BackgroundAge aside).
+	Tenant     string
+	Weight     int
+	Background bool
 	// Hold, if not nil, is asked by the pool whether the request may queue,
 	// when it cannot be admitted at once: a queued request holds memory (its
 	// body) while it waits. It runs under the pool's mutex and must not
 	// block; false refuses the request with ErrQueueBudget.
 	Hold func() bool
 
-	done chan grant // buffered(1); the pool sends exactly one grant
+	done       chan grant // buffered(1); the pool sends exactly one grant
+	causedSwap bool       // set by markSwapCause
 }
 
 // Decision is what the scheduler wants the pool to do next.
@@ -131,6 +152,11 @@ type Scheduler struct {
 	// released is set when the last lease of the loaded profile ended: the
 	// next arrival for it ends a gap. A load or a swap clears it.
 	released bool
+	// Start-time fair queueing over tenants, for profiles with a ceiling:
+	// vtime is the start tag of the request admitted last; finish, per
+	// tenant, the finish tag of its last admitted request.
+	vtime  float64
+	finish map[string]float64
 }
 
 // Arrive admits w at once (true) when its profile is ready (for an unload
@@ -142,6 +168,9 @@ func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
 		if !w.Intent {
 			if s.inFlight == 0 && s.released && s.Policy.LearnGrace {
 				s.noteGap(w.Profile, w.Arrived.Sub(s.lastUsed))
+			}
+			if s.Policy.ceiling(w.Profile) > 0 {
+				s.charge(w)
 			}
 			s.inFlight++
 			s.lastUsed = w.Arrived
@@ -155,9 +184,17 @@ func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
 	return false, nil
 }
 
-// Admits reports whether Arrive would admit w at once rather than queue it.
+// Admits reports whether Arrive would admit w at once rather than queue it:
+// its profile is ready, the gate open, and, under a ceiling, a slot is free
+// and no earlier request of the profile waits for one.
 func (s *Scheduler) Admits(w *Waiter) bool {
-	return !s.swapping && w.Profile == s.loaded && !s.gateClosed(w.Arrived)
+	if s.swapping || w.Profile != s.loaded || s.gateClosed(w.Arrived) {
+		return false
+	}
+	if c := s.Policy.ceiling(w.Profile); c > 0 && !w.Intent && (s.inFlight >= c || s.Queued(w.Profile)) {
+		return false
+	}
+	return true
 }
 
 // Cancel removes a queued waiter and reports whether it was still queued (false
@@ -199,7 +236,9 @@ func (s *Scheduler) Next(now time.Time) Decision {
 		idleAt := s.lastUsed.Add(s.IdleGrace())
 		idle := s.inFlight == 0 && !now.Before(idleAt)
 		if now.Before(residencyEnd) && !idle {
-			d := Decision{Recheck: residencyEnd}
+			// The gate stays open: requests of the loaded profile waiting
+			// for a slot under its ceiling go in as slots free.
+			d := Decision{Recheck: residencyEnd, Admit: s.admit(s.loaded, now)}
 			if s.inFlight == 0 && idleAt.Before(residencyEnd) {
 				d.Recheck = idleAt
 			}
@@ -371,17 +410,83 @@ func (s *Scheduler) pick() string {
 	return best.Profile
 }
 
-// admit removes profile's waiters from the queue and counts its requests in
-// flight.
+// admit removes profile's waiters from the queue, as many as its ceiling
+// lets in, and counts its requests in flight. Intents take no slot and all
+// go; requests go in fair order (nextFair).
 func (s *Scheduler) admit(profile string, now time.Time) []*Waiter {
-	ws := s.take(profile)
-	for _, w := range ws {
-		if !w.Intent {
-			s.inFlight++
-			s.lastUsed = now
+	ceiling := s.Policy.ceiling(profile)
+	if ceiling <= 0 {
+		ws := s.take(profile)
+		for _, w := range ws {
+			if !w.Intent {
+				s.inFlight++
+				s.lastUsed = now
+			}
+		}
+		return ws
+	}
+	var ws []*Waiter
+	for _, w := range s.queue {
+		if w.Profile == profile && w.Intent {
+			ws = append(ws, w)
 		}
 	}
+	for _, w := range ws {
+		s.Cancel(w)
+	}
+	for s.inFlight < ceiling {
+		w := s.nextFair(profile, now)
+		if w == nil {
+			break
+		}
+		s.Cancel(w)
+		s.charge(w)
+		s.inFlight++
+		s.lastUsed = now
+		ws = append(ws, w)
+	}
 	return ws
+}
+
+// nextFair returns the waiting request of profile that goes next, or nil:
+// among the tenants with a request waiting (the oldest of each; background
+// tenants only when no other waits, unless theirs has waited
+// BackgroundAge), the one whose start tag, max(vtime, its last finish tag),
+// is least; ties go to the earlier arrival.
+func (s *Scheduler) nextFair(profile string, now time.Time) *Waiter {
+	var best, bestBg *Waiter
+	var bestTag, bestBgTag float64
+	seen := make(map[string]bool)
+	for _, w := range s.queue {
+		if w.Profile != profile || w.Intent || seen[w.Tenant] {
+			continue
+		}
+		seen[w.Tenant] = true // the queue is in arrival order: this is the tenant's oldest
+		tag := max(s.vtime, s.finish[w.Tenant])
+		if w.Background && now.Sub(w.Arrived) < s.Policy.BackgroundAge {
+			if bestBg == nil || tag < bestBgTag {
+				bestBg, bestBgTag = w, tag
+			}
+			continue
+		}
+		if best == nil || tag < bestTag {
+			best, bestTag = w, tag
+		}
+	}
+	if best == nil {
+		return bestBg
+	}
+	return best
+}
+
+// charge advances the fair queue's tags for w, admitted now.
+func (s *Scheduler) charge(w *Waiter) {
+	if s.finish == nil {
+		s.finish = make(map[string]float64)
+	}
+	start := max(s.vtime, s.finish[w.Tenant])
+	s.vtime = start
+	s.finish[w.Tenant] = start + 1/float64(max(1, w.Weight))
 }
 
 func (s *Scheduler) take(profile string) []*Waiter {

@@ -2,11 +2,9 @@ package pool
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"time"
 
-	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -49,6 +47,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	p.mu.Lock()
 	p.setStateLocked(StateSleeping)
 	p.mu.Unlock()
+	old.unwatchHealth()
 	var released func() error
 	if p.opts.VRAM != nil {
 		released = p.opts.VRAM.WatchSleep(gpus, old.members())
@@ -131,6 +130,7 @@ func (p *Pool) removeSleeperLocked(sl *sleeper) {
 	if i := slices.Index(p.sleepers, sl); i >= 0 {
 		p.sleepers = slices.Delete(p.sleepers, i, i+1)
 		p.dropSleeper(sl)
+		p.noteActivityLocked()
 	}
 }
 
@@ -223,37 +223,6 @@ func (p *Pool) stopSleeper(sl *sleeper, why string) {
 		return
 	}
 	p.observeExit(e.profile.ID, reason)
-}
-
-// makeGPURoom runs before the pool wakes or starts an engine for prof. With a
-// VRAM check configured, it evicts the pool's sleepers, least recently used
-// first, while the pool's GPUs have less free memory than prof needs: its
-// weight size (weightBytes, declared or estimated), else, unknown, a tenth
-// of the GPUs' total memory. With none left to evict, or the GPUs unreadable,
-// the engine starts anyway: vLLM itself fails a start that does not fit.
-func (p *Pool) makeGPURoom(prof *profile.Profile, gpus []int) {
-	if p.opts.VRAM == nil {
-		return
-	}
-	weights := uint64(weightBytes(prof))
-	for {
-		free, total, err := p.opts.VRAM.Free(gpus)
-		if err != nil {
-			p.log.Warn("reading free GPU memory; evicting no sleeper", "profile", prof.ID, "gpus", gpus, "err", err)
-			return
-		}
-		need := weights
-		if need == 0 {
-			need = total / 10
-		}
-		if free >= need {
-			return
-		}
-		if !p.evictOldest(fmt.Sprintf("gpu memory: %d bytes free, %d needed", free, need)) {
-			p.log.Warn("too little free GPU memory and no sleeper to evict; starting anyway", "profile", prof.ID, "gpus", gpus, "free_bytes", free, "need_bytes", need)
-			return
-		}
-	}
 }
 
 // stopSleepers stops every sleeper, for shutdown.

@@ -3,7 +3,6 @@ package pool
 import (
 	"errors"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/poold/poold/internal/statusapi"
@@ -54,15 +53,12 @@ func TestSleepVRAMCheck(t *testing.T) {
 }
 
 func TestEvictSleepersForGPUMemory(t *testing.T) {
-	// x, y, z declare weightBytes 1000: each needs 1000 bytes free. w declares
-	// none (and its model is no directory): it needs a tenth of the total.
+	// vLLM's rule on each of the pool's two GPUs of 100000 bytes: free at
+	// least 0.9 of the total (no profile sets --gpu-memory-utilization),
+	// less what a sleeper about to wake holds there.
 	const total = 100_000
-	noWeights := strings.Replace(sleepProfile("w"), `,"weightBytes":1000`, "", 1)
-	if strings.Contains(noWeights, "weightBytes") {
-		t.Fatalf("profile w still declares its weights: %s", noWeights)
-	}
 	cfg := reloadConfig(t, `{"name": "a", "gpus": [0, 1], "default": "x", "maxSleeping": 3}`,
-		sleepProfile("x"), sleepProfile("y"), sleepProfile("z"), noWeights)
+		sleepProfile("x"), sleepProfile("y"), sleepProfile("z"), sleepProfile("w"))
 	vram := &fakeVRAM{total: total}
 	obs := &exitObserver{}
 	s, _ := runSleepSet(t, cfg, Options{VRAM: vram, Observer: obs})
@@ -73,43 +69,44 @@ func TestEvictSleepersForGPUMemory(t *testing.T) {
 	pids["y"], pids["z"] = sleeperPID(t, st, "y"), st.Engine.PID
 
 	// check fails unless the pool's sleepers are want (least recently used
-	// first) and Free was read reads times since it was scripted.
+	// first) and the GPUs were read reads times since they were scripted.
 	check := func(step string, want []string, reads int) statusapi.Pool {
 		t.Helper()
 		st := s.Pool("a").Status()
 		vram.mu.Lock()
-		calls := vram.freeCalls
+		calls := vram.readCalls
 		vram.mu.Unlock()
 		if !asleep(want...)(st) || calls != reads {
-			t.Fatalf("%s: sleeping %+v after %d Free readings; want %v after %d", step, st.Sleeping, calls, want, reads)
+			t.Fatalf("%s: sleeping %+v after %d GPU readings; want %v after %d", step, st.Sleeping, calls, want, reads)
 		}
 		return st
 	}
 
-	// Starting w: z falls asleep; 5000 and 9000 free are short of a tenth of
-	// the total, so x then y are evicted; 20000 is enough.
-	vram.setFree(5000, 9000, 20000)
+	// Starting w: z falls asleep. GPU 1 short, then GPU 0 short (the sum
+	// would do both times): x then y are evicted; then both have room.
+	vram.setReads(vram.used(0, 20_000), vram.used(10_001, 0), vram.used(10_000, 10_000))
 	use(t, s, cfg, "w")
 	pids["w"] = check("cold start of w", []string{"z"}, 3).Engine.PID
 	waitGroupGoneT(t, pids["x"], "x, evicted first")
 	waitGroupGoneT(t, pids["y"], "y, evicted second")
 
-	// Starting y again (1000 bytes): w falls asleep; z is evicted for 500.
-	vram.setFree(500, 2000)
-	use(t, s, cfg, "y")
-	check("cold start of y", []string{"w"}, 2)
-	waitGroupGoneT(t, pids["z"], "z, evicted")
+	// Waking z: w falls asleep. GPU 0 lacks 90000 free, but z holds 30000 of
+	// what is used there, which it reclaims: no eviction.
+	zHolds := vram.used(40_000, 0)
+	zHolds[0].Processes = []statusapi.GPUProcess{{PID: pids["z"], UsedBytes: 30_000}, {PID: 1, UsedBytes: 10_000}}
+	vram.setReads(zHolds)
+	use(t, s, cfg, "z")
+	check("wake of z", []string{"w"}, 1)
 
-	// Waking w: y falls asleep and is evicted; w, being woken, is not; with
+	// Waking w: z falls asleep and is evicted; w, being woken, is not; with
 	// no sleeper left, w wakes anyway.
-	ypid := s.Pool("a").Status().Engine.PID
-	vram.setFree(0)
+	vram.setReads(vram.used(total, 0))
 	use(t, s, cfg, "w")
 	st = check("wake of w", nil, 2)
 	if !readyWith("w")(st) || st.Engine.PID != pids["w"] {
 		t.Fatalf("pool: %+v, want w woken on pid %d", st, pids["w"])
 	}
-	waitGroupGoneT(t, ypid, "y, evicted")
+	waitGroupGoneT(t, pids["z"], "z, evicted")
 
 	obs.mu.Lock()
 	exits := slices.Clone(obs.exits)
@@ -117,6 +114,35 @@ func TestEvictSleepersForGPUMemory(t *testing.T) {
 	for _, want := range []string{"x:stopped", "y:stopped", "z:stopped"} {
 		if !slices.Contains(exits, want) {
 			t.Errorf("engine exits %v, want %s", exits, want)
+		}
+	}
+}
+
+func TestGPUShortfall(t *testing.T) {
+	const g = 1 << 30
+	gpu := func(index int, used uint64, procs ...statusapi.GPUProcess) statusapi.GPU {
+		return statusapi.GPU{Index: index, MemoryUsedBytes: used, MemoryTotalBytes: 80 * g, Processes: procs}
+	}
+	for _, tt := range []struct {
+		name string
+		devs []statusapi.GPU
+		util float64
+		own  []int
+		want string
+	}{
+		{"empty gpus", []statusapi.GPU{gpu(0, 0), gpu(1, 0)}, 0.9, nil, ""},
+		{"exactly enough", []statusapi.GPU{gpu(0, 8*g)}, 0.9, nil, ""},
+		{"a sleeper's residue", []statusapi.GPU{gpu(0, 9*g)}, 0.9, nil, "gpu 0: 71.00 GiB free, 72.00 GiB needed"},
+		{"a lower utilization fits", []statusapi.GPU{gpu(0, 9*g)}, 0.5, nil, ""},
+		{"one gpu of two", []statusapi.GPU{gpu(0, 0), gpu(1, 40*g)}, 0.6, nil, "gpu 1: 40.00 GiB free, 48.00 GiB needed"},
+		{"both", []statusapi.GPU{gpu(2, 79*g), gpu(3, 80*g)}, 0.9, nil, "gpu 2: 1.00 GiB free, 72.00 GiB needed; gpu 3: 0.00 GiB free, 72.00 GiB needed"},
+		{"what a waking sleeper holds counts", []statusapi.GPU{gpu(0, 10*g, statusapi.GPUProcess{PID: 7, UsedBytes: 2 * g})}, 0.9, []int{7}, ""},
+		{"only its own", []statusapi.GPU{gpu(0, 10*g, statusapi.GPUProcess{PID: 8, UsedBytes: 2 * g})}, 0.9, []int{7}, "gpu 0: 70.00 GiB free, 72.00 GiB needed"},
+		{"more held than needed", []statusapi.GPU{gpu(0, 80*g, statusapi.GPUProcess{PID: 7, UsedBytes: 80 * g})}, 0.9, []int{7}, ""},
+		{"used over total", []statusapi.GPU{gpu(0, 90*g)}, 0.1, nil, "gpu 0: 0.00 GiB free, 8.00 GiB needed"},
+	} {
+		if got := gpuShortfall(tt.devs, tt.util, tt.own); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
 		}
 	}
 }

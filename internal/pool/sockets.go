@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
-	"slices"
 )
 
 // Who listens where, checked once an engine is ready: that the engine itself
@@ -108,12 +107,4 @@ func (p *Pool) checkSockets(e *engine, allowExposed bool) (warning, err error) {
 // portTaken reports whether the engine exited because its port was in use.
 // Call it once the engine's processes are stopped: it waits (bounded) for
 // the engine's last output lines.
-func (e *engine) portTaken() bool {
-	select {
-	case <-e.exited:
-	default:
-		return false
-	}
-	e.awaitOutput()
-	return slices.ContainsFunc(e.logs.snapshot(), portInUse.MatchString)
-}
+func (e *engine) portTaken() bool { return e.printed(notePortTaken) }

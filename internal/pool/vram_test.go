@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // fakeVRAM records what the pool asked it to watch and answers with err; its
-// sleep check answers with sleepErr. Free serves scripted readings (setFree)
-// out of total, all free while none is scripted.
+// sleep check answers with sleepErr. GPUs serves scripted readings
+// (setReads), each GPU of total bytes, all free while none is scripted.
 type fakeVRAM struct {
 	err, sleepErr error
 	total         uint64
@@ -25,8 +26,8 @@ type fakeVRAM struct {
 	sleepGPUs   []int
 	sleepPIDs   []int
 	sleepWaited int
-	free        []uint64 // the next readings; the last one is served forever after
-	freeCalls   int      // Free calls since the last setFree
+	reads       [][]statusapi.GPU // the next readings; the last one is served forever after
+	readCalls   int               // GPUs calls since the last setReads
 }
 
 func (f *fakeVRAM) Watch(gpus, pids []int) func() error {
@@ -54,25 +55,38 @@ func (f *fakeVRAM) WatchSleep(gpus, pids []int) func() error {
 	}
 }
 
-func (f *fakeVRAM) Free([]int) (free, total uint64, err error) {
+func (f *fakeVRAM) GPUs(gpus []int) ([]statusapi.GPU, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.freeCalls++
-	if len(f.free) == 0 {
-		return f.total, f.total, nil
+	f.readCalls++
+	if len(f.reads) == 0 {
+		devs := make([]statusapi.GPU, len(gpus))
+		for i, g := range gpus {
+			devs[i] = statusapi.GPU{Index: g, MemoryTotalBytes: f.total}
+		}
+		return devs, nil
 	}
-	free = f.free[0]
-	if len(f.free) > 1 {
-		f.free = f.free[1:]
+	devs := f.reads[0]
+	if len(f.reads) > 1 {
+		f.reads = f.reads[1:]
 	}
-	return free, f.total, nil
+	return devs, nil
 }
 
-// setFree scripts the next Free readings and resets the call count.
-func (f *fakeVRAM) setFree(readings ...uint64) {
+// used is one reading: GPU i (from 0) has used[i] bytes used of f.total.
+func (f *fakeVRAM) used(used ...uint64) []statusapi.GPU {
+	devs := make([]statusapi.GPU, len(used))
+	for i, u := range used {
+		devs[i] = statusapi.GPU{Index: i, MemoryUsedBytes: u, MemoryTotalBytes: f.total}
+	}
+	return devs
+}
+
+// setReads scripts the next GPUs readings and resets the call count.
+func (f *fakeVRAM) setReads(reads ...[]statusapi.GPU) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.free, f.freeCalls = readings, 0
+	f.reads, f.readCalls = reads, 0
 }
 
 // exitObserver counts the observer calls the stop makes.

@@ -43,6 +43,9 @@ func (h *Handler) handleAdmin(mux *http.ServeMux, token string) {
 	}
 	mux.HandleFunc("POST /admin/pools/{pool}/load", auth(h.serveLoad))
 	mux.HandleFunc("POST /admin/pools/{pool}/unload", auth(h.serveUnload))
+	if h.opts.UsageReport != nil {
+		mux.HandleFunc("GET /usage", auth(h.opts.UsageReport.ServeHTTP))
+	}
 }
 
 func (h *Handler) serveLoad(w http.ResponseWriter, r *http.Request) {

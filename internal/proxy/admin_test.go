@@ -101,3 +101,31 @@ type openaiError struct {
 	Param   *string `json:"param"`
 	Code    any     `json:"code"`
 }
+
+func TestUsageReportBehindTheAdminToken(t *testing.T) {
+	cfg, err := profile.Parse([]byte(adminConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("report " + r.URL.RawQuery)) })
+	for _, c := range []struct {
+		token, auth string
+		code        int
+	}{
+		{"", "Bearer s3cret", http.StatusNotFound}, // no admin token: unbound
+		{"s3cret", "", http.StatusUnauthorized},
+		{"s3cret", "Bearer nope", http.StatusUnauthorized},
+		{"s3cret", "Bearer s3cret", http.StatusOK},
+	} {
+		h := New(cfg, pool.NewSet(cfg, pool.Options{}), Options{AdminToken: c.token, UsageReport: report})
+		r := httptest.NewRequest(http.MethodGet, "/usage?since=1h", nil)
+		if c.auth != "" {
+			r.Header.Set("Authorization", c.auth)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		if rec.Code != c.code || (c.code == http.StatusOK && rec.Body.String() != "report since=1h") {
+			t.Errorf("token %q, Authorization %q: %d %s, want %d", c.token, c.auth, rec.Code, rec.Body, c.code)
+		}
+	}
+}

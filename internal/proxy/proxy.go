@@ -56,11 +56,19 @@ type Options struct {
 	// UpstreamHeaderTimeout bounds the wait for an engine's response headers
 	// (504 after it); zero waits as long as the client does.
 	UpstreamHeaderTimeout time.Duration
+	// MaxEventBytes bounds one server-sent event of an engine's stream
+	// (larger ends the stream with an error event); zero means
+	// openai.DefaultMaxEvent.
+	MaxEventBytes int64
 	// StreamIdleTimeout bounds the silence of an engine's answer, between
 	// the bytes of its body: past it the answer ends (a stream with an
 	// engine_timeout error event) and the engine, stalled, is restarted.
 	// Zero: no bound.
 	StreamIdleTimeout time.Duration
+	// Usage, when set, receives every finished request's record (usage.go);
+	// UsageReport, when set with an AdminToken, serves GET /usage behind it.
+	Usage       Usage
+	UsageReport http.Handler
 }
 
 // Handler serves the OpenAI API and the operations endpoints.
@@ -159,6 +167,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // it once the server has stopped.
 func (h *Handler) Close() { h.tr.Close() }
 
+// EngineConnsClosed is how many idle connections an engine closed before
+// poold did (upstream.Transport.UpstreamClosed).
+func (h *Handler) EngineConnsClosed() uint64 { return h.tr.UpstreamClosed() }
+
 // Drain makes /health answer 503, so that a load balancer stops sending:
 // the first step of a shutdown.
 func (h *Handler) Drain() { h.draining.Store(true) }
@@ -172,6 +184,7 @@ func (h *Handler) Cut() { h.cutAll() }
 // exchange is one forwarded request's state, carried in its context from
 // serveAPI through the ReverseProxy callbacks.
 type exchange struct {
+	id       string          // the request id, sent upstream as X-Request-Id
 	ctx      context.Context // the forward's: the client's, cut by a shutdown; nil before
 	lease    *pool.Lease
 	path     string // the engine's path: an inference route
@@ -180,7 +193,7 @@ type exchange struct {
 	start    time.Time
 	first    time.Time // first response byte sent
 	sse      *openai.SSEReader
-	tail     *openai.TailReader
+	tail     *openai.UsageReader
 	status   int
 }
 
@@ -224,7 +237,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
 	w.Header().Set("X-Request-Id", rec.RequestID)
-	x := &exchange{start: start}
+	x := &exchange{id: rec.RequestID, start: start}
 	defer func() {
 		if rec.Status == 0 {
 			// Forwarded (or aborted mid-stream, which unwinds through here).
@@ -247,6 +260,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		} else if x.sse != nil && rec.Outcome != metrics.OutcomeCompleted {
 			// Cut or abandoned before the usage chunk: what the client got.
 			rec.TokensEstimated, rec.CompletionTokens = true, x.sse.ContentChunks()
+		}
+		if x.lease != nil {
+			rec.CausedSwap = x.lease.CausedSwap
 		}
 		h.finish(rec)
 	}()
@@ -314,7 +330,8 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer cancel(nil)
 	defer context.AfterFunc(h.cut, func() { cancel(errShutdownCut) })()
 	x.ctx = ctx
-	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(context.WithValue(ctx, exchangeKey{}, x)))
+	fwd := upstream.WithIdleTimeout(context.WithValue(ctx, exchangeKey{}, x), lease.IdleTimeout)
+	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(fwd))
 }
 
 // finish records a finished request in the metrics and the access log.
@@ -324,6 +341,9 @@ func (h *Handler) finish(rec *metrics.Record) {
 	}
 	if h.opts.AccessLog != nil {
 		rec.Log(h.opts.AccessLog)
+	}
+	if h.opts.Usage != nil {
+		h.opts.Usage.Request(rec)
 	}
 }
 
@@ -344,6 +364,9 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		case errors.Is(err, pool.ErrBackoff):
 			code = "engine_backoff"
 		}
+		if code != "queue_timeout" {
+			w.Header().Set(openai.RefusedHeader, code) // a full queue or body budget refuses at arrival only
+		}
 		openai.WriteUnavailable(w, code, fmt.Sprintf("model %q: %v", prof.ID, err), qe.RetryAfter)
 		return http.StatusServiceUnavailable
 	case errors.As(err, &le):
@@ -357,12 +380,14 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", msg)
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrShutdown):
+		w.Header().Set(openai.RefusedHeader, "shutting_down")
 		openai.WriteUnavailable(w, "shutting_down", err.Error(), shutdownRetry)
 		return http.StatusServiceUnavailable
 	case errors.Is(err, pool.ErrProfileRemoved):
 		openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrPoolRemoved):
+		w.Header().Set(openai.RefusedHeader, "pool_removed")
 		openai.WriteUnavailable(w, "pool_removed", fmt.Sprintf("model %q: %v", prof.ID, err), time.Second)
 		return http.StatusServiceUnavailable
 	default:
@@ -407,21 +432,28 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	out.Host = ""
 	upstream.SetBody(out, x.body)
 	dropOwned(out.Header)
+	// The engine takes it as its own request id (vLLM does), so that its
+	// log lines match the access log's.
+	out.Header.Set("X-Request-Id", x.id)
 }
 
 // modifyResponse wraps the engine's response body to count tokens and, for
 // streams where poold asked for usage, withhold the usage-only chunk.
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	// The client has poold's X-Request-Id already; an engine's echo of it
+	// (vLLM's --enable-request-id-headers) would be a second.
+	resp.Header.Del("X-Request-Id")
 	resp.Body = &engineBody{ReadCloser: resp.Body, x: x}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
+		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))
 		resp.Body = x.sse
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 		return nil
 	}
-	x.tail = openai.NewTailReader(resp.Body, x.markFirst)
+	x.tail = openai.NewUsageReader(resp.Body, x.markFirst)
 	resp.Body = x.tail
 	return nil
 }

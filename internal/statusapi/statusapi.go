@@ -20,6 +20,8 @@ type Poold struct {
 	// Containment says how poold keeps account of its engines' processes.
 	Containment Containment `json:"containment"`
 	Pools       []Pool      `json:"pools"`
+	// Usage describes the usage ledger; absent when it is off.
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // Containment says how poold keeps account of its engines' processes
@@ -32,6 +34,31 @@ type Containment struct {
 	Mode   string `json:"mode"`
 	Cgroup string `json:"cgroup,omitempty"`
 	Reason string `json:"reason,omitempty"`
+}
+
+// Usage is the usage ledger's state (docs/usage.md): its database, the rows
+// waiting for its writer, those written and those lost since start, the
+// last failed write (nil after a good one), and, when it ships rows to
+// PostgreSQL, the shipping.
+type Usage struct {
+	Path      string    `json:"path"`
+	Queued    int       `json:"queued"`
+	Written   uint64    `json:"written"`
+	Dropped   uint64    `json:"dropped"`
+	LastError *string   `json:"lastError"`
+	Shipping  *Shipping `json:"shipping,omitempty"`
+}
+
+// Shipping is the state of the usage rows' shipping to PostgreSQL: where
+// to (no credentials), the rows not shipped yet and the age of the oldest
+// (0 when none waits), when rows were last shipped (nil: not yet), and the
+// last error (nil after a good attempt).
+type Shipping struct {
+	Target            string     `json:"target"`
+	BacklogRows       int64      `json:"backlogRows"`
+	BacklogAgeSeconds float64    `json:"backlogAgeSeconds"`
+	LastShippedAt     *time.Time `json:"lastShippedAt"`
+	LastError         *string    `json:"lastError"`
 }
 
 // File describes a watched settings file in force: poold's profiles file or
@@ -192,6 +219,10 @@ type Host struct {
 	Healthy   bool `json:"healthy"`
 	Reachable bool `json:"reachable"` // the last poll succeeded
 	Ejected   bool `json:"ejected"`
+	// EjectedFor is the cause of the host's ejection (poll, silent or
+	// connect), EjectedUntil its earliest end; absent when not ejected.
+	EjectedFor   string     `json:"ejectedFor,omitempty"`
+	EjectedUntil *time.Time `json:"ejectedUntil,omitempty"`
 	// PollFailures and ForwardFailures count failures in a row.
 	PollFailures    int        `json:"pollFailures"`
 	ForwardFailures int        `json:"forwardFailures"`
@@ -200,6 +231,25 @@ type Host struct {
 	LastError       *string    `json:"lastError"`
 	Version         string     `json:"version"`
 	Pools           []Pool     `json:"pools"`
+	// Models is fleetd's passive health of the host's models, from its own
+	// forwards: only those that failed there, or whose streams were
+	// measured.
+	Models []ModelHealth `json:"models,omitempty"`
+}
+
+// ModelHealth is what fleetd's forwards say of one model on one host.
+type ModelHealth struct {
+	Model string `json:"model"`
+	// Health is healthy, trial (an ejection ended; the next answer
+	// decides), degraded (success ratio too low) or ejected.
+	Health string `json:"health"`
+	// SuccessRatio is over Answers, the answers of the last 15 to 30 s.
+	SuccessRatio float64    `json:"successRatio"`
+	Answers      int        `json:"answers"`
+	EjectedUntil *time.Time `json:"ejectedUntil,omitempty"`
+	// ITLMs is the recent mean gap between stream chunks, as fleetd
+	// measured it; 0 when unknown.
+	ITLMs float64 `json:"itlMs,omitempty"`
 }
 
 // FleetModel is one entry of fleetd's GET /v1/models: the OpenAI model

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -68,7 +69,8 @@ const earlyResponseWait = time.Second
 // the idle set once its response body was read to the end.
 //
 // The zero Transport is ready to use: dials time out after
-// DefaultDialTimeout, idle connections are closed after DefaultIdleTimeout,
+// DefaultDialTimeout, idle connections are closed after DefaultIdleTimeout
+// (or sooner, as their request's context says: WithIdleTimeout),
 // DefaultMaxIdlePerHost are kept per host, and response headers are awaited
 // as long as the request's context allows, and may hold up to
 // DefaultMaxResponseHeaderBytes.
@@ -88,13 +90,38 @@ type Transport struct {
 	// past it the exchange fails with ErrResponseHeaderTooLarge.
 	MaxResponseHeaderBytes int64
 
-	mu   sync.Mutex           // guards idle, sweep and closed
+	// upstreamClosed counts the idle connections the upstream closed
+	// before the Transport did (see UpstreamClosed).
+	upstreamClosed atomic.Uint64
+
+	mu   sync.Mutex           // guards idle, sweep, sweepAt and closed
 	idle map[string][]*upConn // by host:port, the most recently used last
-	// sweep is the timer of the next sweep; nil while none is scheduled.
-	sweep *time.Timer
+	// sweep is the timer of the next sweep, due at sweepAt; nil while none
+	// is scheduled.
+	sweep   *time.Timer
+	sweepAt time.Time
 	// closed is set by Close: no connection is kept idle any more.
 	closed bool
 }
+
+type idleKey struct{}
+
+// WithIdleTimeout returns ctx saying that a connection which carried a
+// request made with it may stay idle for at most d afterwards (and never
+// longer than the Transport's IdleTimeout): the upstream's own keep-alive,
+// say, less a margin, so that the Transport closes an idle connection
+// before the upstream does and never sends a request on one the upstream
+// is closing. d ≤ 0 keeps the Transport's IdleTimeout.
+func WithIdleTimeout(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, idleKey{}, d)
+}
+
+// UpstreamClosed is how many idle connections the upstream closed before
+// the Transport did: found closed when taken for a request, by the sweep,
+// or (the costly case) failing a request that was then sent again on a new
+// connection. It stays at zero while the idle timeouts are below the
+// upstreams' keep-alive.
+func (t *Transport) UpstreamClosed() uint64 { return t.upstreamClosed.Load() }
 
 // ErrBodyIdle is wrapped by the error of a response body whose upstream sent
 // nothing for Transport.BodyIdleTimeout.
@@ -111,6 +138,9 @@ type upConn struct {
 	net.Conn
 	br        *bufio.Reader // reads through limitedConn
 	idleSince time.Time
+	// maxIdle is how long it may stay idle, from its last request's
+	// context (WithIdleTimeout); zero: the Transport's IdleTimeout.
+	maxIdle time.Duration
 	// left is how many more bytes br may read from the connection while a
 	// response's headers are read; negative: no bound (a body is read).
 	left int64
@@ -170,7 +200,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		_, notSent := errors.AsType[*NotSentError](err)
-		if !reused || !notSent || ctx.Err() != nil || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
+		if !reused || !notSent || ctx.Err() != nil {
+			return nil, err
+		}
+		t.upstreamClosed.Add(1) // a kept connection the upstream had closed
+		if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
 			return nil, err
 		}
 		if req.GetBody != nil {
@@ -237,7 +271,8 @@ func (t *Transport) exchange(ctx context.Context, addr string, c *upConn, req *h
 			_ = c.SetDeadline(aLongTimeAgo)
 		}
 	}
-	resp.Body = &upBody{t: t, addr: addr, c: c, body: resp.Body, stop: stop, ctx: ctx, keep: !resp.Close && !req.Close}
+	maxIdle, _ := ctx.Value(idleKey{}).(time.Duration)
+	resp.Body = &upBody{t: t, addr: addr, c: c, body: resp.Body, stop: stop, ctx: ctx, keep: !resp.Close && !req.Close, maxIdle: maxIdle}
 	return resp, nil
 }
 
@@ -291,6 +326,8 @@ type upBody struct {
 	stop func() bool // ends the context's hold on c
 	ctx  context.Context
 	keep bool // the connection may carry another request
+	// maxIdle is the request's WithIdleTimeout, or zero.
+	maxIdle time.Duration
 }
 
 func (b *upBody) Read(p []byte) (int, error) {
@@ -333,6 +370,7 @@ func (b *upBody) release(eof bool) {
 	c := b.c
 	b.c = nil
 	if eof && b.keep && b.stop() {
+		c.maxIdle = b.maxIdle
 		b.t.put(b.addr, c)
 		return
 	}
@@ -355,8 +393,11 @@ func (t *Transport) conn(ctx context.Context, addr string, fresh bool) (c *upCon
 		cs[len(cs)-1] = nil
 		t.idle[addr] = cs[:len(cs)-1]
 		t.mu.Unlock()
-		if now.Sub(c.idleSince) < t.idleTimeout() && c.usable() {
-			return c, true, nil
+		if now.Sub(c.idleSince) < t.idleLimit(c) {
+			if c.usable() {
+				return c, true, nil
+			}
+			t.upstreamClosed.Add(1)
 		}
 		c.Close()
 	}
@@ -389,9 +430,7 @@ func (t *Transport) put(addr string, c *upConn) {
 	kept := !t.closed && len(t.idle[addr]) < maxIdle
 	if kept {
 		t.idle[addr] = append(t.idle[addr], c)
-		if t.sweep == nil {
-			t.sweep = time.AfterFunc(sweepEvery, t.sweepIdle)
-		}
+		t.scheduleLocked(minTime(c.idleSince.Add(sweepEvery), t.expiry(c)))
 	}
 	t.mu.Unlock()
 	if !kept {
@@ -399,22 +438,45 @@ func (t *Transport) put(addr string, c *upConn) {
 	}
 }
 
-// sweepIdle closes the idle connections past IdleTimeout and those idle for
-// a while whose upstream has closed them, and schedules the next sweep while
-// any remain.
+// scheduleLocked makes sure a sweep runs by at. t.mu must be held.
+func (t *Transport) scheduleLocked(at time.Time) {
+	if t.sweep != nil && at.Before(t.sweepAt) && t.sweep.Stop() {
+		t.sweep = nil
+	}
+	// A sweep that could not be stopped is about to run: it schedules the
+	// next one, by every connection's expiry.
+	if t.sweep == nil {
+		t.sweep, t.sweepAt = time.AfterFunc(time.Until(at), t.sweepIdle), at
+	}
+}
+
+// expiry is when idle connection c has been idle for its limit.
+func (t *Transport) expiry(c *upConn) time.Time { return c.idleSince.Add(t.idleLimit(c)) }
+
+// sweepIdle closes the idle connections past their idle limit and those
+// idle for a while whose upstream has closed them, and schedules the next
+// sweep while any remain: within sweepEvery, and by the first expiry.
 func (t *Transport) sweepIdle() {
 	now := time.Now()
+	next := now.Add(sweepEvery)
 	var gone []*upConn
 	t.mu.Lock()
 	for addr, cs := range t.idle {
 		keep := cs[:0]
 		for _, c := range cs {
-			// A connection used within the last moments is left alone: it is
-			// checked anyway when next taken.
-			if idle := now.Sub(c.idleSince); idle >= t.idleTimeout() || idle >= sweepEvery/4 && !c.usable() {
+			idle := now.Sub(c.idleSince)
+			if idle >= t.idleLimit(c) {
 				gone = append(gone, c)
 				continue
 			}
+			// A connection used within the last moments is left alone: it is
+			// checked anyway when next taken.
+			if idle >= sweepEvery/4 && !c.usable() {
+				t.upstreamClosed.Add(1)
+				gone = append(gone, c)
+				continue
+			}
+			next = minTime(next, t.expiry(c))
 			keep = append(keep, c)
 		}
 		clear(cs[len(keep):])
@@ -426,7 +488,7 @@ func (t *Transport) sweepIdle() {
 	}
 	t.sweep = nil
 	if len(t.idle) > 0 && !t.closed {
-		t.sweep = time.AfterFunc(sweepEvery, t.sweepIdle)
+		t.scheduleLocked(next)
 	}
 	t.mu.Unlock()
 	for _, c := range gone {
@@ -461,11 +523,23 @@ func (t *Transport) CloseIdleConnections() {
 	}
 }
 
-func (t *Transport) idleTimeout() time.Duration {
-	if t.IdleTimeout > 0 {
-		return t.IdleTimeout
+// idleLimit is how long c may stay idle: its own limit, within IdleTimeout.
+func (t *Transport) idleLimit(c *upConn) time.Duration {
+	limit := t.IdleTimeout
+	if limit <= 0 {
+		limit = DefaultIdleTimeout
 	}
-	return DefaultIdleTimeout
+	if c.maxIdle > 0 {
+		limit = min(limit, c.maxIdle)
+	}
+	return limit
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // usable reports whether an idle connection can carry a request: nothing is

@@ -20,8 +20,16 @@ import (
 // accepted.
 func countingServer(t *testing.T, h http.HandlerFunc) (*httptest.Server, *atomic.Int32) {
 	t.Helper()
+	return keepAliveServer(t, h, 0)
+}
+
+// keepAliveServer is a countingServer that closes connections idle for
+// keepAlive (zero: never).
+func keepAliveServer(t *testing.T, h http.HandlerFunc, keepAlive time.Duration) (*httptest.Server, *atomic.Int32) {
+	t.Helper()
 	var conns atomic.Int32
 	srv := httptest.NewUnstartedServer(h)
+	srv.Config.IdleTimeout = keepAlive
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			conns.Add(1)

@@ -6,14 +6,13 @@ import (
 	"time"
 )
 
-// w2m: workload 2 through two fresh poolds with the same profiles, one
-// recording request metrics (the default) and one started with
-// --metrics=false, in alternating rounds: what the metrics cost in proxied
-// throughput (issue 4: at most 5%). It also checks the setting: the poold
-// without metrics exports no request series but still its pool state, the
-// other counts requests.
-func (b *bench) w2m(ctx context.Context) error {
-	on, off, err := b.startMetricsPair(ctx)
+// settingCost runs workload 2 through two fresh poolds with the same
+// profiles, one with the default settings and one started with offFlags, in
+// alternating rounds: what a per-request feature costs in proxied
+// throughput (target: on ≥ 95% of off). check, run after the rounds,
+// records a problem unless the setting took effect.
+func (b *bench) settingCost(ctx context.Context, id, feature string, offFlags []string, check func(on, off *proc) error) error {
+	on, off, err := b.startPair(ctx, id, offFlags)
 	if on != nil {
 		defer on.stop()
 	}
@@ -24,32 +23,44 @@ func (b *bench) w2m(ctx context.Context) error {
 		return err
 	}
 	sh := chat(mFast, 16, false)
-	rs, err := b.rotate(ctx, []side{{"metrics on", on.base, b.pc}, {"metrics off", off.base, b.pc}}, func(s side) (result, error) {
+	rs, err := b.rotate(ctx, []side{{feature + " on", on.base, b.pc}, {feature + " off", off.base, b.pc}}, func(s side) (result, error) {
 		return closedLoop(ctx, s.client, s.base, sh, 16, b.o.dur, 0), nil
 	})
 	if err != nil {
 		return err
 	}
-	b.checkUsage(rs[0], rs[1], "2m")
-	if err := b.checkMetricsSetting(on, off); err != nil {
+	b.checkUsage(rs[0], rs[1], id)
+	if err := check(on, off); err != nil {
 		return err
 	}
 	r := pairMed(rs[1], rs[0], reqRate, ratio)
-	b.rep.add("2m", "requests/s through poold, metrics off", "", rate(med(rs[1], reqRate)), "", "", nil)
-	b.rep.add("2m", "requests/s through poold, metrics on", "", rate(med(rs[0], reqRate)), pct(r)+" of off", "≥ 95% of off", ptr(r >= .95))
+	b.rep.add(id, "requests/s through poold, "+feature+" off", "", rate(med(rs[1], reqRate)), "", "", nil)
+	b.rep.add(id, "requests/s through poold, "+feature+" on", "", rate(med(rs[0], reqRate)), pct(r)+" of off", "≥ 95% of off", ptr(r >= .95))
 	return nil
 }
 
-// startMetricsPair starts the two poolds of w2m and waits until both serve.
-// It returns those it started even when it fails, for the caller to stop.
-func (b *bench) startMetricsPair(ctx context.Context) (on, off *proc, err error) {
+// w2m: the request metrics on (the default) and off (--metrics=false)
+// (issue 4).
+func (b *bench) w2m(ctx context.Context) error {
+	return b.settingCost(ctx, "2m", "metrics", []string{"--metrics=false"}, b.checkMetricsSetting)
+}
+
+// w2u: the usage ledger on (the default) and off (--usage=false) (issue 21).
+func (b *bench) w2u(ctx context.Context) error {
+	return b.settingCost(ctx, "2u", "usage ledger", []string{"--usage=false"}, b.checkLedgerSetting)
+}
+
+// startPair starts the two poolds of a settingCost workload and waits until
+// both serve. It returns those it started even when it fails, for the
+// caller to stop.
+func (b *bench) startPair(ctx context.Context, id string, offFlags []string) (on, off *proc, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	profs := profiles(map[string][]string{mFast: nil}, false)
-	if on, err = startPoold(b.dir, "poold-metrics-on", b.bin, profs); err != nil {
+	if on, err = startPoold(b.dir, "poold-"+id+"-on", b.bin, profs); err != nil {
 		return nil, nil, err
 	}
-	if off, err = startPoold(b.dir, "poold-metrics-off", b.bin, profs, "--metrics=false"); err != nil {
+	if off, err = startPoold(b.dir, "poold-"+id+"-off", b.bin, profs, offFlags...); err != nil {
 		return on, nil, err
 	}
 	return on, off, errors.Join(waitPoolsReady(ctx, on), waitPoolsReady(ctx, off))
@@ -78,6 +89,30 @@ func (b *bench) checkMetricsSetting(on, off *proc) error {
 	}
 	if len(offState) == 0 {
 		b.rep.problem("2m: the poold with --metrics=false exported no poold_pool_state")
+	}
+	return nil
+}
+
+// checkLedgerSetting records a problem unless on's ledger wrote request
+// rows and dropped none (a ledger that drops would be cheap for the wrong
+// reason), and off has no ledger.
+func (b *bench) checkLedgerSetting(on, off *proc) error {
+	onUsage, err := scrape(on.base, "poold_usage_records_")
+	if err != nil {
+		return err
+	}
+	offUsage, err := scrape(off.base, "poold_usage_")
+	if err != nil {
+		return err
+	}
+	if n := sumMatching(onUsage, "poold_usage_records_written_total", `kind="request"`); n == 0 {
+		b.rep.problem("2u: the poold with the usage ledger wrote no request row")
+	}
+	if n := sumMatching(onUsage, "poold_usage_records_dropped_total"); n > 0 {
+		b.rep.problem("2u: the usage ledger dropped %v records", n)
+	}
+	if len(offUsage) > 0 {
+		b.rep.problem("2u: the poold with --usage=false exported usage series: %v", offUsage)
 	}
 	return nil
 }

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -106,11 +108,21 @@ func startBare(dir, bin, upstream string) (*proc, error) {
 
 // startFleetd runs fleetd on a free port in front of one poold host.
 func startFleetd(dir, bin, pooldBase string) (*proc, error) {
-	hosts, err := json.Marshal(map[string]any{"hosts": []map[string]string{{"name": "poold", "url": pooldBase}}})
+	return startFleet(dir, "fleetd", bin, map[string]string{"poold": pooldBase})
+}
+
+// startFleet runs fleetd (bin) as name on a free port in front of hosts
+// (name → poold's base URL), with flags.
+func startFleet(dir, name, bin string, hosts map[string]string, flags ...string) (*proc, error) {
+	var list []map[string]string
+	for _, h := range slices.Sorted(maps.Keys(hosts)) {
+		list = append(list, map[string]string{"name": h, "url": hosts[h]})
+	}
+	file, err := json.Marshal(map[string]any{"hosts": list})
 	if err != nil {
 		return nil, fmt.Errorf("rendering the hosts file: %w", err)
 	}
-	path, err := writeConfig(dir, "fleetd-hosts.json", hosts)
+	path, err := writeConfig(dir, name+"-hosts.json", file)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +131,7 @@ func startFleetd(dir, bin, pooldBase string) (*proc, error) {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	p, err := start(dir, "fleetd", bin, "--listen", addr, "--hosts", path, "--log-level", "warn")
+	p, err := start(dir, name, bin, append([]string{"--listen", addr, "--hosts", path, "--log-level", "warn"}, flags...)...)
 	if err != nil {
 		return nil, err
 	}

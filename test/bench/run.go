@@ -132,8 +132,10 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 	}{
 		{"1", "non-streaming, concurrency 1", b.w1},
 		{"1f", "concurrency 1 through fleetd → poold", b.w1f},
+		{"1c", "a cold burst through fleetd", b.w1c},
 		{"2", "non-streaming, concurrency 16", b.w2},
 		{"2m", "non-streaming, concurrency 16, poold's request metrics on and off", b.w2m},
+		{"2u", "non-streaming, concurrency 16, poold's usage ledger on and off", b.w2u},
 		{"3", "streaming 64 tokens, concurrency 16", b.w3},
 		{"4", "streaming 256 tokens, concurrency 256", b.w4},
 		{"4b", "concurrent slow streams", b.w4b},

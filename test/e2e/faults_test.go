@@ -258,9 +258,10 @@ func TestHungEngineTimesOut(t *testing.T) {
 
 // portCommand is a simulator command line whose --port is port; the {port}
 // placeholder, which the profile requires, sits in a shell comment. The
-// simulator reports a taken port as a Go engine does.
-func portCommand(port string, marker string) []string {
-	sim := `exec {poold} engine-sim /models/x --served-model-name {id} --sim-port-message go --port `
+// simulator reports a taken port as vLLM does, by message: "old" (Python's
+// "[Errno 98] Address already in use") or "new" ("Port N is already in use").
+func portCommand(port, marker, message string) []string {
+	sim := `exec {poold} engine-sim /models/x --served-model-name {id} --sim-port-message ` + message + ` --port `
 	script := sim + port + ` # {port}`
 	if marker != "" {
 		// The first start takes the held port, later ones the one poold chose.
@@ -270,7 +271,8 @@ func portCommand(port string, marker string) []string {
 }
 
 // Something else holds the engine's port: poold starts the engine again on
-// another port, a bounded number of times, and says so when it gives up.
+// another port, a bounded number of times, and says so when it gives up;
+// either of vLLM's messages for it is understood.
 func TestPortConflict(t *testing.T) {
 	held, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -284,8 +286,8 @@ func TestPortConflict(t *testing.T) {
 	d := startPoold(t, tag, profilesJSON(tag,
 		[]pool{{Name: "p0", GPUs: []int{0}}, {Name: "p1", GPUs: []int{1}}},
 		[]sim{
-			{ID: "once", Pools: []string{"p0"}, Extra: map[string]any{"command": portCommand(port, marker)}},
-			{ID: "always", Pools: []string{"p1"}, Extra: map[string]any{"command": portCommand(port, "")}},
+			{ID: "once", Pools: []string{"p0"}, Extra: map[string]any{"command": portCommand(port, marker, "old")}},
+			{ID: "always", Pools: []string{"p1"}, Extra: map[string]any{"command": portCommand(port, "", "new")}},
 		}, nil))
 
 	code, _, body, err := d.post(context.Background(), "/v1/chat/completions", chatBody("once", false, 2))
@@ -304,7 +306,7 @@ func TestPortConflict(t *testing.T) {
 		t.Fatalf("engine whose port is always taken: %d %v %s", code, err, body)
 	}
 	msg := apiError(t, body).Error.Message
-	if !strings.Contains(msg, "found its port taken 3 times in a row") || !strings.Contains(msg, "address already in use") {
+	if !strings.Contains(msg, "found its port taken 3 times in a row") || !strings.Contains(msg, "Port "+port+" is already in use") {
 		t.Fatalf("unclear failure: %s", msg)
 	}
 }
@@ -440,9 +442,19 @@ func TestUnwritablePaths(t *testing.T) {
 				t.Fatalf("request %d: %d %v %s", i, code, err, body)
 			}
 		}
+		// Access-log lines are written behind a queue: wait for the warning.
+		deadline := time.Now().Add(10 * time.Second)
 		logs := d.stderr.String()
-		if strings.Count(logs, "access log write failed") != 1 || !strings.Contains(logs, "no space left on device") {
+		for !strings.Contains(logs, "no space left on device") && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+			logs = d.stderr.String()
+		}
+		// Four lost lines within the warning's 10 s interval: one warning.
+		if strings.Count(logs, "access log lines dropped") != 1 || !strings.Contains(logs, "no space left on device") {
 			t.Fatalf("want one warning about the access log; stderr:\n%s", tail(logs, 20))
+		}
+		if v := d.metricValue("poold_access_log_dropped_lines_total"); v < 1 {
+			t.Fatalf("poold_access_log_dropped_lines_total = %v", v)
 		}
 		if !strings.Contains(logs, "recording engine") {
 			t.Fatalf("want a warning about the state file; stderr:\n%s", tail(logs, 20))

@@ -34,9 +34,19 @@ type fleetd struct {
 // and ejection, and waits until it has polled every host.
 func startFleetd(t *testing.T, hosts []*daemon, args ...string) *fleetd {
 	t.Helper()
+	return startFleetdWeighted(t, hosts, nil, args...)
+}
+
+// startFleetdWeighted is startFleetd with the hosts' weights (nil: 1 each).
+func startFleetdWeighted(t *testing.T, hosts []*daemon, weights []int, args ...string) *fleetd {
+	t.Helper()
 	var list []map[string]any
 	for i, d := range hosts {
-		list = append(list, map[string]any{"name": fmt.Sprintf("host%d", i+1), "url": d.url})
+		h := map[string]any{"name": fmt.Sprintf("host%d", i+1), "url": d.url}
+		if weights != nil {
+			h["weight"] = weights[i]
+		}
+		list = append(list, h)
 	}
 	data, _ := json.Marshal(map[string]any{"hosts": list})
 	path := filepath.Join(t.TempDir(), "hosts.json")
@@ -74,10 +84,15 @@ func startFleetd(t *testing.T, hosts []*daemon, args ...string) *fleetd {
 
 // fleetHost is the part of a host in fleetd's /status the tests read.
 type fleetHost struct {
-	Name    string `json:"name"`
-	Healthy bool   `json:"healthy"`
-	Ejected bool   `json:"ejected"`
-	Pools   []struct {
+	Name       string `json:"name"`
+	Healthy    bool   `json:"healthy"`
+	Ejected    bool   `json:"ejected"`
+	EjectedFor string `json:"ejectedFor"`
+	Models     []struct {
+		Model  string `json:"model"`
+		Health string `json:"health"`
+	} `json:"models"`
+	Pools []struct {
 		Name     string  `json:"name"`
 		State    string  `json:"state"`
 		Profile  *string `json:"profile"`
@@ -352,6 +367,14 @@ func TestFleetFailover(t *testing.T) {
 	}
 	if !strings.Contains(string(rest), `"error"`) {
 		t.Fatalf("the stream of the killed host ended without an error event:\n%s", rest)
+	}
+	// It is counted as cut, not as a success.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if v := metricSum(t, f.url, "fleetd_requests_total", `code_class="cut"`, `host="`+victimName+`"`); v == 1 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("fleetd_requests_total{code_class=cut,host=%s} = %v, want 1", victimName, v)
+		}
 	}
 
 	// New requests, even for the dead host's session, fail over unseen.

@@ -51,9 +51,17 @@ func writeSettings(t *testing.T, yaml string) string {
 // request id and the body.
 func (d *daemon) send(ctx context.Context, path, body string, hdr map[string]string) (int, string, []byte) {
 	d.t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url+path, strings.NewReader(body))
+	code, h, b := sendTo(ctx, d.t, d.url+path, body, hdr)
+	return code, h.Get("X-Request-Id"), b
+}
+
+// sendTo posts a JSON body to url with the headers hdr, and returns the
+// status, the headers and the body.
+func sendTo(ctx context.Context, t *testing.T, url, body string, hdr map[string]string) (int, http.Header, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
-		d.t.Fatal(err)
+		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
@@ -61,14 +69,14 @@ func (d *daemon) send(ctx context.Context, path, body string, hdr map[string]str
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		d.t.Fatalf("POST %s: %v", path, err)
+		t.Fatalf("POST %s: %v", url, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		d.t.Fatalf("POST %s: reading body: %v", path, err)
+		t.Fatalf("POST %s: reading body: %v", url, err)
 	}
-	return resp.StatusCode, resp.Header.Get("X-Request-Id"), b
+	return resp.StatusCode, resp.Header, b
 }
 
 // scrape fetches url (a /metrics endpoint) and returns its raw body and parsed

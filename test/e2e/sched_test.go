@@ -80,6 +80,7 @@ type result struct {
 	sent     time.Time
 	took     time.Duration
 	retryHdr string
+	refused  string // X-Poold-Refused
 }
 
 func (d *daemon) timedPost(ctx context.Context, body string) result {
@@ -88,7 +89,7 @@ func (d *daemon) timedPost(ctx context.Context, body string) result {
 	r.code, hdr, r.body, r.err = d.post(ctx, "/v1/chat/completions", body)
 	r.took = time.Since(r.sent)
 	if hdr != nil {
-		r.retryHdr = hdr.Get("Retry-After")
+		r.retryHdr, r.refused = hdr.Get("Retry-After"), hdr.Get("X-Poold-Refused")
 	}
 	return r
 }
@@ -234,6 +235,9 @@ func TestQueueOverflow(t *testing.T) {
 		if secs, err := strconv.Atoi(r.retryHdr); err != nil || secs < 1 {
 			t.Fatalf("stream=%v: Retry-After %q", stream, r.retryHdr)
 		}
+		if r.refused != "queue_full" { // nothing started: another host may take it
+			t.Fatalf("stream=%v: X-Poold-Refused %q, want queue_full", stream, r.refused)
+		}
 	}
 	cancel()
 	<-first
@@ -265,6 +269,9 @@ func TestQueueWaitTimeout(t *testing.T) {
 	}
 	if r.took < time.Second || r.took > 30*time.Second {
 		t.Fatalf("timed out after %s; want the profile's 1s, not the pool's minute", r.took)
+	}
+	if r.refused != "" { // the wait began a load: no other host should start one too
+		t.Fatalf("a queue timeout says X-Poold-Refused %q", r.refused)
 	}
 
 	r = d.timedPost(context.Background(), chatBody("slow", true, 1))

@@ -250,10 +250,10 @@ func TestOnlyInferenceRoutesReachEngines(t *testing.T) {
 	if p := d.pool("p0"); p.State != "ready" || p.Profile != "a" || p.Engine == nil || p.Engine.PID != before.Engine.PID {
 		t.Fatalf("after the refused paths the pool is %+v, want still a on pid %d (no swap)", p, before.Engine.PID)
 	}
-	// vLLM's un-prefixed routes are forwarded as such (the simulator has no
-	// /tokenize and answers its own 404), pinned paths too.
-	if code, _, body, err := d.post(t.Context(), "/tokenize", `{"model":"a","prompt":"hi"}`); err != nil || code != http.StatusNotFound || !strings.Contains(string(body), "Not Found") {
-		t.Fatalf("POST /tokenize: %d %s %v, want the engine's own 404", code, body, err)
+	// vLLM's un-prefixed routes are forwarded as such (the simulator serves
+	// /tokenize, as vLLM does), pinned paths too.
+	if code, _, body, err := d.post(t.Context(), "/tokenize", `{"model":"a","prompt":"hi"}`); err != nil || code != http.StatusOK || !strings.Contains(string(body), `"tokens"`) {
+		t.Fatalf("POST /tokenize: %d %s %v, want the engine's answer", code, body, err)
 	}
 	if code, _, body, err := d.post(t.Context(), "/pools/p0/v1/chat/completions", chatBody("a", false, 1)); err != nil || code != http.StatusOK {
 		t.Fatalf("pinned chat: %d %s %v", code, body, err)

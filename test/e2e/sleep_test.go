@@ -70,13 +70,13 @@ func (d *daemon) logLines(msg string) []map[string]any {
 	return out
 }
 
-// engineLines returns the engines' output lines (fields of poold's JSON log)
-// that contain s.
-func (d *daemon) engineLines(s string) []string {
-	var out []string
+// engineLines returns the records of poold's JSON log that hold an engine
+// output line (its field "line") containing s.
+func (d *daemon) engineLines(s string) []map[string]any {
+	var out []map[string]any
 	for _, m := range d.logLines("engine output") {
 		if l, _ := m["line"].(string); strings.Contains(l, s) {
-			out = append(out, l)
+			out = append(out, m)
 		}
 	}
 	return out
@@ -152,8 +152,8 @@ func TestSleepAlternating(t *testing.T) {
 	if len(sleeps) < len(took["wake"]) {
 		t.Errorf("%d /sleep calls logged by the engines, want at least one per wake (%d)", len(sleeps), len(took["wake"]))
 	}
-	for _, s := range sleeps {
-		if !strings.Contains(s, "aborted=0") {
+	for _, m := range sleeps {
+		if s := m["line"].(string); !strings.Contains(s, "aborted=0") {
 			t.Errorf("a /sleep aborted requests in flight: %s", s)
 		}
 	}

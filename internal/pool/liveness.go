@@ -1,0 +1,76 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// DefaultHealthInterval is how often a serving engine's /health is polled
+// (Options.HealthInterval).
+const DefaultHealthInterval = 2 * time.Second
+
+// watchHealth starts polling e's GET /health every Options.HealthInterval
+// while it serves: vLLM answers 503 once its engine core is dead, and then
+// answers every request with 500 until a watchdog ends it, or forever with
+// VLLM_KEEP_ALIVE_ON_ENGINE_DEATH. On a 503 the engine fails
+// (engineFailed): the run loop stops it and the next request starts a
+// fresh one. Only the run loop calls it, once e is ready; unwatchHealth
+// ends it.
+func (p *Pool) watchHealth(e *engine) {
+	interval := p.opts.HealthInterval
+	if interval == 0 {
+		interval = DefaultHealthInterval
+	}
+	if interval < 0 || e.unwatch != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.unwatch = cancel
+	go func() {
+		if err := e.pollHealth(ctx, interval); err != nil {
+			p.engineFailed(e, err)
+		}
+	}()
+}
+
+// unwatchHealth ends e's /health polling, if any: before it sleeps or
+// stops. Only the run loop calls it.
+func (e *engine) unwatchHealth() {
+	if e.unwatch != nil {
+		e.unwatch()
+		e.unwatch = nil
+	}
+}
+
+// pollHealth polls e's /health every interval, each probe bounded by the
+// probe client's timeout, until ctx ends or the engine exits (nil), or it
+// answers 503 (an error saying so, with the engine's last output lines).
+// Other answers and failed probes count for nothing: an exit is seen
+// through e.exited, and a slow answer is no proof of a dead core.
+func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.exited:
+			return nil
+		case <-t.C:
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.base()+"/health", nil)
+		if err != nil {
+			return nil
+		}
+		resp, err := e.http.probe.Do(req)
+		if err != nil {
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			return fmt.Errorf("engine %q failed over: GET /health answered %s: its engine core is dead; last output: %s", e.profile.ID, resp.Status, e.logs.tail(5))
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package rdb
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/poold/poold/internal/tenant"
+)
+
+// gcra is the generic cell rate algorithm over one key, in one atomic step
+// on the Redis server's clock (so that replicas with different clocks agree):
+// the key holds the theoretical arrival time (TAT, in microseconds); a rate
+// of one unit per interval T with a burst of tau worth of units.
+//
+//	KEYS[1]  the bucket
+//	ARGV[1]  T, microseconds per unit
+//	ARGV[2]  tau, microseconds of burst (the burst in units times T)
+//	ARGV[3]  cost in units
+//	ARGV[4]  mode: "take" (take cost if it fits the burst), "check" (is the
+//	         bucket not in debt), "debit" (take cost whatever, debt allowed)
+//
+// It returns {allowed, retry after µs, remaining units, reset after µs}.
+var gcra = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local T = tonumber(ARGV[1])
+local tau = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local mode = ARGV[4]
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+local allowed = 1
+local retry = 0
+if mode == 'take' then
+  local new = tat + cost * T
+  if new - now > tau then
+    allowed = 0
+    retry = new - now - tau
+  else
+    tat = new
+  end
+elseif mode == 'check' then
+  if tat - now > tau then
+    allowed = 0
+    retry = tat - now - tau
+  end
+else
+  tat = tat + cost * T
+end
+if mode ~= 'check' then
+  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now + tau) / 1000) + 1)
+end
+local remaining = math.floor((tau - (tat - now)) / T)
+if remaining < 0 then remaining = 0 end
+return {allowed, math.floor(retry), remaining, math.floor(tat - now)}
+`)
+
+// Limits is a tenant.Limiter whose buckets live in Redis, shared by every
+// fleetd replica: each check is one atomic script (gcra) on the server's
+// clock, so that N replicas together admit no more than a tenant's limit,
+// within one request per replica of burst. When Redis cannot be reached,
+// requests are let through (OnError is told, for the warning and the
+// metric), or refused with FailClosed.
+type Limits struct {
+	c *Client
+	// FailClosed refuses the requests that cannot be checked.
+	FailClosed bool
+	// OnError, if not nil, is called for every request that could not be
+	// checked, with why; it must not block.
+	OnError func(error)
+	// Timeout bounds each check; zero: 250 ms.
+	Timeout time.Duration
+}
+
+// Limits returns a tenant.Limiter on c.
+func (c *Client) Limits() *Limits { return &Limits{c: c} }
+
+// run runs the script for one dimension of one tenant.
+func (l *Limits) run(dim string, perMinute int, cost int, mode string) (allowed bool, retry time.Duration, remaining int, reset time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cmpOr(l.Timeout, 250*time.Millisecond))
+	defer cancel()
+	period := float64(time.Minute/time.Microsecond) / float64(perMinute) // µs per unit
+	burst := period * float64(perMinute)                                 // a minute's worth
+	res, err := gcra.Run(ctx, l.c.rc, []string{l.c.prefix + "limit:" + dim},
+		strconv.FormatFloat(period, 'f', 3, 64), strconv.FormatFloat(burst, 'f', 0, 64), cost, mode).Int64Slice()
+	if err != nil {
+		return false, 0, 0, 0, fmt.Errorf("redis rate limit %s: %w", dim, err)
+	}
+	return res[0] == 1, time.Duration(res[1]) * time.Microsecond, int(res[2]), time.Duration(res[3]) * time.Microsecond, nil
+}
+
+// Admit implements tenant.Limiter.
+func (l *Limits) Admit(t *tenant.Tenant, now time.Time) tenant.Decision {
+	var d tenant.Decision
+	fail := func(err error) tenant.Decision {
+		if l.OnError != nil {
+			l.OnError(err)
+		}
+		if l.FailClosed {
+			return tenant.Decision{Limit: "unchecked", RetryAfter: time.Second}
+		}
+		return tenant.Decision{Allowed: true}
+	}
+	if t.TPM > 0 {
+		ok, retry, left, reset, err := l.run("tpm:"+t.Name, t.TPM, 0, "check")
+		if err != nil {
+			return fail(err)
+		}
+		d.Headers = append(d.Headers, headers("tokens", t.TPM, left, reset)...)
+		if !ok {
+			d.Limit, d.RetryAfter = "tpm", retry
+			return d
+		}
+	}
+	if t.RPM > 0 {
+		ok, retry, left, reset, err := l.run("rpm:"+t.Name, t.RPM, 1, "take")
+		if err != nil {
+			return fail(err)
+		}
+		d.Headers = append(headers("requests", t.RPM, left, reset), d.Headers...)
+		if !ok {
+			d.Limit, d.RetryAfter = "rpm", retry
+			return d
+		}
+	}
+	d.Allowed = true
+	return d
+}
+
+// Debit implements tenant.Limiter.
+func (l *Limits) Debit(t *tenant.Tenant, now time.Time, tokens int) {
+	if t.TPM <= 0 || tokens <= 0 {
+		return
+	}
+	if _, _, _, _, err := l.run("tpm:"+t.Name, t.TPM, tokens, "debit"); err != nil && l.OnError != nil {
+		l.OnError(err)
+	}
+}
+
+func headers(dim string, limit, left int, reset time.Duration) [][2]string {
+	return [][2]string{
+		{"x-ratelimit-limit-" + dim, strconv.Itoa(limit)},
+		{"x-ratelimit-remaining-" + dim, strconv.Itoa(max(0, left))},
+		{"x-ratelimit-reset-" + dim, tenant.ResetString(time.Duration(math.Max(0, float64(reset))))},
+	}
+}

@@ -1,0 +1,154 @@
+package tenant
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/poold/poold/internal/openai"
+)
+
+// Gate puts a tenants file in front of an OpenAI API, the same in poold and
+// fleetd: it resolves each request's key to its tenant (401 without a known
+// one), applies the tenant's limits (429 past them, and OpenAI's
+// x-ratelimit-* headers on every inference answer), caps its output tokens
+// and debits the tokens it used. Which models a tenant sees is the daemon's
+// to apply (Tenant.AllowsModel), since only it knows its catalogue.
+//
+// A nil *Gate is no tenants file: every method lets everything through, as
+// without tenancy. A Gate is safe for concurrent use.
+type Gate struct {
+	cfg     atomic.Pointer[Config]
+	limiter Limiter
+	local   *Limits // limiter, when it is in memory: a reload applies to it
+}
+
+// NewGate returns a gate for c whose limits are kept by l; nil l keeps them
+// in memory (Limits).
+func NewGate(c *Config, l Limiter) *Gate {
+	g := &Gate{limiter: l}
+	if l == nil {
+		g.local = &Limits{}
+		g.limiter = g.local
+	}
+	g.Set(c)
+	return g
+}
+
+// Set makes c the tenants in force (a reload): requests in flight keep the
+// tenant they were admitted as; the buckets of tenants whose limits did not
+// change are kept.
+func (g *Gate) Set(c *Config) {
+	if g.local != nil {
+		g.local.Apply(c)
+	}
+	g.cfg.Store(c)
+}
+
+// Config is the tenants file in force; nil for a nil gate.
+func (g *Gate) Config() *Config {
+	if g == nil {
+		return nil
+	}
+	return g.cfg.Load()
+}
+
+type tenantKey struct{}
+
+// FromContext is the tenant Require found for a request; nil without one.
+func FromContext(ctx context.Context) *Tenant {
+	t, _ := ctx.Value(tenantKey{}).(*Tenant)
+	return t
+}
+
+// Require wraps next so that a request carrying no known key gets a 401 in
+// OpenAI's shape, and one that does carries its tenant in its context
+// (FromContext). The operations endpoints and the admin API need no key
+// (openai.KeyFree). A nil gate returns next.
+func (g *Gate) Require(next http.Handler) http.Handler {
+	if g == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if openai.KeyFree(r.URL.Path) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		t := g.cfg.Load().Lookup(openai.PresentedKey(r.Header))
+		if t == nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="poold"`)
+			openai.WriteError(w, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, t)))
+	})
+}
+
+// Admit applies t's limits to one inference request: it sets the
+// x-ratelimit-* headers on w and, past a limit, answers 429
+// rate_limit_exceeded with Retry-After and returns false. A nil gate or
+// tenant admits.
+func (g *Gate) Admit(w http.ResponseWriter, t *Tenant) bool {
+	if g == nil || t == nil || t.RPM <= 0 && t.TPM <= 0 {
+		return true
+	}
+	d := g.limiter.Admit(t, time.Now())
+	h := w.Header()
+	for _, kv := range d.Headers {
+		h.Set(kv[0], kv[1])
+	}
+	if d.Allowed {
+		return true
+	}
+	dim, what, limit := "requests", "requests per minute (RPM)", t.RPM
+	switch d.Limit {
+	case "tpm":
+		dim, what, limit = "tokens", "tokens per minute (TPM)", t.TPM
+	case "unchecked":
+		openai.WriteRateLimited(w, dim, fmt.Sprintf("the rate limits of tenant %s could not be checked (the shared limit store is unreachable); try again in %s", strconv.Quote(t.Name), ResetString(d.RetryAfter)), d.RetryAfter)
+		return false
+	}
+	openai.WriteRateLimited(w, dim, fmt.Sprintf("rate limit reached for tenant %s on %s: limit %d; try again in %s", strconv.Quote(t.Name), what, limit, ResetString(d.RetryAfter)), d.RetryAfter)
+	return false
+}
+
+// Cap applies t's output cap to a request for the inference route path
+// (req and body as read): a bound above the cap, or one that is not a
+// number, gets a 400 naming it (ok false); a request that sets no bound
+// gets the cap inserted into its body. Routes that generate no tokens, and
+// tenants without a cap, are left as they are. A nil gate returns body.
+func (g *Gate) Cap(w http.ResponseWriter, t *Tenant, path string, req openai.Request, body []byte) (_ []byte, ok bool) {
+	params := openai.OutputParams(path)
+	if g == nil || t == nil || t.MaxOutputTokens <= 0 || params == nil {
+		return body, true
+	}
+	set := false
+	for _, c := range req.OutputCaps {
+		switch {
+		case c.N < 0:
+			openai.WriteError(w, http.StatusBadRequest, "invalid_value", c.Param, fmt.Sprintf("%s must be a whole number of tokens, at most %d", c.Param, t.MaxOutputTokens))
+			return nil, false
+		case c.N > int64(t.MaxOutputTokens):
+			openai.WriteError(w, http.StatusBadRequest, "output_cap_exceeded", c.Param, fmt.Sprintf("%s is %d, above the cap of %d output tokens of tenant %s", c.Param, c.N, t.MaxOutputTokens, strconv.Quote(t.Name)))
+			return nil, false
+		}
+		set = set || slices.Contains(params, c.Param)
+	}
+	if set {
+		return body, true
+	}
+	return openai.AddMember(body, params[0], t.MaxOutputTokens), true
+}
+
+// Debit takes the tokens a request of t used from its token bucket; a nil
+// gate or tenant does nothing.
+func (g *Gate) Debit(t *Tenant, tokens int) {
+	if g == nil || t == nil || t.TPM <= 0 || tokens <= 0 {
+		return
+	}
+	g.limiter.Debit(t, time.Now(), tokens)
+}

@@ -1,0 +1,193 @@
+package tenant_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/tenant"
+)
+
+const gateFile = `{
+  "tiers": {"shared": {"weight": 1}},
+  "tenants": [
+    {"name": "team-a", "keys": ["` + "%A%" + `"], "tier": "shared", "rpm": 2, "tpm": 100, "maxOutputTokens": 50},
+    {"name": "team-b", "keys": ["` + "%B%" + `"], "tier": "shared"}
+  ]
+}`
+
+func gate(t *testing.T) *tenant.Gate {
+	t.Helper()
+	c, err := tenant.Parse([]byte(strings.NewReplacer("%A%", tenant.HashKey("key-a"), "%B%", tenant.HashKey("key-b")).Replace(gateFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tenant.NewGate(c, nil)
+}
+
+// errorOf decodes an OpenAI error answer.
+func errorOf(t *testing.T, rec *httptest.ResponseRecorder) (typ, code, param, msg string) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message, Type string
+			Param         *string
+			Code          string
+		}
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
+		t.Fatalf("not an OpenAI error: %q", rec.Body)
+	}
+	if e.Error.Param != nil {
+		param = *e.Error.Param
+	}
+	return e.Error.Type, e.Error.Code, param, e.Error.Message
+}
+
+// Without a known key: 401 on the API, never on the operations endpoints;
+// with one, the handler finds the tenant in the request's context.
+func TestRequire(t *testing.T) {
+	g := gate(t)
+	var seen *tenant.Tenant
+	h := g.Require(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { seen = tenant.FromContext(r.Context()) }))
+	for _, tc := range []struct {
+		path, key string
+		status    int
+		tenant    string
+	}{
+		{"/v1/chat/completions", "", 401, ""},
+		{"/v1/models", "wrong", 401, ""},
+		{"/v1/models", "key-b", 200, "team-b"},
+		{"/v1/chat/completions", "key-a", 200, "team-a"},
+		{"/health", "", 200, ""},
+		{"/metrics", "", 200, ""},
+	} {
+		seen = nil
+		r := httptest.NewRequest("GET", tc.path, nil)
+		if tc.key != "" {
+			r.Header.Set("Authorization", "Bearer "+tc.key)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		if rec.Code != tc.status {
+			t.Fatalf("%s with %q: %d, want %d", tc.path, tc.key, rec.Code, tc.status)
+		}
+		if tc.status == 401 {
+			if _, code, _, _ := errorOf(t, rec); code != "invalid_api_key" {
+				t.Fatalf("401 code %q", code)
+			}
+			continue
+		}
+		if got := ""; seen != nil {
+			got = seen.Name
+			if got != tc.tenant {
+				t.Fatalf("%s with %q: tenant %q, want %q", tc.path, tc.key, got, tc.tenant)
+			}
+		} else if tc.tenant != "" {
+			t.Fatalf("%s with %q: no tenant", tc.path, tc.key)
+		}
+	}
+	var none *tenant.Gate
+	if none.Require(h) == nil || none.Config() != nil {
+		t.Fatal("a nil gate")
+	}
+}
+
+// Every admitted answer carries the six headers; past rpm, a 429 of type
+// requests with Retry-After; after a debit past tpm, one of type tokens.
+func TestAdmit(t *testing.T) {
+	g := gate(t)
+	a := g.Config().Tenant("team-a")
+	for i := range 2 {
+		rec := httptest.NewRecorder()
+		if !g.Admit(rec, a) {
+			t.Fatalf("request %d refused", i)
+		}
+		for _, h := range []string{"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
+			"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"} {
+			if rec.Header().Get(h) == "" {
+				t.Fatalf("request %d lacks %s: %v", i, h, rec.Header())
+			}
+		}
+		if got := rec.Header().Get("x-ratelimit-remaining-requests"); got != []string{"1", "0"}[i] {
+			t.Fatalf("request %d: remaining %s", i, got)
+		}
+	}
+	rec := httptest.NewRecorder()
+	if g.Admit(rec, a) {
+		t.Fatal("a third request at rpm 2 was admitted")
+	}
+	typ, code, _, msg := errorOf(t, rec)
+	if rec.Code != 429 || typ != "requests" || code != "rate_limit_exceeded" || rec.Header().Get("Retry-After") == "" || !strings.Contains(msg, "RPM") {
+		t.Fatalf("429: %d %s %s %q %v", rec.Code, typ, code, msg, rec.Header())
+	}
+
+	b := g.Config().Tenant("team-b") // no limits: no headers
+	rec = httptest.NewRecorder()
+	if !g.Admit(rec, b) || rec.Header().Get("x-ratelimit-limit-requests") != "" {
+		t.Fatalf("a tenant without limits: %v", rec.Header())
+	}
+
+	g2 := gate(t)
+	a = g2.Config().Tenant("team-a")
+	g2.Debit(a, 150)
+	rec = httptest.NewRecorder()
+	if g2.Admit(rec, a) {
+		t.Fatal("a tenant in token debt was admitted")
+	}
+	if typ, _, _, msg := errorOf(t, rec); typ != "tokens" || !strings.Contains(msg, "TPM") {
+		t.Fatalf("tpm refusal: %s %q", typ, msg)
+	}
+}
+
+// A bound over the cap is refused naming it; no bound gets the cap in the
+// field the route reads; routes that generate nothing are left alone.
+func TestCap(t *testing.T) {
+	g := gate(t)
+	a := g.Config().Tenant("team-a")
+	for _, tc := range []struct {
+		path, body string
+		status     int
+		want       string // the body sent on, or the param refused
+	}{
+		{"/v1/chat/completions", `{"model":"m","max_tokens":51}`, 400, "max_tokens"},
+		{"/v1/chat/completions", `{"model":"m","max_completion_tokens":"500"}`, 400, "max_completion_tokens"},
+		{"/v1/chat/completions", `{"model":"m","max_tokens":"lots"}`, 400, "max_tokens"},
+		{"/v1/chat/completions", `{"model":"m","max_tokens":50}`, 0, `{"model":"m","max_tokens":50}`},
+		{"/v1/chat/completions", `{"model":"m","max_tokens":null}`, 0, `{"max_completion_tokens":50,"model":"m","max_tokens":null}`},
+		{"/v1/completions", `{"model":"m"}`, 0, `{"max_tokens":50,"model":"m"}`},
+		{"/v1/responses", `{"model":"m","max_tokens":10}`, 0, `{"max_output_tokens":50,"model":"m","max_tokens":10}`},
+		{"/v1/embeddings", `{"model":"m","max_tokens":5000}`, 0, `{"model":"m","max_tokens":5000}`},
+	} {
+		body, req, status := readBody(t, tc.body)
+		if status != 0 {
+			t.Fatalf("%s: read %d", tc.body, status)
+		}
+		rec := httptest.NewRecorder()
+		out, ok := g.Cap(rec, a, tc.path, req, body)
+		if tc.status != 0 {
+			_, _, param, msg := errorOf(t, rec)
+			if ok || rec.Code != tc.status || param != tc.want || !strings.Contains(msg, "50") {
+				t.Fatalf("%s %s: ok %v, %d param %q %q", tc.path, tc.body, ok, rec.Code, param, msg)
+			}
+			continue
+		}
+		if !ok || string(out) != tc.want {
+			t.Fatalf("%s %s: ok %v, sent %s, want %s", tc.path, tc.body, ok, out, tc.want)
+		}
+	}
+	b := g.Config().Tenant("team-b")
+	body, req, _ := readBody(t, `{"model":"m","max_tokens":100000}`)
+	if out, ok := g.Cap(httptest.NewRecorder(), b, "/v1/chat/completions", req, body); !ok || string(out) != string(body) {
+		t.Fatal("a tenant without a cap was capped")
+	}
+}
+
+func readBody(t *testing.T, s string) ([]byte, openai.Request, int) {
+	t.Helper()
+	r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(s))
+	return openai.ReadRequest(httptest.NewRecorder(), r, 1<<20)
+}

@@ -1,0 +1,124 @@
+package usage
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Formats of a report.
+const (
+	FormatTable = "table"
+	FormatJSON  = "json"
+	FormatCSV   = "csv"
+)
+
+// CheckFormat reports an unknown --format.
+func CheckFormat(f string) error {
+	switch f {
+	case FormatTable, FormatJSON, FormatCSV:
+		return nil
+	}
+	return fmt.Errorf("format %q: must be table, json or csv", f)
+}
+
+// Write renders r in format.
+func (r *Report) Write(w io.Writer, format string) error {
+	switch format {
+	case FormatJSON:
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	case FormatCSV:
+		return r.writeCSV(w)
+	}
+	return r.writeTable(w)
+}
+
+// columns are a report's columns after the key: the tenant of a serving
+// line only where the key is not the tenant.
+func (r *Report) columns() []string {
+	cols := []string{"use", "tenant", "requests", "failed", "prompt_tokens", "completion_tokens",
+		"estimated_requests", "gpu_seconds", "gpu_cost", "token_cost", "cost"}
+	if r.By == ByTenant {
+		cols = append(cols[:1], cols[2:]...)
+	}
+	return append([]string{string(r.By)}, cols...)
+}
+
+// cells renders row in the order of columns.
+func (r *Report) cells(row Row) []string {
+	c := []string{row.Key, row.Use, row.Tenant, itoa(row.Requests), itoa(row.Failed), itoa(row.PromptTokens),
+		itoa(row.CompletionTokens), itoa(row.EstimatedRequests), micros(row.GPUMicros),
+		money(row.GPUCost), money(row.TokenCost), money(row.Cost)}
+	if r.By == ByTenant {
+		c = append(c[:2], c[3:]...)
+	}
+	return c
+}
+
+func (r *Report) writeCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write(r.columns())
+	for _, row := range append(r.Rows, r.Total) {
+		_ = cw.Write(r.cells(row))
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+func (r *Report) writeTable(w io.Writer) error {
+	fmt.Fprintf(w, "usage %s .. %s (%s), by %s; serving GPU time split by %s\n\n",
+		r.Since.Format(time.RFC3339), r.Until.Format(time.RFC3339), r.Until.Sub(r.Since), r.By, r.Split)
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	cols := r.columns()
+	for i, c := range cols {
+		cols[i] = strings.ToUpper(strings.ReplaceAll(c, "_", " "))
+	}
+	if r.Currency != "" {
+		cols[len(cols)-1] += " (" + r.Currency + ")"
+	}
+	fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t")
+	for _, row := range append(r.Rows, r.Total) {
+		cells := r.cells(row)
+		for i := range 3 {
+			cells[i] = dash(cells[i])
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\ncheck: each pool's lines against the GPU time its intervals cover in the window")
+	for _, p := range r.Pools {
+		mark := "adds up"
+		if !p.AddsUp {
+			mark = "DOES NOT ADD UP"
+		}
+		fmt.Fprintf(w, "  %s: lines %.6f GPU-s = pool %.6f GPU-s: %s (covered %.3f s of the window's %.3f s)\n",
+			p.Pool, p.LinesSeconds, p.GPUSeconds, mark, p.CoveredSeconds, p.WindowSeconds)
+	}
+	if len(r.Pools) == 0 {
+		fmt.Fprintln(w, "  no pool interval in the window")
+	}
+	return nil
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// micros renders GPU-microseconds as seconds, exactly.
+func micros(us int64) string { return strconv.FormatFloat(float64(us)/1e6, 'f', 6, 64) }
+
+func money(v float64) string { return strconv.FormatFloat(v, 'f', 4, 64) }
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
