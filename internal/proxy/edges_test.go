@@ -84,3 +84,19 @@ func TestPinnedPoolErrors(t *testing.T) {
 		t.Errorf("engine metrics of an unknown pool: %d %+v", rec.Code, e)
 	}
 }
+
+// A form is the body of the audio routes only: anywhere else it is a 400,
+// before any pool is asked for its model.
+func TestFormOnlyOnAudioRoutes(t *testing.T) {
+	h := adminHandler(t, "")
+	body := "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--b\r\nContent-Disposition: form-data; name=\"stream\"\r\n\r\ntrue\r\n--b--\r\n"
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
+		req := httptest.NewRequest("POST", path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "multipart/form-data; boundary=b")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if e := apiError(t, rec); rec.Code != http.StatusBadRequest || e.Code != "invalid_body" || !strings.Contains(e.Message, "takes JSON") {
+			t.Errorf("a form to %s: %d %+v", path, rec.Code, e)
+		}
+	}
+}

@@ -292,6 +292,11 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Model, rec.Stream = req.Model, req.Stream
+	if req.Form && !formRoutes[rt.path] {
+		rec.Status = http.StatusBadRequest
+		openai.WriteError(w, rec.Status, "invalid_body", "", fmt.Sprintf("a multipart/form-data body is for the audio routes; POST %s takes JSON", rt.path))
+		return
+	}
 	prof := h.cfg.Load().Lookup(req.Model)
 	if prof == nil {
 		rec.Status = http.StatusNotFound
@@ -321,7 +326,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer lease.Release()
 	rec.Pool, rec.QueueWait = lease.Pool, lease.Waited
 
-	inject := req.Stream && !req.IncludeUsage && !req.Form && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
+	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
 	x.lease = lease
 	x.body = openai.Rewrite(body, req, prof.ID, inject)
 	x.withhold = inject
