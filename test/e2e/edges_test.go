@@ -35,20 +35,14 @@ func do(t *testing.T, method, url, key, body string) answer {
 	return answer{resp.StatusCode, resp.Header, string(b)}
 }
 
-// openAIError decodes an OpenAI error body, failing the test on any other.
+// openAIError checks that a is an OpenAI error answer and returns its
+// code and message.
 func openAIError(t *testing.T, what string, a answer) (code, message string) {
 	t.Helper()
-	var e struct {
-		Error *struct {
-			Message string  `json:"message"`
-			Type    string  `json:"type"`
-			Param   *string `json:"param"`
-			Code    any     `json:"code"`
-		} `json:"error"`
+	if ct := a.header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("%s: %d answer of type %q: %s", what, a.status, ct, a.body)
 	}
-	if ct := a.header.Get("Content-Type"); ct != "application/json" || json.Unmarshal([]byte(a.body), &e) != nil || e.Error == nil || e.Error.Message == "" || e.Error.Type == "" {
-		t.Fatalf("%s: %d %q is not an OpenAI error: %s", what, a.status, a.header.Get("Content-Type"), a.body)
-	}
+	e := apiError(t, []byte(a.body))
 	c, _ := e.Error.Code.(string)
 	return c, e.Error.Message
 }
