@@ -40,29 +40,6 @@ type reloader struct {
 	lastErr  error // the last reload's refusal; nil after a good one
 }
 
-// run reloads on every watch report and SIGHUP until ctx ends. A nil channel
-// is never ready. With a watch, it first checks the file once, for a change
-// made between the daemon's first read and the watch's start.
-func (r *reloader) run(ctx context.Context, watch <-chan struct{}, hup <-chan os.Signal) {
-	if watch != nil {
-		r.reload("watch started")
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-watch:
-			if !ok {
-				watch = nil // the watcher ended with ctx
-				continue
-			}
-			r.reload("file changed")
-		case <-hup:
-			r.reload("SIGHUP")
-		}
-	}
-}
-
 // reload loads the file and applies it if it differs from the one in force
 // (or the last reload was refused).
 func (r *reloader) reload(trigger string) {
@@ -145,24 +122,49 @@ func (r *reloader) status() statusapi.File {
 }
 
 // start runs the reloader until ctx ends: on SIGHUP and, when watchFile is
-// set, on changes to the profiles file. SIGHUP is caught from now on (its default
-// action would end the daemon). The returned function waits until the
-// reloader has ended, so that no reload runs into the shutdown.
+// set, on changes to the profiles file. The returned function waits until
+// the reloader has ended, so that no reload runs into the shutdown.
 func (r *reloader) start(ctx context.Context, watchFile bool, debounce time.Duration) (wait func()) {
+	return reloadOn(ctx, r.path, "profiles", watchFile, debounce, r.log, r.reload)
+}
+
+// reloadOn calls reload, with what triggered it, on every SIGHUP and, when
+// watchFile is set, on every change to the file at path (named what in
+// the log), until ctx ends. With a watch, it first reloads once, for a
+// change made between the daemon's first read and the watch's start.
+// SIGHUP is caught from now on (its default action would end the daemon).
+// The returned function waits until the reloads have ended.
+func reloadOn(ctx context.Context, path, what string, watchFile bool, debounce time.Duration, log *slog.Logger, reload func(trigger string)) (wait func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	var events <-chan struct{}
 	if watchFile {
 		var err error
-		if events, err = watch.File(ctx, r.path, debounce, r.log); err != nil {
-			r.log.Warn("not watching the profiles file; SIGHUP still reloads", "err", err)
+		if events, err = watch.File(ctx, path, debounce, log); err != nil {
+			log.Warn("not watching the "+what+" file; SIGHUP still reloads", "err", err)
 		}
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer signal.Stop(hup)
-		r.run(ctx, events, hup)
+		if events != nil {
+			reload("watch started")
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-events:
+				if !ok {
+					events = nil // the watcher ended with ctx
+					continue
+				}
+				reload("file changed")
+			case <-hup:
+				reload("SIGHUP")
+			}
+		}
 	}()
 	return func() { <-done }
 }

@@ -74,6 +74,10 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	m.Configure(cfg)
 	notify := newNotifier(log)
 	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), cfg: cfg, sum: sum, loadedAt: loadedAt}
+	tenants, err := openTenants(s.Tenants, reg, log)
+	if err != nil {
+		return err
+	}
 	contain, err := containment(s.Containment, log)
 	if err != nil {
 		return err
@@ -118,6 +122,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, Activity: usageLedger.activity()})
+	engineStats := newEngineStats(s, func() []statusapi.Pool { return h.PoolStatus() }, m, log)
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m
@@ -128,7 +133,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		Logger:         log,
 		AccessLog:      slog.New(slog.NewJSONHandler(access, nil)).With("component", "access"),
 		Metrics:        reqMetrics,
-		Clients:        s.Clients,
+		Tenants:        tenants.Gate(),
 		// Scheduling: keep-alive comments for waiting streams, the admin API.
 		KeepAliveInterval: s.KeepAliveInterval,
 		AdminToken:        s.AdminToken,
@@ -147,11 +152,16 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		// The usage ledger: every finished request, and GET /usage.
 		Usage:       usageLedger.requests(),
 		UsageReport: usageLedger.report(s.Usage),
+		EngineStats: engineStatsFill(engineStats),
+		// Readiness for balancers: /ready's saturation thresholds.
+		ReadyMaxEngineWaiting: s.ReadyMaxEngineWaiting,
+		ReadyMaxKVCacheUsage:  s.ReadyMaxKVCacheUsage,
 		Status: func() statusapi.Poold {
 			return statusapi.Poold{
 				Version:     version,
 				Host:        host,
 				Config:      rl.status(),
+				Tenants:     tenants.status(),
 				GPU:         gpuStatus(gpus),
 				Containment: contain.Status(),
 				Usage:       usageLedger.status(),
@@ -167,7 +177,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
 	srv := &http.Server{
-		Handler:           s.APIKeys.Require(h),
+		Handler:           tenants.Gate().Require(s.APIKeys.Require(h)),
 		ReadTimeout:       s.ReadTimeout,
 		ReadHeaderTimeout: s.ReadHeaderTimeout,
 		MaxHeaderBytes:    s.MaxHeaderBytes,
@@ -176,6 +186,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	poolCtx, stopPools := context.WithCancel(context.Background())
 	defer stopPools()
 	pools.Run(poolCtx)
+	waitEngineStats := runEngineStats(poolCtx, engineStats)
 	defer h.Close()
 
 	// The server and the systemd supervisor run in one group: a failed
@@ -185,20 +196,23 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	serving, servingCtx := errgroup.WithContext(ctx)
 	// Watch before serving: a change made once /health answers is seen.
 	waitReloads := rl.start(servingCtx, s.Watch, s.ReloadDebounce)
+	waitTenants := tenants.start(servingCtx, s.Watch, s.ReloadDebounce)
 	serving.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving: %w", err)
 		}
 		return nil
 	})
-	settingsFile := s.Loaded.File()
-	if settingsFile == "" {
-		settingsFile = "none"
+	orNone := func(file string) string {
+		if file == "" {
+			return "none"
+		}
+		return file
 	}
 	gpuOn, _ := gpus.Available()
 	log.Info("poold listening", "addr", ln.Addr().String(), "version", version,
-		"settings", settingsFile, "profiles", s.Profiles, "profiles_sha256", hex.EncodeToString(sum[:]),
-		"api_keys", s.APIKeys != nil, "admin_api", s.AdminToken != "", "gpu_telemetry", gpuOn)
+		"settings", orNone(s.Loaded.File()), "profiles", s.Profiles, "profiles_sha256", hex.EncodeToString(sum[:]), "tenants", orNone(s.Tenants),
+		"api_keys", s.APIKeys != nil || s.Tenants != "", "admin_api", s.AdminToken != "", "gpu_telemetry", gpuOn)
 	notify.ready()
 	serving.Go(func() error {
 		notify.supervise(servingCtx, time.Second,
@@ -216,6 +230,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	stopHurry := hurryOnSecondSignal(log, cancel, pools)
 	defer stopHurry()
 	waitReloads()
+	waitTenants()
 	pools.Refuse()
 	// The listener stays open until the requests in flight are done, so that
 	// new ones get a 503 shutting_down rather than a refused connection; no
@@ -237,6 +252,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	log.Info("stopping engines")
 	stopPools()
 	pools.Wait()
+	waitEngineStats()
 	if servErr != nil {
 		return servErr
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/logqueue"
-	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/proxy"
@@ -48,9 +47,10 @@ type settings struct {
 	// held while that destination is slow.
 	AccessLog       string
 	AccessLogBuffer int64
-	// Clients classifies requests for the client label; built from the settings
-	// file's `clients` section (nil when it has none).
-	Clients *metrics.Clients
+	// Tenants is the tenants file (docs/tenancy.md): API keys to tenants,
+	// their limits, output caps, models and tiers; "" means none, and every
+	// request is served as today, client "none".
+	Tenants string
 	// VRAMReleaseTimeout bounds the wait for a stopped or sleeping engine's GPU memory.
 	VRAMReleaseTimeout time.Duration
 	// GPUSimDir, when set, is a simulated-GPU directory (engine-sim's
@@ -90,6 +90,14 @@ type settings struct {
 	// latencies, tokens); false records none, and /metrics serves only the
 	// pool, swap, engine, GPU, build and Go collectors.
 	Metrics bool
+	// EngineMetricsInterval is how often each awake engine's /metrics is
+	// scraped (engineStats in /status, the poold_engine_* gauges, /ready);
+	// zero scrapes none. EngineMetricsTimeout bounds one scrape.
+	EngineMetricsInterval, EngineMetricsTimeout time.Duration
+	// ReadyMaxEngineWaiting and ReadyMaxKVCacheUsage are /ready's
+	// saturation thresholds (proxy.Options).
+	ReadyMaxEngineWaiting int
+	ReadyMaxKVCacheUsage  float64
 	// Loaded says where the settings came from, for the start-up log.
 	Loaded *cli.Settings
 	// Usage is the usage ledger's (usage_settings.go).
@@ -105,6 +113,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("config", "", "settings file (YAML); default "+defaultSettingsFile+" when it exists")
 	fl.String("listen", "127.0.0.1:8080", "address to serve the API on")
 	fl.String("profiles", "", "profiles JSON file (required)")
+	fl.String("tenants", "", "tenants JSON file: API keys to tenants, with their limits, output caps, models and fair-share tiers (docs/tenancy.md); watched like the profiles file")
 	fl.String("log-level", "info", "log level: debug, info, warn or error")
 	fl.String("log-format", "text", "log format: json or text")
 	cli.BytesFlag(fl, "max-body-bytes", openai.DefaultMaxBodyBytes, "request body limit (bytes, or with a unit: 32MiB)")
@@ -134,6 +143,10 @@ func serveFlags() *pflag.FlagSet {
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys required on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.Bool("metrics", true, "record per-request metrics (requests, latencies, tokens); false leaves /metrics with the pool, swap, GPU and Go collectors")
+	fl.Duration("engine-metrics-interval", time.Second, "how often each awake engine's /metrics is read for its load (engineStats in /status, the poold_engine_* gauges, /ready); 0 disables")
+	fl.Duration("engine-metrics-timeout", 2*time.Second, "how long one read of an engine's /metrics may take before it counts as failed")
+	fl.Int("ready-max-engine-waiting", proxy.DefaultReadyMaxEngineWaiting, "GET /ready answers 503 while a pool with demand has an engine queueing more requests than this")
+	fl.Float64("ready-max-kv-cache-usage", proxy.DefaultReadyMaxKVCacheUsage, "GET /ready answers 503 while a pool with demand has an engine using more of its KV cache than this (0 to 1)")
 	usageFlags(fl)
 	return fl
 }
@@ -164,7 +177,23 @@ func loadSettings(args []string) (settings, error) {
 	s.Watch = v.Bool("watch")
 	s.ReloadDebounce = v.Duration("reload-debounce")
 	s.Metrics = v.Bool("metrics")
+	s.EngineMetricsInterval = v.Duration("engine-metrics-interval")
+	s.EngineMetricsTimeout = v.Duration("engine-metrics-timeout")
+	s.ReadyMaxEngineWaiting = v.Int("ready-max-engine-waiting")
+	s.ReadyMaxKVCacheUsage = v.Float64("ready-max-kv-cache-usage")
 	var errs []error
+	if s.EngineMetricsInterval < 0 {
+		errs = append(errs, errors.New("engine-metrics-interval: must not be negative"))
+	}
+	if s.EngineMetricsTimeout <= 0 {
+		errs = append(errs, errors.New("engine-metrics-timeout: must be positive"))
+	}
+	if s.ReadyMaxEngineWaiting < 1 {
+		errs = append(errs, fmt.Errorf("ready-max-engine-waiting: must be at least 1, not %d", s.ReadyMaxEngineWaiting))
+	}
+	if !(s.ReadyMaxKVCacheUsage > 0 && s.ReadyMaxKVCacheUsage <= 1) {
+		errs = append(errs, fmt.Errorf("ready-max-kv-cache-usage: must be above 0 and at most 1, not %v", s.ReadyMaxKVCacheUsage))
+	}
 	if s.KeepAliveInterval < 0 {
 		errs = append(errs, errors.New("keepalive-interval: must not be negative"))
 	}
@@ -172,12 +201,7 @@ func loadSettings(args []string) (settings, error) {
 		errs = append(errs, err)
 	}
 	if v.IsSet("clients") {
-		var cc metrics.ClientConfig
-		if err := v.Decode("clients", &cc); err != nil {
-			errs = append(errs, err)
-		} else if s.Clients, err = metrics.NewClients(cc); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, errors.New("clients: client classes are replaced by the tenants file (tenants; docs/tenancy.md): each class becomes a tenant, its keys the tenant's keys"))
 	}
 	if s.AccessLog == "" {
 		errs = append(errs, errors.New("access-log: must be stdout, stderr or a file path"))
@@ -210,6 +234,10 @@ func loadSettings(args []string) (settings, error) {
 	errs = append(errs, s.checkLimits()...)
 	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
 		errs = append(errs, err)
+	}
+	s.Tenants = v.String("tenants")
+	if s.Tenants != "" && s.APIKeys != nil {
+		errs = append(errs, errors.New("tenants and api-keys are exclusive: with a tenants file, its keys are the keys (move the api-keys into a tenant)"))
 	}
 	if s.ReloadDebounce < 0 {
 		errs = append(errs, errors.New("reload-debounce: must not be negative"))

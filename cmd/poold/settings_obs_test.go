@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,31 +16,24 @@ func writeYAML(t *testing.T, s string) string {
 	return path
 }
 
-func TestClientClassesFromSettingsFile(t *testing.T) {
-	path := writeYAML(t, "access-log: /var/log/poold/access.log\nclients:\n  header: X-Client\n  classes:\n    team-a:\n      keys: [sk-a]\n    batch: {}\n")
-	s, err := loadSettings([]string{"--profiles", "p.json", "--config", path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.AccessLog != "/var/log/poold/access.log" {
-		t.Errorf("access-log %q", s.AccessLog)
-	}
-	for _, tc := range []struct{ header, value, want string }{
-		{"Authorization", "Bearer sk-a", "team-a"},
-		{"X-Client", "batch", "batch"},
-		{"X-Other", "batch", "other"},
-	} {
-		if got := s.Clients.Classify(http.Header{tc.header: {tc.value}}); got != tc.want {
-			t.Errorf("%s: %s → %q, want %q", tc.header, tc.value, got, tc.want)
-		}
+// The client classes of older settings files are refused with where they
+// went: the tenants file.
+func TestClientClassesPointToTenants(t *testing.T) {
+	path := writeYAML(t, "clients:\n  classes:\n    team-a:\n      keys: [sk-secret-1]\n")
+	_, err := loadSettings([]string{"--profiles", "p.json", "--config", path})
+	if err == nil || !strings.Contains(err.Error(), "tenants file") || strings.Contains(err.Error(), "sk-secret-1") {
+		t.Fatalf("err = %v; want one pointing to the tenants file without the key", err)
 	}
 }
 
-func TestBadClientClassesRefuseToStart(t *testing.T) {
-	path := writeYAML(t, "clients:\n  classes:\n    other:\n      keys: [sk-secret-1]\n")
-	_, err := loadSettings([]string{"--profiles", "p.json", "--config", path})
-	if err == nil || !strings.Contains(err.Error(), "clients.classes.other") || strings.Contains(err.Error(), "sk-secret-1") {
-		t.Fatalf("err = %v; want one naming clients.classes.other without the key", err)
+func TestTenantsAndAPIKeysAreExclusive(t *testing.T) {
+	_, err := loadSettings([]string{"--profiles", "p.json", "--tenants", "t.json", "--api-keys", "sk-1"})
+	if err == nil || !strings.Contains(err.Error(), "exclusive") {
+		t.Fatalf("err = %v", err)
+	}
+	s, err := loadSettings([]string{"--profiles", "p.json", "--tenants", "t.json"})
+	if err != nil || s.Tenants != "t.json" {
+		t.Fatalf("tenants %q, %v", s.Tenants, err)
 	}
 }
 
@@ -51,8 +43,8 @@ func TestAccessLogDefaultsToStdout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.AccessLog != "stdout" || s.Clients != nil {
-		t.Fatalf("access-log %q, clients %v; want stdout and none", s.AccessLog, s.Clients)
+	if s.AccessLog != "stdout" || s.Tenants != "" {
+		t.Fatalf("access-log %q, tenants %q; want stdout and none", s.AccessLog, s.Tenants)
 	}
 }
 

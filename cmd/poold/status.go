@@ -23,8 +23,9 @@ func status(args []string, stdout, stderr io.Writer) int {
 }
 
 // printStatus writes the daemon line, the profiles line (and the refused
-// reload's errors, if any), then one row per pool (ASLEEP: its sleeping
-// engines, docs/sleep-mode.md).
+// reload's errors, if any), then one row per pool (ENGINE: what its awake
+// engine reports running and waiting, and its KV cache use; ASLEEP: its
+// sleeping engines, docs/sleep-mode.md).
 func printStatus(w io.Writer, st statusapi.Poold) {
 	fmt.Fprintf(w, "poold %s on %s\n", st.Version, st.Host)
 	c := st.Config
@@ -37,14 +38,14 @@ func printStatus(w io.Writer, st statusapi.Poold) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tGPUS\tSTATE\tPROFILE\tIN-FLIGHT\tWAITING\tASLEEP\tLAST ERROR")
+	fmt.Fprintln(tw, "POOL\tGPUS\tSTATE\tPROFILE\tIN-FLIGHT\tWAITING\tENGINE\tASLEEP\tLAST ERROR")
 	for _, p := range st.Pools {
 		gpus := make([]string, len(p.GPUs))
 		for i, g := range p.GPUs {
 			gpus[i] = strconv.Itoa(g)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", p.Name, strings.Join(gpus, ","), p.State,
-			profileCell(p.Profile, p.SwitchingTo), p.InFlight, waitingCell(p.Waiting), sleepingCell(p.Sleeping), errorCell(p.LastError))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", p.Name, strings.Join(gpus, ","), p.State,
+			profileCell(p.Profile, p.SwitchingTo), p.InFlight, waitingCell(p.Waiting), engineCell(p.EngineStats), sleepingCell(p.Sleeping), errorCell(p.LastError))
 	}
 	tw.Flush()
 }
@@ -74,6 +75,15 @@ func waitingCell(waiting map[string]int) string {
 		return "0"
 	}
 	return fmt.Sprintf("%d (%s)", total, strings.Join(by, " "))
+}
+
+// engineCell is what the awake engine reports: "12 run, 3 wait, KV 87%",
+// or "-" without a recent sample.
+func engineCell(st *statusapi.EngineStats) string {
+	if st == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d run, %d wait, KV %.0f%%", st.Running, st.Waiting, st.KVCacheUsage*100)
 }
 
 // sleepingCell lists the pool's sleeping engines, least recently used

@@ -173,6 +173,8 @@ func set(f *pflag.Flag, val string) error {
 		return fmt.Errorf("invalid boolean %q: true or false", val)
 	case "int", "int64":
 		return fmt.Errorf("invalid integer %q", val)
+	case "float64":
+		return fmt.Errorf("invalid number %q", val)
 	case "bytes":
 		return err
 	case "string", "stringSlice":

@@ -23,6 +23,9 @@ import (
 // "gpus" list names.
 type Device = statusapi.GPU
 
+// ECCErrors are a GPU's volatile ECC error counts.
+type ECCErrors = statusapi.ECCErrors
+
 // Process is one compute process on a GPU. UsedBytes is 0 when NVML cannot
 // tell (as in some containers).
 type Process = statusapi.GPUProcess

@@ -49,7 +49,8 @@ func (p *nvmlProvider) Devices() ([]Device, error) {
 }
 
 // read reads one device. Memory and processes are required; utilisation,
-// temperature and power are left at zero where the device does not support them.
+// temperature and power are left at zero, and the ECC counts nil, where the
+// device does not support them.
 func (p *nvmlProvider) read(i int, h nvml.Device) (Device, error) {
 	d := Device{Index: i, Processes: []Process{}}
 	d.UUID, _ = h.GetUUID()
@@ -68,6 +69,7 @@ func (p *nvmlProvider) read(i int, h nvml.Device) (Device, error) {
 	if mw, ret := h.GetPowerUsage(); ret == nvml.SUCCESS {
 		d.PowerWatts = float64(mw) / 1000
 	}
+	d.ECCErrors = p.eccErrors(h)
 	procs, ret := h.GetComputeRunningProcesses()
 	if ret != nvml.SUCCESS {
 		return d, fmt.Errorf("compute processes: %s", p.lib.ErrorString(ret))
@@ -80,4 +82,18 @@ func (p *nvmlProvider) read(i int, h nvml.Device) (Device, error) {
 		d.Processes = append(d.Processes, Process{PID: int(pr.Pid), UsedBytes: used})
 	}
 	return d, nil
+}
+
+// eccErrors reads the device's volatile ECC error counts, or nil where ECC
+// is off or unsupported.
+func (p *nvmlProvider) eccErrors(h nvml.Device) *ECCErrors {
+	corrected, ret := h.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC)
+	if ret != nvml.SUCCESS {
+		return nil
+	}
+	uncorrected, ret := h.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
+	if ret != nvml.SUCCESS {
+		return nil
+	}
+	return &ECCErrors{Corrected: corrected, Uncorrected: uncorrected}
 }

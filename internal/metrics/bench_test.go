@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"log/slog"
-	"net/http"
 	"testing"
 	"time"
 )
@@ -13,7 +12,8 @@ import (
 func BenchmarkObserve(b *testing.B) {
 	_, m := newLoaded(b, twoGPUs)
 	rec := &Record{RequestID: "r", Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true,
-		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second}
+		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second,
+		TTFT: 25 * time.Millisecond, ITLGaps: 33, ITLP50: 20 * time.Millisecond, ITLMax: 90 * time.Millisecond}
 	b.ReportAllocs()
 	for b.Loop() {
 		m.Observe(rec)
@@ -23,28 +23,11 @@ func BenchmarkObserve(b *testing.B) {
 func BenchmarkAccessLog(b *testing.B) {
 	log := slog.New(slog.NewJSONHandler(discard{}, nil))
 	rec := &Record{RequestID: "r", Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true,
-		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second}
+		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second,
+		TTFT: 25 * time.Millisecond, ITLGaps: 33, ITLP50: 20 * time.Millisecond, ITLMax: 90 * time.Millisecond}
 	b.ReportAllocs()
 	for b.Loop() {
 		rec.Log(log)
-	}
-}
-
-func BenchmarkClassify(b *testing.B) {
-	keys := make([]string, 50)
-	for i := range keys {
-		keys[i] = "sk-key-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
-	}
-	c, err := NewClients(ClientConfig{Header: "X-Client", Classes: map[string]ClientClass{"team-a": {Keys: keys}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := http.Header{"Authorization": {"Bearer " + keys[17]}}
-	b.ReportAllocs()
-	for b.Loop() {
-		if c.Classify(h) != "team-a" {
-			b.Fatal("misclassified")
-		}
 	}
 }
 

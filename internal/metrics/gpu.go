@@ -16,16 +16,18 @@ var (
 	gpuTempDesc      = prometheus.NewDesc("poold_gpu_temperature_celsius", "GPU core temperature.", []string{"gpu", "uuid"}, nil)
 	gpuPowerDesc     = prometheus.NewDesc("poold_gpu_power_watts", "GPU power draw.", []string{"gpu", "uuid"}, nil)
 	gpuProcsDesc     = prometheus.NewDesc("poold_gpu_processes", "Compute processes on the GPU.", []string{"gpu", "uuid"}, nil)
+	gpuECCDesc       = prometheus.NewDesc("poold_gpu_ecc_errors_total", "ECC memory errors since the driver last loaded (NVML's volatile counters), by type (corrected, uncorrected); absent where ECC is off.", []string{"gpu", "uuid", "type"}, nil)
 )
 
 // GPUCollector exports p's telemetry, read at scrape time. Where p cannot read
-// (no NVML), only poold_gpu_telemetry_available (0) is exported.
+// (no NVML), only poold_gpu_telemetry_available (0) is exported; a GPU
+// without ECC has no ECC series.
 func GPUCollector(p gpu.Provider) prometheus.Collector { return &gpuCollector{p: p} }
 
 type gpuCollector struct{ p gpu.Provider }
 
 func (c *gpuCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{gpuAvailableDesc, gpuUsedDesc, gpuTotalDesc, gpuUtilDesc, gpuTempDesc, gpuPowerDesc, gpuProcsDesc} {
+	for _, d := range []*prometheus.Desc{gpuAvailableDesc, gpuUsedDesc, gpuTotalDesc, gpuUtilDesc, gpuTempDesc, gpuPowerDesc, gpuProcsDesc, gpuECCDesc} {
 		ch <- d
 	}
 }
@@ -48,5 +50,9 @@ func (c *gpuCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(gpuTempDesc, float64(d.TemperatureC))
 		gauge(gpuPowerDesc, d.PowerWatts)
 		gauge(gpuProcsDesc, float64(len(d.Processes)))
+		if e := d.ECCErrors; e != nil {
+			ch <- prometheus.MustNewConstMetric(gpuECCDesc, prometheus.CounterValue, float64(e.Corrected), idx, d.UUID, "corrected")
+			ch <- prometheus.MustNewConstMetric(gpuECCDesc, prometheus.CounterValue, float64(e.Uncorrected), idx, d.UUID, "uncorrected")
+		}
 	}
 }

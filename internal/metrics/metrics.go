@@ -37,6 +37,8 @@ type Metrics struct {
 	duration         *prometheus.HistogramVec
 	ttfb             *prometheus.HistogramVec
 	queueWait        *prometheus.HistogramVec
+	tenantWait       *prometheus.HistogramVec
+	ttft, itl        *prometheus.HistogramVec
 	promptTokens     *prometheus.CounterVec
 	completionTokens *prometheus.CounterVec
 	swaps            *prometheus.CounterVec
@@ -45,17 +47,19 @@ type Metrics struct {
 	engineExits      *prometheus.CounterVec
 	vramHeld         *prometheus.CounterVec
 	sleepVRAMHeld    *prometheus.CounterVec
+	scrapeFailures   *prometheus.CounterVec
 	reloadOK         prometheus.Gauge
 	reloadTime       prometheus.Gauge
 }
 
-// New registers every collector on reg: the request and swap metrics, a
-// collector reading pool snapshots from pools at scrape time, the Go and process
-// collectors, and poold_build_info.
+// New registers every collector on reg: the request and swap metrics,
+// collectors reading pool snapshots (their engines' stats included) from
+// pools at scrape time, the Go and process collectors, and
+// poold_build_info.
 func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revision string) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming, client class and outcome (completed, upstream_aborted, client_aborted, shutdown_cut).",
+			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, shutdown_cut, rate_limited).",
 		}, []string{"pool", "model", "code_class", "stream", "client", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_request_duration_seconds", Help: "Request duration from arrival to the last byte, queueing included.", Buckets: latencyBuckets,
@@ -66,11 +70,20 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_queue_wait_seconds", Help: "Time a request waited for its model to be ready and admitted.", Buckets: latencyBuckets,
 		}, []string{"pool", "model"}),
+		tenantWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_client_queue_wait_seconds", Help: "Time a request waited for its lease, by client (the tenant): its model's load and its turn in the fair share.", Buckets: latencyBuckets,
+		}, []string{"client"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_time_to_first_token_seconds", Help: "Time from a stream's arrival to the first chunk of generated text sent to the client, queueing included.", Buckets: ttftBuckets,
+		}, []string{"pool", "profile", "client"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "poold_inter_token_latency_seconds", Help: "Gaps between the chunks of generated text of a stream, as sent to the client.", Buckets: itlBuckets,
+		}, []string{"pool", "profile", "client"}),
 		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_prompt_tokens_total", Help: "Prompt tokens reported by the engines.",
+			Name: "poold_prompt_tokens_total", Help: "Prompt tokens reported by the engines, by pool, model and client (the tenant).",
 		}, []string{"pool", "model", "client"}),
 		completionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_completion_tokens_total", Help: "Completion tokens reported by the engines.",
+			Name: "poold_completion_tokens_total", Help: "Completion tokens reported by the engines (or estimated, for a cut stream), by pool, model and client (the tenant).",
 		}, []string{"pool", "model", "client"}),
 		swaps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_swaps_total", Help: "Swap attempts, by pool, from and to profile, and result.",
@@ -90,6 +103,9 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		sleepVRAMHeld: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_sleep_vram_not_released_total", Help: "Engines put to sleep whose GPU memory did not drop within the bounded check; each was stopped instead of kept asleep.",
 		}, []string{"pool"}),
+		scrapeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_engine_metrics_scrape_failures_total", Help: "Scrapes of an awake engine's own /metrics that failed (no answer in time, an error status, not vLLM's metrics).",
+		}, []string{"pool"}),
 		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "poold_config_last_reload_successful", Help: "1 if the last profiles load succeeded.",
 		}),
@@ -101,9 +117,9 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		Name: "poold_build_info", Help: "Always 1; labels carry the build.",
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
-	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.promptTokens, m.completionTokens,
-		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.reloadOK, m.reloadTime, build,
-		&poolCollector{pools: pools},
+	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.tenantWait, m.ttft, m.itl, m.promptTokens, m.completionTokens,
+		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures, m.reloadOK, m.reloadTime, build,
+		&poolCollector{pools: pools}, &engineCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -135,7 +151,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 	defer m.mu.Unlock()
 	for pl, profs := range m.configured {
 		if _, kept := next[pl]; !kept {
-			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld} {
+			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures} {
 				c.DeletePartialMatch(prometheus.Labels{"pool": pl})
 			}
 			continue
@@ -150,6 +166,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 	for pl, profs := range next {
 		m.vramHeld.WithLabelValues(pl)
 		m.sleepVRAMHeld.WithLabelValues(pl)
+		m.scrapeFailures.WithLabelValues(pl)
 		for _, prof := range profs {
 			for _, r := range startResults {
 				m.engineStarts.WithLabelValues(pl, prof, r)
@@ -203,6 +220,12 @@ func (m *Metrics) SleepVRAMNotReleased(poolName string) {
 	m.sleepVRAMHeld.WithLabelValues(poolName).Inc()
 }
 
+// EngineScrapeFailed counts a failed scrape of the metrics of pool's
+// engine (enginestats.Options.Failed).
+func (m *Metrics) EngineScrapeFailed(pool string) {
+	m.scrapeFailures.WithLabelValues(pool).Inc()
+}
+
 // Outcomes of a request (Record.Outcome): how its answer ended, whatever its
 // status.
 const (
@@ -217,7 +240,12 @@ const (
 	// OutcomeShutdownCut: poold's shutdown cut the answer at the end of the
 	// drain.
 	OutcomeShutdownCut = "shutdown_cut"
+	// OutcomeRateLimited: the tenant's limits refused the request (429).
+	OutcomeRateLimited = "rate_limited"
 )
+
+// NoTenant is the client of every request when no tenants file is in force.
+const NoTenant = "none"
 
 // Record is everything known about one finished request. It feeds the request
 // metrics and is the access-log line. Pool and Profile are empty when the request
@@ -227,7 +255,7 @@ type Record struct {
 	Pool      string
 	Model     string // the name the client asked for
 	Profile   string // the canonical profile id it resolved to
-	Client    string // the client class (never a key)
+	Client    string // the tenant's name, or NoTenant (never a key)
 	Status    int
 	Stream    bool
 	// Outcome is how the answer ended (the Outcome constants); "" means
@@ -246,6 +274,13 @@ type Record struct {
 	// CausedSwap reports that the request was the one whose wait made its
 	// pool swap (pool.Lease.CausedSwap), for the usage ledger.
 	CausedSwap bool
+	// TTFT is, for a stream, the time from arrival to the first chunk of
+	// generated text sent to the client; zero when none was. ITLGaps
+	// counts the gaps between such chunks, ITLP50 and ITLMax are their
+	// median (estimated) and longest (see StreamTiming).
+	TTFT           time.Duration
+	ITLGaps        int
+	ITLP50, ITLMax time.Duration
 }
 
 // Observe adds a finished request to the metrics. Requests that reached no
@@ -267,8 +302,12 @@ func (m *Metrics) Observe(r *Record) {
 		return
 	}
 	m.queueWait.WithLabelValues(pl, model).Observe(r.QueueWait.Seconds())
+	m.tenantWait.WithLabelValues(r.Client).Observe(r.QueueWait.Seconds())
 	if r.TTFB > 0 {
 		m.ttfb.WithLabelValues(pl, model).Observe(r.TTFB.Seconds())
+	}
+	if r.TTFT > 0 {
+		m.ttft.WithLabelValues(pl, model, r.Client).Observe(r.TTFT.Seconds())
 	}
 	if r.Counted || r.TokensEstimated {
 		m.promptTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.PromptTokens))
@@ -276,9 +315,12 @@ func (m *Metrics) Observe(r *Record) {
 	}
 }
 
-// Log writes r as one access-log line.
+// Log writes r as one access-log line; a stream that sent generated text
+// adds its ttft_ms, and with two chunks or more its itl_ms_p50 and
+// itl_ms_max.
 func (r *Record) Log(log *slog.Logger) {
-	log.LogAttrs(context.Background(), slog.LevelInfo, "request",
+	var buf [17]slog.Attr
+	attrs := append(buf[:0],
 		slog.String("request_id", r.RequestID),
 		slog.String("pool", r.Pool),
 		slog.String("model", r.Model),
@@ -294,6 +336,13 @@ func (r *Record) Log(log *slog.Logger) {
 		slog.Int64("ttfb_ms", r.TTFB.Milliseconds()),
 		slog.Int64("duration_ms", r.Duration.Milliseconds()),
 	)
+	if r.TTFT > 0 {
+		attrs = append(attrs, slog.Int64("ttft_ms", r.TTFT.Milliseconds()))
+	}
+	if r.ITLGaps > 0 {
+		attrs = append(attrs, slog.Int64("itl_ms_p50", r.ITLP50.Milliseconds()), slog.Int64("itl_ms_max", r.ITLMax.Milliseconds()))
+	}
+	log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
 func codeClass(status int) string {
@@ -322,6 +371,7 @@ var (
 	loadedDesc   = prometheus.NewDesc("poold_pool_loaded_profile", "1 for the profile loaded in each pool.", []string{"pool", "profile"}, nil)
 	stateDesc    = prometheus.NewDesc("poold_pool_state", "1 for each pool's current state.", []string{"pool", "state"}, nil)
 	sleepingDesc = prometheus.NewDesc("poold_sleeping_engines", "Engines asleep in each pool (sleep mode).", []string{"pool"}, nil)
+	poolGPUDesc  = prometheus.NewDesc("poold_pool_gpu_info", "1 for each GPU (NVML index) of each pool: joins the GPU series to the pools.", []string{"pool", "gpu"}, nil)
 )
 
 var poolStates = []statusapi.PoolState{statusapi.StateEmpty, statusapi.StateStarting, statusapi.StateReady, statusapi.StateDraining, statusapi.StateStopping, statusapi.StateSleeping, statusapi.StateFailed}
@@ -332,6 +382,7 @@ func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- loadedDesc
 	ch <- stateDesc
 	ch <- sleepingDesc
+	ch <- poolGPUDesc
 }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -343,6 +394,9 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.InFlight), st.Name, loaded)
 		ch <- prometheus.MustNewConstMetric(sleepingDesc, prometheus.GaugeValue, float64(len(st.Sleeping)), st.Name)
+		for _, g := range st.GPUs {
+			ch <- prometheus.MustNewConstMetric(poolGPUDesc, prometheus.GaugeValue, 1, st.Name, strconv.Itoa(g))
+		}
 		for model, n := range st.Waiting {
 			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), st.Name, model)
 		}

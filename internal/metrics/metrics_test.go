@@ -1,11 +1,6 @@
 package metrics
 
 import (
-	"bytes"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +22,8 @@ func (f fakeGPUs) Available() (bool, string)      { return true, "" }
 func (f fakeGPUs) Devices() ([]gpu.Device, error) { return f, nil }
 
 var twoGPUs = fakeGPUs{
-	{Index: 0, UUID: "GPU-aaa", MemoryUsedBytes: 70 << 30, MemoryTotalBytes: 80 << 30, Utilization: 0.93, TemperatureC: 61, PowerWatts: 412.5, Processes: []gpu.Process{{PID: 4242, UsedBytes: 69 << 30}}},
+	{Index: 0, UUID: "GPU-aaa", MemoryUsedBytes: 70 << 30, MemoryTotalBytes: 80 << 30, Utilization: 0.93, TemperatureC: 61, PowerWatts: 412.5, Processes: []gpu.Process{{PID: 4242, UsedBytes: 69 << 30}},
+		ECCErrors: &gpu.ECCErrors{Corrected: 120, Uncorrected: 2}},
 	{Index: 1, UUID: "GPU-bbb", MemoryUsedBytes: 1 << 20, MemoryTotalBytes: 80 << 30},
 }
 
@@ -36,10 +32,11 @@ var twoGPUs = fakeGPUs{
 func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	prof := "qwen"
+	prof, hitRate := "qwen", 0.25
 	pools := func() []statusapi.Pool {
-		return []statusapi.Pool{{Name: "gpu0", State: statusapi.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1},
-			Sleeping: []statusapi.Sleeper{{Profile: "llama", Level: 1}}}}
+		return []statusapi.Pool{{Name: "gpu0", GPUs: []int{0}, State: statusapi.StateReady, Profile: &prof, InFlight: 2, Waiting: map[string]int{"llama": 1},
+			Sleeping: []statusapi.Sleeper{{Profile: "llama", Level: 1}},
+			Engine:   &statusapi.Engine{Profile: prof}, EngineStats: &statusapi.EngineStats{Running: 2, Waiting: 11, KVCacheUsage: 0.9, PrefixCacheHitRate: &hitRate}}}
 	}
 	m := New(reg, pools, "v1.2.3", "abc123")
 	reg.MustRegister(GPUCollector(gpus))
@@ -49,8 +46,11 @@ func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics)
 	m.EngineExit("gpu0", "llama", "stopped")
 	m.VRAMNotReleased("gpu0")
 	m.SleepVRAMNotReleased("gpu0")
+	m.EngineScrapeFailed("gpu0")
 	m.Observe(&Record{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
-		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second})
+		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second,
+		TTFT: 5200 * time.Millisecond})
+	m.ITL("gpu0", "qwen", "team-a").Observe(0.02)
 	return reg, m
 }
 
@@ -67,20 +67,40 @@ func TestRegistryLintsClean(t *testing.T) {
 
 func TestObserveCountsTokensPerClient(t *testing.T) {
 	reg, m := newLoaded(t, twoGPUs)
-	m.Observe(&Record{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Counted: true, PromptTokens: 1, CompletionTokens: 2})
-	m.Observe(&Record{Model: "nope", Client: "other", Status: 404}) // never reached a pool
+	m.Observe(&Record{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Counted: true, PromptTokens: 1, CompletionTokens: 2, QueueWait: 2 * time.Second})
+	m.Observe(&Record{Model: "nope", Client: NoTenant, Status: 404})                              // never reached a pool
+	m.Observe(&Record{Model: "chat", Client: "team-b", Status: 429, Outcome: OutcomeRateLimited}) // refused by its limits
 	want := `
-# HELP poold_completion_tokens_total Completion tokens reported by the engines.
+# HELP poold_completion_tokens_total Completion tokens reported by the engines (or estimated, for a cut stream), by pool, model and client (the tenant).
 # TYPE poold_completion_tokens_total counter
 poold_completion_tokens_total{client="team-a",model="qwen",pool="gpu0"} 36
-# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming, client class and outcome (completed, upstream_aborted, client_aborted, shutdown_cut).
+# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, shutdown_cut, rate_limited).
 # TYPE poold_requests_total counter
-poold_requests_total{client="other",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"} 1
+poold_requests_total{client="none",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"} 1
 poold_requests_total{client="team-a",code_class="2xx",model="qwen",outcome="completed",pool="gpu0",stream="false"} 1
 poold_requests_total{client="team-a",code_class="2xx",model="qwen",outcome="completed",pool="gpu0",stream="true"} 1
+poold_requests_total{client="team-b",code_class="4xx",model="none",outcome="rate_limited",pool="none",stream="false"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_requests_total", "poold_completion_tokens_total"); err != nil {
 		t.Fatal(err)
+	}
+	// The tenant's wait: 5 s and 2 s for team-a; none recorded for requests that reached no pool.
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waited float64
+	var clients []string
+	for _, mf := range mfs {
+		if mf.GetName() == "poold_client_queue_wait_seconds" {
+			for _, s := range mf.GetMetric() {
+				clients = append(clients, label(s, "client"))
+				waited += s.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	if strings.Join(clients, ",") != "team-a" || waited != 7 {
+		t.Fatalf("client queue wait: clients %v, %g s; want team-a, 7 s", clients, waited)
 	}
 }
 
@@ -125,6 +145,9 @@ poold_sleeping_engines{pool="gpu0"} 1
 	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_sleep_vram_not_released_total"))); n != 1 {
 		t.Errorf("poold_sleep_vram_not_released_total = %v, want 1", n)
 	}
+	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_engine_metrics_scrape_failures_total"))); n != 1 {
+		t.Errorf("poold_engine_metrics_scrape_failures_total = %v, want 1", n)
+	}
 }
 
 func label(m *dto.Metric, name string) string {
@@ -155,7 +178,12 @@ func regCounter(t *testing.T, reg *prometheus.Registry, name string) prometheus.
 func TestGPUCollector(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(GPUCollector(twoGPUs))
+	// GPU 1 has no ECC: no series.
 	want := `
+# HELP poold_gpu_ecc_errors_total ECC memory errors since the driver last loaded (NVML's volatile counters), by type (corrected, uncorrected); absent where ECC is off.
+# TYPE poold_gpu_ecc_errors_total counter
+poold_gpu_ecc_errors_total{gpu="0",type="corrected",uuid="GPU-aaa"} 120
+poold_gpu_ecc_errors_total{gpu="0",type="uncorrected",uuid="GPU-aaa"} 2
 # HELP poold_gpu_memory_used_bytes GPU memory in use, per GPU (NVML index).
 # TYPE poold_gpu_memory_used_bytes gauge
 poold_gpu_memory_used_bytes{gpu="0",uuid="GPU-aaa"} 7.516192768e+10
@@ -172,7 +200,7 @@ poold_gpu_telemetry_available 1
 poold_gpu_utilization_ratio{gpu="0",uuid="GPU-aaa"} 0.93
 poold_gpu_utilization_ratio{gpu="1",uuid="GPU-bbb"} 0
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_gpu_memory_used_bytes", "poold_gpu_processes", "poold_gpu_telemetry_available", "poold_gpu_utilization_ratio"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_gpu_ecc_errors_total", "poold_gpu_memory_used_bytes", "poold_gpu_processes", "poold_gpu_telemetry_available", "poold_gpu_utilization_ratio"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -180,139 +208,6 @@ poold_gpu_utilization_ratio{gpu="1",uuid="GPU-bbb"} 0
 	none.MustRegister(GPUCollector(gpu.Unavailable{Reason: "libnvidia-ml.so.1 not found"}))
 	if n, err := testutil.GatherAndCount(none); err != nil || n != 1 {
 		t.Fatalf("without NVML: %d series (%v), want only poold_gpu_telemetry_available", n, err)
-	}
-}
-
-func TestClassify(t *testing.T) {
-	c, err := NewClients(ClientConfig{
-		Header: "x-client",
-		Classes: map[string]ClientClass{
-			"team-a": {Keys: []string{"sk-alpha", "sha256:" + sha("sk-hashed")}},
-			"batch":  {Keys: []string{"sk-batch"}},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name   string
-		header map[string]string
-		want   string
-	}{
-		{"bearer", map[string]string{"Authorization": "Bearer sk-alpha"}, "team-a"},
-		{"bearer any case", map[string]string{"Authorization": "bEaReR sk-batch"}, "batch"},
-		{"x-api-key", map[string]string{"X-Api-Key": "sk-batch"}, "batch"},
-		{"hashed key", map[string]string{"Authorization": "Bearer sk-hashed"}, "team-a"},
-		{"unknown key", map[string]string{"Authorization": "Bearer sk-nope"}, "other"},
-		{"no key", nil, "other"},
-		{"header names a class", map[string]string{"X-Client": "batch"}, "batch"},
-		{"header names no class", map[string]string{"X-Client": "evil"}, "other"},
-		{"key beats header", map[string]string{"X-Client": "batch", "Authorization": "Bearer sk-alpha"}, "team-a"},
-		{"basic auth is no key", map[string]string{"Authorization": "Basic c2stYWxwaGE="}, "other"},
-	} {
-		h := make(map[string][]string)
-		for k, v := range tc.header {
-			h[k] = []string{v}
-		}
-		if got := c.Classify(h); got != tc.want {
-			t.Errorf("%s: class %q, want %q", tc.name, got, tc.want)
-		}
-	}
-	var none *Clients
-	if got := none.Classify(nil); got != OtherClient {
-		t.Errorf("nil classifier: %q", got)
-	}
-}
-
-func sha(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
-}
-
-func TestNewClientsRejectsBadConfigWithoutEchoingKeys(t *testing.T) {
-	_, err := NewClients(ClientConfig{Classes: map[string]ClientClass{
-		"other":  {Keys: []string{"sk-1"}},
-		"Bad!":   {},
-		"a":      {Keys: []string{"sk-secret-dup", "", "sha256:zz"}},
-		"b":      {Keys: []string{"sk-secret-dup"}},
-		"good-1": {},
-	}})
-	if err == nil {
-		t.Fatal("bad client classes accepted")
-	}
-	msg := err.Error()
-	for _, want := range []string{`clients.classes.other`, `clients.classes.Bad!`, `clients.classes.a.keys[1]: empty key`, `clients.classes.a.keys[2]: sha256:`, `clients.classes.b.keys[0]: the same key is already in class "a"`} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("error does not say %q:\n%s", want, msg)
-		}
-	}
-	if strings.Contains(msg, "sk-secret") {
-		t.Errorf("error echoes a key:\n%s", msg)
-	}
-	classes := make(map[string]ClientClass)
-	for i := range MaxClientClasses + 1 {
-		classes["c"+strings.Repeat("x", i%10)+hex.EncodeToString([]byte{byte(i)})] = ClientClass{}
-	}
-	if _, err := NewClients(ClientConfig{Classes: classes}); err == nil || !strings.Contains(err.Error(), "at most") {
-		t.Fatalf("%d classes accepted: %v", len(classes), err)
-	}
-}
-
-// Request input never creates label values: thousands of random keys and
-// header values yield only the configured classes and "other", and no key
-// reaches the metrics or the access log.
-func TestClientCardinalityIsBoundedByConfig(t *testing.T) {
-	known := []string{"sk-a-" + rand.Text(), "sk-b-" + rand.Text()}
-	c, err := NewClients(ClientConfig{Header: "X-Client", Classes: map[string]ClientClass{"a": {Keys: known[:1]}, "b": {Keys: known[1:]}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, m := newLoaded(t, twoGPUs)
-	var logBuf bytes.Buffer
-	accessLog := slog.New(slog.NewJSONHandler(&logBuf, nil))
-	var keys []string
-	for i := range 2000 {
-		key := "sk-" + rand.Text()
-		if i%7 == 0 {
-			key = known[i%2]
-		}
-		keys = append(keys, key)
-		h := map[string][]string{"Authorization": {"Bearer " + key}, "X-Client": {rand.Text()}}
-		if i%3 == 0 {
-			h = map[string][]string{"X-Api-Key": {key}}
-		}
-		rec := &Record{RequestID: "r", Pool: "gpu0", Profile: "qwen", Client: c.Classify(h), Status: 200, Counted: true, PromptTokens: 1, CompletionTokens: 1}
-		m.Observe(rec)
-		rec.Log(accessLog)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	for _, mf := range mfs {
-		for _, s := range mf.GetMetric() {
-			if v := label(s, "client"); v != "" {
-				seen[v] = true
-			}
-		}
-	}
-	for v := range seen {
-		if v != "a" && v != "b" && v != "other" && v != "team-a" { // team-a comes from newLoaded
-			t.Errorf("client label %q is not a configured class", v)
-		}
-	}
-	if !seen["a"] || !seen["b"] || !seen["other"] {
-		t.Errorf("client labels %v, want a, b and other", seen)
-	}
-	var exposition bytes.Buffer
-	for _, mf := range mfs {
-		exposition.WriteString(mf.String())
-	}
-	for _, k := range append(keys, known...) {
-		if strings.Contains(exposition.String(), k) || strings.Contains(logBuf.String(), k) {
-			t.Fatalf("key %q appears in the metrics or the access log", k)
-		}
 	}
 }
 
@@ -358,6 +253,7 @@ func TestConfigureCreatesSeriesAtZero(t *testing.T) {
 		"poold_engine_exits_total{pool=p1,profile=b,reason=load_failed}",
 		"poold_vram_not_released_total{pool=p0}",
 		"poold_sleep_vram_not_released_total{pool=p1}",
+		"poold_engine_metrics_scrape_failures_total{pool=p1}",
 	} {
 		if zero, ok := got[want]; !ok || !zero {
 			t.Errorf("%s: present %v, at zero %v", want, ok, zero)
@@ -377,5 +273,53 @@ func TestConfigureCreatesSeriesAtZero(t *testing.T) {
 	}
 	if _, ok := got["poold_engine_starts_total{pool=p0,profile=a,result=ok}"]; !ok {
 		t.Error("a kept series was deleted")
+	}
+}
+
+// The engines' own load is re-exported per pool and profile; a pool without
+// a sample, or whose engine looked nothing up in its prefix cache, exports
+// no such series.
+func TestEngineStatsGauges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	prof := "qwen"
+	New(reg, func() []statusapi.Pool {
+		return []statusapi.Pool{
+			{Name: "gpu0", State: statusapi.StateReady, Profile: &prof, Engine: &statusapi.Engine{Profile: prof},
+				EngineStats: &statusapi.EngineStats{Running: 4, Waiting: 12, KVCacheUsage: 0.96}},
+			{Name: "gpu1", State: statusapi.StateStarting},
+		}
+	}, "v", "r")
+	want := `
+# HELP poold_engine_kv_cache_usage_ratio Share of the awake engine's KV cache in use, 0 to 1 (vllm:kv_cache_usage_perc).
+# TYPE poold_engine_kv_cache_usage_ratio gauge
+poold_engine_kv_cache_usage_ratio{pool="gpu0",profile="qwen"} 0.96
+# HELP poold_engine_requests_running Requests in the awake engine's running batch, as the engine reports (vllm:num_requests_running).
+# TYPE poold_engine_requests_running gauge
+poold_engine_requests_running{pool="gpu0",profile="qwen"} 4
+# HELP poold_engine_requests_waiting Requests queued inside the awake engine, as the engine reports (vllm:num_requests_waiting).
+# TYPE poold_engine_requests_waiting gauge
+poold_engine_requests_waiting{pool="gpu0",profile="qwen"} 12
+`
+	names := []string{"poold_engine_requests_running", "poold_engine_requests_waiting", "poold_engine_kv_cache_usage_ratio", "poold_engine_prefix_cache_hit_ratio"}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+}
+
+// Each pool's GPUs are exported, to join the GPU series to the pools.
+func TestPoolGPUInfo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	New(reg, func() []statusapi.Pool {
+		return []statusapi.Pool{{Name: "gpu0", GPUs: []int{0}, State: statusapi.StateEmpty}, {Name: "gpu12", GPUs: []int{1, 2}, State: statusapi.StateEmpty}}
+	}, "v", "r")
+	want := `
+# HELP poold_pool_gpu_info 1 for each GPU (NVML index) of each pool: joins the GPU series to the pools.
+# TYPE poold_pool_gpu_info gauge
+poold_pool_gpu_info{gpu="0",pool="gpu0"} 1
+poold_pool_gpu_info{gpu="1",pool="gpu12"} 1
+poold_pool_gpu_info{gpu="2",pool="gpu12"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_pool_gpu_info"); err != nil {
+		t.Error(err)
 	}
 }

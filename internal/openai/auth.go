@@ -108,8 +108,8 @@ func PresentedKey(h http.Header) string {
 
 // Require wraps next so that every request answers 401 in the OpenAI shape
 // without an accepted key, but for the operations endpoints (/health,
-// /status, /metrics and /pools/{pool}/metrics) and the admin API (/admin/…,
-// behind its own token), which pass through.
+// /ready, /status, /metrics and /pools/{pool}/metrics) and the admin API
+// (/admin/…, behind its own token), which pass through.
 func (k *APIKeys) Require(next http.Handler) http.Handler {
 	if k == nil {
 		return next
@@ -128,7 +128,7 @@ func (k *APIKeys) Require(next http.Handler) http.Handler {
 // endpoint or the admin API.
 func KeyFree(path string) bool {
 	switch path {
-	case "/health", "/status", "/metrics":
+	case "/health", "/ready", "/status", "/metrics":
 		return true
 	}
 	if strings.HasPrefix(path, "/admin/") {

@@ -29,6 +29,7 @@ func TestAPIKeysRequire(t *testing.T) {
 		{"/v1/chat/completions", "Authorization", "Basic plain-key", http.StatusUnauthorized},
 		{"/pools/p0/v1/completions", "X-Api-Key", "", http.StatusUnauthorized},
 		{"/health", "", "", http.StatusTeapot},
+		{"/ready", "", "", http.StatusTeapot},
 		{"/status", "", "", http.StatusTeapot},
 		{"/metrics", "", "", http.StatusTeapot},
 		{"/pools/p0/metrics", "", "", http.StatusTeapot},

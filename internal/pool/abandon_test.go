@@ -58,7 +58,7 @@ func TestShutdownDuringWakeIsNoFailure(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		l, err := s.Acquire(ctx, cfg.Lookup("x"), "", nil)
+		l, err := s.Acquire(ctx, cfg.Lookup("x"), "", Caller{}, nil)
 		if err == nil {
 			l.Release()
 		}

@@ -91,7 +91,7 @@ func TestActivityFollowsLeasesAndSwaps(t *testing.T) {
 	defer cancel()
 	first := make(chan *Lease, 1)
 	go func() {
-		l, err := s.Acquire(ctx, cfg.Lookup("y"), "", nil)
+		l, err := s.Acquire(ctx, cfg.Lookup("y"), "", Caller{}, nil)
 		if err != nil {
 			t.Errorf("Acquire(y): %v", err)
 		}

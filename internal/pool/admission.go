@@ -88,10 +88,35 @@ func (e *QueueError) Unwrap() error { return e.Err }
 // full or the wait exceeds maxQueueWait (the profile's, else the pool's), or a
 // *LoadError when the engine fails to load.
 //
-// hold, if not nil, is the Waiter's Hold: asked whether the request may
-// queue when it cannot be admitted at once.
-func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile, hold func() bool) (*Lease, error) {
-	return p.enqueue(ctx, &Waiter{Profile: prof.ID, Priority: prof.Priority, Hold: hold}, prof)
+// c places the request in the fair share of prof's engine. hold, if not
+// nil, is the Waiter's Hold: asked whether the request may queue when it
+// cannot be admitted at once.
+func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile, c Caller, hold func() bool) (*Lease, error) {
+	return p.enqueue(ctx, c.waiter(prof, hold), prof)
+}
+
+// Caller is whom a request is for: its tenant in the fair share of an
+// engine with an admission ceiling (see Policy.MaxInFlight), and in the
+// choice of the profile to load next, where a tenant of weight w counts
+// ⌊log₁₀ w⌋ priority levels above its profile's priority (a tier of weight
+// 10 one level) and a background tenant one level below. The zero value is
+// the one tenant of a host without tenants, of weight 1.
+type Caller struct {
+	Tenant     string
+	Weight     int
+	Background bool
+}
+
+// waiter is the Waiter of c's request for prof.
+func (c Caller) waiter(prof *profile.Profile, hold func() bool) *Waiter {
+	bonus := 0
+	for w := c.Weight; w >= 10; w /= 10 {
+		bonus++
+	}
+	if c.Background {
+		bonus = -1
+	}
+	return &Waiter{Profile: prof.ID, Priority: prof.Priority + bonus, Tenant: c.Tenant, Weight: c.Weight, Background: c.Background, Hold: hold}
 }
 
 // Load has prof loaded in this pool through the scheduler: the explicit load

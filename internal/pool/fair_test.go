@@ -3,6 +3,8 @@ package pool
 import (
 	"testing"
 	"time"
+
+	"github.com/poold/poold/internal/profile"
 )
 
 func tenantWaiter(tenant string, weight int, background bool, arrived time.Time) *Waiter {
@@ -105,5 +107,31 @@ func TestBackgroundTenant(t *testing.T) {
 	s.Release(later)
 	if d := s.Next(later); len(d.Admit) != 1 || d.Admit[0] != old {
 		t.Fatalf("an aged background request was passed over: %+v", d)
+	}
+}
+
+// A caller's tier counts in the choice of the profile to load next: a
+// waiter of weight 10 for C goes before an older one of weight 1 for B, as
+// if it had one more priority level, and a background one after both.
+func TestTierCountsInTheNextLoad(t *testing.T) {
+	pol := Policy{PriorityAge: time.Minute}
+	b, c, bg := &profile.Profile{ID: "B"}, &profile.Profile{ID: "C"}, &profile.Profile{ID: "D"}
+	for _, tc := range []struct {
+		name  string
+		first *Waiter // arrives first
+		then  *Waiter // 30 s later
+		want  string
+	}{
+		{"reserved", Caller{Tenant: "s", Weight: 1}.waiter(b, nil), Caller{Tenant: "r", Weight: 10}.waiter(c, nil), "C"},
+		{"shared", Caller{Tenant: "s", Weight: 1}.waiter(b, nil), Caller{Tenant: "t", Weight: 1}.waiter(c, nil), "B"},
+		{"background", Caller{Tenant: "n", Weight: 1, Background: true}.waiter(bg, nil), Caller{Tenant: "s", Weight: 1}.waiter(b, nil), "B"},
+	} {
+		s := loadedAt(pol, "A", t0)
+		tc.first.Arrived, tc.then.Arrived = t0, t0.Add(30*time.Second)
+		mustArrive(t, s, tc.first, false)
+		mustArrive(t, s, tc.then, false)
+		if d := s.Next(t0.Add(31 * time.Second)); d.Load != tc.want {
+			t.Errorf("%s: loads %q, want %q", tc.name, d.Load, tc.want)
+		}
 	}
 }

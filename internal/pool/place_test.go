@@ -50,7 +50,7 @@ func TestConcurrentFirstRequestsJoinOnePool(t *testing.T) {
 		go func() {
 			actx, acancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer acancel()
-			l, err := s.Acquire(actx, cfg.Lookup(id), "", nil)
+			l, err := s.Acquire(actx, cfg.Lookup(id), "", Caller{}, nil)
 			out <- result{l, err}
 		}()
 		return out

@@ -201,21 +201,32 @@ func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
 }
 
 // policyFor is the scheduling policy of the pool spec under cfg: the pool's
-// settings, with the residency of each eligible profile that sets its own.
+// settings, with the residency of each eligible profile that sets its own
+// and the admission ceiling of each that has one.
 func policyFor(spec *profile.PoolSpec, cfg *profile.Config) Policy {
 	pol := Policy{
-		MinResidency: spec.MinResidency.Duration,
-		IdleGrace:    DefaultGraceFloor,
-		LearnGrace:   true,
-		PriorityAge:  DefaultPriorityAge,
-		MaxQueue:     spec.MaxQueue,
+		MinResidency:  spec.MinResidency.Duration,
+		IdleGrace:     DefaultGraceFloor,
+		LearnGrace:    true,
+		PriorityAge:   DefaultPriorityAge,
+		MaxQueue:      spec.MaxQueue,
+		BackgroundAge: DefaultBackgroundAge,
 	}
 	for _, prof := range cfg.Profiles {
-		if d, own := prof.Residency(spec); own && prof.EligibleOn(spec.Name) {
+		if !prof.EligibleOn(spec.Name) {
+			continue
+		}
+		if d, own := prof.Residency(spec); own {
 			if pol.Residency == nil {
 				pol.Residency = make(map[string]time.Duration)
 			}
 			pol.Residency[prof.ID] = d
+		}
+		if c := prof.Ceiling(); c > 0 {
+			if pol.MaxInFlight == nil {
+				pol.MaxInFlight = make(map[string]int)
+			}
+			pol.MaxInFlight[prof.ID] = c
 		}
 	}
 	return pol

@@ -90,7 +90,7 @@ func acquire(t *testing.T, s *Set, cfg *profile.Config, id string) *Lease {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	l, err := s.Acquire(ctx, cfg.Lookup(id), "", nil)
+	l, err := s.Acquire(ctx, cfg.Lookup(id), "", Caller{}, nil)
 	if err != nil {
 		t.Fatalf("Acquire(%s): %v", id, err)
 	}
@@ -145,7 +145,7 @@ func TestApplyChangedProfileRestartsAfterItsLeases(t *testing.T) {
 	// A new request for x waits for the restart.
 	got := make(chan *Lease, 1)
 	go func() {
-		l, err := s.Acquire(context.Background(), next.Lookup("x"), "", nil)
+		l, err := s.Acquire(context.Background(), next.Lookup("x"), "", Caller{}, nil)
 		if err != nil {
 			t.Errorf("Acquire after the reload: %v", err)
 		}
@@ -189,7 +189,7 @@ func TestApplyRemovedProfile(t *testing.T) {
 	next := reloadConfig(t, `{"name": "a", "gpus": [0]}`, simProfile("z", nil))
 	s.Apply(next)
 	// A request that resolved x before the reload is refused, not queued.
-	if _, err := s.Acquire(context.Background(), cfg.Lookup("x"), "", nil); !errors.Is(err, ErrProfileRemoved) {
+	if _, err := s.Acquire(context.Background(), cfg.Lookup("x"), "", Caller{}, nil); !errors.Is(err, ErrProfileRemoved) {
 		t.Fatalf("Acquire(removed x) = %v, want ErrProfileRemoved", err)
 	}
 	if !alive(a.Engine.PID) {
@@ -234,7 +234,7 @@ func TestApplyAddsAndRemovesPools(t *testing.T) {
 		t.Fatalf("pools after the reload: %d, b present %t", len(s.Pools()), s.Pool("b") != nil)
 	}
 	// The removed pool refuses new work but keeps serving its open lease.
-	if _, err := removed.Acquire(context.Background(), cfg.Lookup("y"), nil); !errors.Is(err, ErrPoolRemoved) {
+	if _, err := removed.Acquire(context.Background(), cfg.Lookup("y"), Caller{}, nil); !errors.Is(err, ErrPoolRemoved) {
 		t.Fatalf("Acquire on the removed pool = %v, want ErrPoolRemoved", err)
 	}
 	if !alive(b.Engine.PID) {
@@ -289,7 +289,7 @@ func TestApplyRefusesWaitersOfARemovedProfile(t *testing.T) {
 	defer held.Release()
 	got := make(chan error, 1)
 	go func() {
-		_, err := s.Acquire(context.Background(), cfg.Lookup("z"), "", nil)
+		_, err := s.Acquire(context.Background(), cfg.Lookup("z"), "", Caller{}, nil)
 		got <- err
 	}()
 	waitFor(t, s, "a", "z queued", func(st statusapi.Pool) bool { return st.Waiting["z"] == 1 })

@@ -45,7 +45,7 @@ func BenchmarkAdmitAtScale(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				l, err := s.Acquire(ctx, cfg.Lookup(name), "", nil)
+				l, err := s.Acquire(ctx, cfg.Lookup(name), "", Caller{}, nil)
 				if err != nil || l.Pool != "b" {
 					b.Fatalf("Acquire: %v (pool %v)", err, l)
 				}

@@ -37,6 +37,10 @@ const (
 // of priority p behaves as if it had arrived p×DefaultPriorityAge earlier.
 const DefaultPriorityAge = time.Minute
 
+// DefaultBackgroundAge is how long a background tenant's request waits
+// behind other tenants' before it competes with them as an equal.
+const DefaultBackgroundAge = 5 * time.Second
+
 // Policy holds one pool's scheduling settings. Zero durations disable the
 // corresponding rule; a zero MaxQueue means no bound.
 type Policy struct {

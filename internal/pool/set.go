@@ -88,18 +88,19 @@ func (s *Set) Pool(name string) *Pool { return s.list.Load().by[name] }
 func (s *Set) Pools() []*Pool { return s.list.Load().all }
 
 // Acquire places a request for prof on a pool and waits for its lease. A
-// non-empty pin names the only pool allowed; hold is as in Pool.Acquire.
+// non-empty pin names the only pool allowed; c and hold are as in
+// Pool.Acquire.
 //
 // Placement and arrival are atomic for a profile: two first requests for it
 // arriving together join one pool, instead of each finding the pools as they
 // were before the other arrived and starting the model twice.
-func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string, hold func() bool) (*Lease, error) {
+func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string, c Caller, hold func() bool) (*Lease, error) {
 	if pin != "" {
 		p := s.Pool(pin)
 		if p == nil || !prof.EligibleOn(pin) {
 			return nil, ErrNoPool
 		}
-		return p.Acquire(ctx, prof, hold)
+		return p.Acquire(ctx, prof, c, hold)
 	}
 	mu := s.placing(prof.ID)
 	mu.Lock()
@@ -111,7 +112,7 @@ func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string, ho
 	if s.placed != nil {
 		s.placed(prof.ID, p)
 	}
-	a, err := p.arrive(&Waiter{Profile: prof.ID, Priority: prof.Priority, Hold: hold}, prof)
+	a, err := p.arrive(c.waiter(prof, hold), prof)
 	mu.Unlock()
 	if err != nil {
 		return nil, err

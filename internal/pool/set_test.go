@@ -228,7 +228,7 @@ func TestAcquirePinned(t *testing.T) {
 	cancel()
 	bc := cfg.Lookup("bc")
 	for _, pin := range []string{"a", "nope"} {
-		l, err := set.Acquire(cancelled, bc, pin, nil)
+		l, err := set.Acquire(cancelled, bc, pin, Caller{}, nil)
 		if !errors.Is(err, ErrNoPool) || l != nil {
 			t.Errorf("Acquire(bc, pin %q) = %v, %v; want ErrNoPool", pin, l, err)
 		}
@@ -243,7 +243,7 @@ func TestAcquirePinned(t *testing.T) {
 	// request cannot be admitted and the cancelled context ends it at once),
 	// even though placement would pick another pool.
 	with(set.Pool("c"), func(s *Scheduler) { ready("q", 5, 0)(t, s, set.Pool("c").opts.Now()) })
-	l, err := set.Acquire(cancelled, bc, "c", nil)
+	l, err := set.Acquire(cancelled, bc, "c", Caller{}, nil)
 	if !errors.Is(err, context.Canceled) || l != nil {
 		t.Fatalf("Acquire(bc, pin c) = %v, %v; want context.Canceled", l, err)
 	}
@@ -264,7 +264,7 @@ func TestAcquireUsesPlacement(t *testing.T) {
 	with(set.Pool("b"), func(s *Scheduler) { ready("r", 1, 0, "p")(t, s, clock.now) })
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := set.Acquire(cancelled, cfg.Lookup("p"), "", nil); !errors.Is(err, context.Canceled) {
+	if _, err := set.Acquire(cancelled, cfg.Lookup("p"), "", Caller{}, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Acquire: %v, want context.Canceled", err)
 	}
 	for _, p := range set.Pools() {

@@ -242,7 +242,7 @@ var (
 		{"id", kString}, {"aliases", kStrings}, {"model", kString}, {"pools", kStrings},
 		{"maxModelLen", kInt}, {"args", kStrings}, {"env", kEnv}, {"passEnv", kStrings},
 		{"command", kStrings},
-		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"priority", kInt},
+		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"priority", kInt}, {"maxInFlight", kInt},
 		{"minResidency", kDuration}, {"maxQueueWait", kDuration},
 		{"sleep", kSleep}, {"weightBytes", kInt},
 	}

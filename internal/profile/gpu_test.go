@@ -26,3 +26,25 @@ func TestGPUMemoryUtilization(t *testing.T) {
 		}
 	}
 }
+
+func TestCeiling(t *testing.T) {
+	for _, tt := range []struct {
+		name          string
+		own           int
+		args, command []string
+		want          int
+	}{
+		{"none", 0, nil, nil, 0},
+		{"maxInFlight", 4, []string{"--max-num-seqs", "64"}, nil, 4},
+		{"max-num-seqs", 0, []string{"--max-num-seqs", "64"}, nil, 64},
+		{"inline, underscores", 0, []string{"--max_num_seqs=8"}, nil, 8},
+		{"in the command", 0, nil, []string{"{poold}", "engine-sim", "--max-num-seqs", "16"}, 16},
+		{"not a number", 0, []string{"--max-num-seqs", "many"}, nil, 0},
+		{"zero", 0, []string{"--max-num-seqs", "0"}, nil, 0},
+	} {
+		p := &Profile{MaxInFlight: tt.own, Args: tt.args, Command: tt.command}
+		if got := p.Ceiling(); got != tt.want {
+			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}

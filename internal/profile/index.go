@@ -109,6 +109,7 @@ func (p *Profile) Equal(q *Profile) bool {
 		p.StartupTimeout.Duration == q.StartupTimeout.Duration &&
 		p.StopTimeout.Duration == q.StopTimeout.Duration &&
 		p.Priority == q.Priority &&
+		p.MaxInFlight == q.MaxInFlight &&
 		sameOverride(p.MinResidency, q.MinResidency) &&
 		sameOverride(p.MaxQueueWait, q.MaxQueueWait) &&
 		p.SleepLevel() == q.SleepLevel() &&

@@ -102,6 +102,11 @@ type Profile struct {
 	// Priority orders waiting profiles: higher goes first, and waiting time ages a
 	// lower priority up so it is never starved. Zero is the normal priority.
 	Priority int `json:"priority,omitempty"`
+	// MaxInFlight is the admission ceiling of the profile's engine: requests
+	// beyond it wait in poold's queue, where the tenants' fair share orders
+	// them, not in the engine's. Zero means the engine's --max-num-seqs when
+	// its arguments set it, else no ceiling (see Ceiling).
+	MaxInFlight int `json:"maxInFlight,omitempty"`
 	// MinResidency, when set, replaces the pool's minResidency while this profile
 	// is loaded (a model that is slow to load can keep the pool longer, a cheap
 	// one can give it up at once with "0s"); unset means the pool's.

@@ -153,6 +153,7 @@ func (c *Config) validateProfiles(poolNames map[string]bool, byName map[string]i
 			}
 		}
 		v.nonNegative("maxModelLen", int64(p.MaxModelLen))
+		v.nonNegative("maxInFlight", int64(p.MaxInFlight))
 		v.env(p.Env)
 		v.passEnv(p.PassEnv)
 		if p.Command != nil {

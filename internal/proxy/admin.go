@@ -68,7 +68,7 @@ func (h *Handler) serveLoad(w http.ResponseWriter, r *http.Request) {
 	}
 	prof := h.cfg.Load().Lookup(body.Profile)
 	if prof == nil {
-		openai.WriteError(w, http.StatusNotFound, "model_not_found", "profile", h.unknownModel(body.Profile))
+		openai.WriteError(w, http.StatusNotFound, "model_not_found", "profile", h.unknownModel(body.Profile, nil))
 		return
 	}
 	if !prof.EligibleOn(p.Name()) {

@@ -41,7 +41,7 @@ type keepAlive struct {
 // keep-alive comment to k every interval while the request waits. started is
 // when the request arrived. The comments come from a timer, so a request
 // admitted at once costs no goroutine: Acquire runs on the request's own.
-func (h *Handler) acquireKeepAlive(k *keepAlive, r *http.Request, prof *profile.Profile, started time.Time, hold func() bool) (*pool.Lease, error) {
+func (h *Handler) acquireKeepAlive(k *keepAlive, r *http.Request, prof *profile.Profile, c pool.Caller, started time.Time, hold func() bool) (*pool.Lease, error) {
 	var (
 		mu      sync.Mutex // orders the timer's writes to k before the request's
 		stopped bool       // guarded by mu: the request has its answer; no more comments
@@ -59,7 +59,7 @@ func (h *Handler) acquireKeepAlive(k *keepAlive, r *http.Request, prof *profile.
 	})
 	mu.Unlock()
 	// Acquire is bounded by maxQueueWait and the client's context, so this ends.
-	lease, err := h.pools.Acquire(r.Context(), prof, r.PathValue("pool"), hold)
+	lease, err := h.pools.Acquire(r.Context(), prof, r.PathValue("pool"), c, hold)
 	mu.Lock()
 	stopped = true
 	tick.Stop()

@@ -11,13 +11,14 @@ import (
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/tenant"
 )
 
 // serveModels lists every servable name (ids and aliases), loaded or not.
 func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 	states := h.modelStates()
 	cfg := h.cfg.Load()
-	names := cfg.Names()
+	names := h.visibleNames(tenant.FromContext(r.Context()))
 	data := make([]statusapi.Model, 0, len(names))
 	for _, name := range names {
 		data = append(data, h.modelEntry(name, cfg.Lookup(name), states))
@@ -26,14 +27,14 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveModel answers GET /v1/models/{id} (the SDKs' models.retrieve) with
-// the name's entry of GET /v1/models, or a 404 model_not_found. Its
-// max_model_len is the profile's maxModelLen, else, while the profile is
-// loaded, its engine's.
+// the name's entry of GET /v1/models, or a 404 model_not_found (also for a
+// model the request's tenant may not use). Its max_model_len is the
+// profile's maxModelLen, else, while the profile is loaded, its engine's.
 func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("id")
 	prof := h.cfg.Load().Lookup(name)
-	if prof == nil {
-		openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", h.unknownModel(name))
+	if ten := tenant.FromContext(r.Context()); prof == nil || ten != nil && !ten.AllowsModel(name, prof.ID) {
+		openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", h.unknownModel(name, ten))
 		return
 	}
 	m := h.modelEntry(name, prof, h.modelStates())

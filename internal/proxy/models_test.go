@@ -3,12 +3,14 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/tenant"
 )
 
 // GET /v1/models/{id} answers a name's entry of GET /v1/models, ids with a
@@ -64,5 +66,38 @@ func TestJSONNotHTMLEscaped(t *testing.T) {
 	h := New(cfg, pool.NewSet(cfg, pool.Options{}), Options{})
 	if rec := serve(h, "GET", "/v1/models", ""); !strings.Contains(rec.Body.String(), `"id": "a<b>&c"`) {
 		t.Errorf("GET /v1/models: %s", rec.Body)
+	}
+}
+
+// A tenant retrieves only the models it may use: another is not found, as
+// one that does not exist.
+func TestRetrieveModelTenant(t *testing.T) {
+	cfg, err := profile.Parse([]byte(`{"pools": [{"name": "a", "gpus": [0]}], "profiles": [
+	  {"id": "qwen", "aliases": ["chat"], "model": "m", "command": ["true", "{port}"]},
+	  {"id": "llama", "model": "m", "command": ["true", "{port}"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenants, err := tenant.Parse([]byte(`{"tiers": {"shared": {"weight": 1}}, "tenants": [{"name": "team-a", "keys": ["` + tenant.HashKey("sk-a") + `"], "tier": "shared", "models": ["qwen*"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := tenant.NewGate(tenants, nil).Require(New(cfg, pool.NewSet(cfg, pool.Options{}), Options{}))
+	get := func(id string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/v1/models/"+id, nil)
+		req.Header.Set("Authorization", "Bearer sk-a")
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, id := range []string{"qwen", "chat"} {
+		if rec := get(id); rec.Code != http.StatusOK {
+			t.Errorf("team-a retrieving %s: %d %s", id, rec.Code, rec.Body)
+		}
+	}
+	hidden, missing := get("llama"), get("nope")
+	he, me := apiError(t, hidden), apiError(t, missing)
+	if hidden.Code != http.StatusNotFound || he.Code != "model_not_found" || strings.ReplaceAll(he.Message, "llama", "X") != strings.ReplaceAll(me.Message, "nope", "X") {
+		t.Errorf("team-a retrieving llama: %d %+v; nope: %+v", hidden.Code, he, me)
 	}
 }

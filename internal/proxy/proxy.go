@@ -2,8 +2,8 @@
 // a profile, acquires a lease on a pool, forwards the request to that pool's
 // engine and streams the answer back unbuffered while counting tokens (the
 // OpenAI wire details live in package openai, the connections to engines in
-// package upstream). It also serves /v1/models, /status, /health and the
-// admin API.
+// package upstream). It also serves /v1/models, /status, /health, /ready
+// and the admin API.
 package proxy
 
 import (
@@ -25,18 +25,22 @@ import (
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/tenant"
 	"github.com/poold/poold/internal/upstream"
 )
 
 // Options configures a Handler. Zero values: MaxBodyBytes → openai.DefaultMaxBodyBytes;
-// Logger → discard; AccessLog → none; Metrics → none; Clients → every request
-// is client "other".
+// Logger → discard; AccessLog → none; Metrics → none; Tenants → no tenants
+// file: every request is client metrics.NoTenant.
 type Options struct {
 	MaxBodyBytes int64
 	Logger       *slog.Logger
 	AccessLog    *slog.Logger
 	Metrics      *metrics.Metrics
-	Clients      *metrics.Clients
+	// Tenants is the tenants file's gate: the tenant of each request (put
+	// in its context by Tenants.Require, which wraps the handler), its
+	// limits, output cap, models and share of the engines.
+	Tenants *tenant.Gate
 	// QueueBodyBytes bounds the request bodies that the requests waiting
 	// for a lease hold together, host-wide; past it a request that would
 	// wait gets 503 queue_budget. Zero: DefaultQueueBodyBytes; negative:
@@ -47,6 +51,16 @@ type Options struct {
 	Degraded func() []string
 	// Status fills the daemon-wide part of GET /status.
 	Status func() statusapi.Poold
+	// EngineStats, if not nil, fills the EngineStats of the pools whose
+	// awake engine has a recent sample (enginestats.Scraper.Fill); nil
+	// leaves every pool's nil.
+	EngineStats func(pools []statusapi.Pool)
+	// ReadyMaxEngineWaiting and ReadyMaxKVCacheUsage are the saturation
+	// thresholds of GET /ready: a pool with demand whose engine queues more
+	// requests, or uses more of its KV cache, makes it answer 503. Zero:
+	// DefaultReadyMaxEngineWaiting and DefaultReadyMaxKVCacheUsage.
+	ReadyMaxEngineWaiting int
+	ReadyMaxKVCacheUsage  float64
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
 	// comment line (see keepAlive); zero disables them.
 	KeepAliveInterval time.Duration
@@ -109,6 +123,12 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.ReadyMaxEngineWaiting == 0 {
+		opts.ReadyMaxEngineWaiting = DefaultReadyMaxEngineWaiting
+	}
+	if opts.ReadyMaxKVCacheUsage == 0 {
+		opts.ReadyMaxKVCacheUsage = DefaultReadyMaxKVCacheUsage
+	}
 	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
 	h.cut, h.cutAll = context.WithCancel(context.Background())
 	h.bodies.max = opts.QueueBodyBytes
@@ -132,6 +152,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	mux.HandleFunc("GET /pools/{pool}/metrics", h.serveEngineMetrics)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", h.serveHealth)
+	mux.HandleFunc("GET /ready", h.serveReady)
 	if opts.AdminToken != "" {
 		h.handleAdmin(mux, opts.AdminToken)
 	}
@@ -195,6 +216,11 @@ type exchange struct {
 	sse      *openai.SSEReader
 	tail     *openai.UsageReader
 	status   int
+	client   string // the request's client class
+	// timing and timed time a stream's chunks of generated text (TTFT,
+	// ITL); kept here so that a stream costs no allocation for them.
+	timing metrics.StreamTiming
+	timed  timedStream
 }
 
 type exchangeKey struct{}
@@ -235,9 +261,15 @@ func (x *exchange) usage() (openai.Usage, bool) {
 // so that it costs no swap.
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: h.opts.Clients.Classify(r.Header)}
+	ten := tenant.FromContext(r.Context())
+	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: metrics.NoTenant}
+	caller := pool.Caller{}
+	if ten != nil {
+		rec.Client = ten.Name
+		caller = pool.Caller{Tenant: ten.Name, Weight: ten.Weight(), Background: ten.Background()}
+	}
 	w.Header().Set("X-Request-Id", rec.RequestID)
-	x := &exchange{id: rec.RequestID, start: start}
+	x := &exchange{id: rec.RequestID, start: start, client: rec.Client}
 	defer func() {
 		if rec.Status == 0 {
 			// Forwarded (or aborted mid-stream, which unwinds through here).
@@ -250,7 +282,10 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if !x.first.IsZero() {
 			rec.TTFB = x.first.Sub(start)
 		}
-		rec.Outcome = x.outcome(rec.Status, r.Context().Err() != nil)
+		x.timing.Record(rec)
+		if rec.Outcome == "" {
+			rec.Outcome = x.outcome(rec.Status, r.Context().Err() != nil)
+		}
 		// Cut by a shutdown: an answer under way, or none yet from the engine.
 		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != metrics.OutcomeCompleted || x.sse == nil && x.tail == nil) {
 			rec.Outcome = metrics.OutcomeShutdownCut
@@ -264,6 +299,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if x.lease != nil {
 			rec.CausedSwap = x.lease.CausedSwap
 		}
+		h.opts.Tenants.Debit(ten, rec.PromptTokens+rec.CompletionTokens)
 		h.finish(rec)
 	}()
 
@@ -285,6 +321,11 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, rec.Status, "headers_too_large", "", why)
 		return
 	}
+	// Limits before the body is read: a refused request costs nothing more.
+	if !h.opts.Tenants.Admit(w, ten) {
+		rec.Status, rec.Outcome = http.StatusTooManyRequests, metrics.OutcomeRateLimited
+		return
+	}
 
 	body, req, status := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
 	if status != 0 {
@@ -298,15 +339,22 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	prof := h.cfg.Load().Lookup(req.Model)
-	if prof == nil {
+	if prof == nil || ten != nil && !ten.AllowsModel(req.Model, prof.ID) {
 		rec.Status = http.StatusNotFound
-		openai.WriteError(w, rec.Status, "model_not_found", "model", h.unknownModel(req.Model))
+		openai.WriteError(w, rec.Status, "model_not_found", "model", h.unknownModel(req.Model, ten))
 		return
 	}
 	rec.Profile = prof.ID
+	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
+	x.body = openai.Rewrite(body, req, prof.ID, inject)
+	x.withhold = inject
+	if x.body, ok = h.opts.Tenants.Cap(w, ten, rt.path, req, x.body); !ok {
+		rec.Status = http.StatusBadRequest
+		return
+	}
 
 	// A request that must wait holds its body against the host's budget.
-	hold, unqueue, done := h.bodies.request(int64(len(body)))
+	hold, unqueue, done := h.bodies.request(int64(len(x.body)))
 	defer done()
 	var lease *pool.Lease
 	var err error
@@ -314,9 +362,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		k := &keepAlive{ResponseWriter: w}
 		defer k.finish()
 		w = k
-		lease, err = h.acquireKeepAlive(k, r, prof, start, hold)
+		lease, err = h.acquireKeepAlive(k, r, prof, caller, start, hold)
 	} else {
-		lease, err = h.pools.Acquire(r.Context(), prof, r.PathValue("pool"), hold)
+		lease, err = h.pools.Acquire(r.Context(), prof, r.PathValue("pool"), caller, hold)
 	}
 	unqueue()
 	if err != nil {
@@ -326,10 +374,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer lease.Release()
 	rec.Pool, rec.QueueWait = lease.Pool, lease.Waited
 
-	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
 	x.lease = lease
-	x.body = openai.Rewrite(body, req, prof.ID, inject)
-	x.withhold = inject
 	// The exchange ends with the client, or with a shutdown's cut.
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
@@ -404,8 +449,11 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 // maxListed bounds the names listed in a 404.
 const maxListed = 50
 
-func (h *Handler) unknownModel(name string) string {
-	names := h.cfg.Load().Names()
+// unknownModel is the message of a 404 model_not_found for name: it lists
+// the models there are, those of ten when it is not nil (so that a tenant
+// learns nothing of the others').
+func (h *Handler) unknownModel(name string, ten *tenant.Tenant) string {
+	names := h.visibleNames(ten)
 	more := ""
 	if len(names) > maxListed {
 		more = fmt.Sprintf(" and %d more", len(names)-maxListed)
@@ -453,7 +501,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))
-		resp.Body = x.sse
+		resp.Body = h.timeStream(x, x.sse)
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 		return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/tenant"
 )
 
 func (h *Handler) serveStatus(w http.ResponseWriter, r *http.Request) {
@@ -71,12 +72,16 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// PoolStatus snapshots every pool, in file order.
+// PoolStatus snapshots every pool, in file order, with its engine's stats
+// (Options.EngineStats).
 func (h *Handler) PoolStatus() []statusapi.Pool {
 	ps := h.pools.Pools()
 	out := make([]statusapi.Pool, len(ps))
 	for i, p := range ps {
 		out[i] = p.Status()
+	}
+	if h.opts.EngineStats != nil {
+		h.opts.EngineStats(out)
 	}
 	return out
 }
@@ -99,6 +104,17 @@ func (h *Handler) serveHealth(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, map[string]string{"status": "ok"})
+}
+
+// visibleNames are the model names (ids and aliases) there are for ten: all
+// of them for nil, those ten may use otherwise.
+func (h *Handler) visibleNames(ten *tenant.Tenant) []string {
+	cfg := h.cfg.Load()
+	names := cfg.Names()
+	if ten == nil {
+		return names
+	}
+	return slices.DeleteFunc(names, func(n string) bool { return !ten.AllowsModel(n, cfg.Lookup(n).ID) })
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

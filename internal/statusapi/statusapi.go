@@ -16,7 +16,9 @@ type Poold struct {
 	Host    string `json:"host"`
 	// Config describes the profiles file in force.
 	Config File `json:"config"`
-	GPU    GPUs `json:"gpu"`
+	// Tenants describes the tenants file in force; absent without one.
+	Tenants *File `json:"tenants,omitempty"`
+	GPU     GPUs  `json:"gpu"`
 	// Containment says how poold keeps account of its engines' processes.
 	Containment Containment `json:"containment"`
 	Pools       []Pool      `json:"pools"`
@@ -91,6 +93,16 @@ type GPU struct {
 	TemperatureC     int          `json:"temperatureC"`
 	PowerWatts       float64      `json:"powerWatts"`
 	Processes        []GPUProcess `json:"processes"`
+	// ECCErrors counts the memory's ECC errors since the driver last
+	// loaded (NVML's volatile counters); nil where ECC is off or
+	// unsupported.
+	ECCErrors *ECCErrors `json:"eccErrors"`
+}
+
+// ECCErrors are a GPU's ECC memory error counts.
+type ECCErrors struct {
+	Corrected   uint64 `json:"corrected"`
+	Uncorrected uint64 `json:"uncorrected"`
 }
 
 // GPUProcess is one compute process on a GPU. UsedBytes is 0 when unknown.
@@ -138,6 +150,46 @@ type Pool struct {
 	Engine    *Engine     `json:"engine"`
 	Sleeping  []Sleeper   `json:"sleeping"`
 	GPUMemory []GPUMemory `json:"gpuMemory"`
+	// EngineStats is how loaded the awake engine says it is, from its own
+	// metrics; nil when there is no awake engine or no recent sample.
+	EngineStats *EngineStats `json:"engineStats"`
+}
+
+// EngineStats is what a pool's awake engine last reported on its own
+// /metrics (vLLM's vllm:* series), as poold sampled it.
+type EngineStats struct {
+	// Running and Waiting are the requests in the engine's running batch
+	// and in its own queue (those poold admitted beyond the engine's
+	// --max-num-seqs, say).
+	Running int `json:"running"`
+	Waiting int `json:"waiting"`
+	// KVCacheUsage is the share of the engine's KV cache in use, 0 to 1.
+	KVCacheUsage float64 `json:"kvCacheUsage"`
+	// PrefixCacheHitRate is the share of prompt tokens looked up in the
+	// prefix cache that were found there, over about the last minute; nil
+	// when the engine looked none up in that time.
+	PrefixCacheHitRate *float64 `json:"prefixCacheHitRate"`
+	// SampledAt is when the engine was scraped.
+	SampledAt time.Time `json:"sampledAt"`
+}
+
+// Ready is the body of poold's GET /ready: Status "ready" (200) while every
+// pool with demand can take more; "saturated" (503) with the Saturated
+// pools and why; "draining" (503) once a shutdown began.
+type Ready struct {
+	Status    string       `json:"status"`
+	Saturated []Saturation `json:"saturated,omitempty"`
+}
+
+// Saturation is one reason a pool with demand can take no more: Reason
+// "engine_waiting" (its engine queues more requests than poold's
+// ready-max-engine-waiting), "kv_cache_full" (its engine's KV cache use is
+// above ready-max-kv-cache-usage) or "queue_full" (poold's own queue for
+// the pool is full).
+type Saturation struct {
+	Pool    string `json:"pool"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // Engine describes a pool's current engine process.

@@ -315,3 +315,35 @@ func noDuplicateKeys(data []byte) error {
 	}
 	return walk("")
 }
+
+// Diff names the tenants that next adds to, removes from and changes in
+// prev (nil: no file), each list in file order.
+func Diff(prev, next *Config) (added, removed, changed []string) {
+	for _, t := range next.all() {
+		switch p := prev.Tenant(t.Name); {
+		case p == nil:
+			added = append(added, t.Name)
+		case !p.same(t):
+			changed = append(changed, t.Name)
+		}
+	}
+	for _, t := range prev.all() {
+		if next.Tenant(t.Name) == nil {
+			removed = append(removed, t.Name)
+		}
+	}
+	return added, removed, changed
+}
+
+func (c *Config) all() []*Tenant {
+	if c == nil {
+		return nil
+	}
+	return c.Tenants
+}
+
+// same reports whether t and u hold the same keys, tier, limits and models.
+func (t *Tenant) same(u *Tenant) bool {
+	return slices.Equal(t.Keys, u.Keys) && t.Tier == u.Tier && t.tier == u.tier && t.RPM == u.RPM && t.TPM == u.TPM &&
+		t.MaxOutputTokens == u.MaxOutputTokens && slices.Equal(t.Models, u.Models)
+}

@@ -101,3 +101,26 @@ func TestNilConfig(t *testing.T) {
 		t.Fatal("a nil config found a tenant")
 	}
 }
+
+func TestDiff(t *testing.T) {
+	prev, _, err := Load("testdata/good.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile("testdata/good.json")
+	edited := strings.Replace(strings.Replace(string(data), `"rpm": 60,`, `"rpm": 120,`, 1), `{"name": "nightly"`, `{"name": "nightly-2"`, 1)
+	next, err := Parse([]byte(edited))
+	if err != nil {
+		t.Fatal(err)
+	}
+	added, removed, changed := Diff(prev, next)
+	if strings.Join(added, ",") != "nightly-2" || strings.Join(removed, ",") != "nightly" || strings.Join(changed, ",") != "team-b" {
+		t.Fatalf("added %v, removed %v, changed %v", added, removed, changed)
+	}
+	if a, r, c := Diff(nil, prev); len(a) != 3 || r != nil || c != nil {
+		t.Fatalf("from no file: %v %v %v", a, r, c)
+	}
+	if a, r, c := Diff(prev, prev); a != nil || r != nil || c != nil {
+		t.Fatalf("no change: %v %v %v", a, r, c)
+	}
+}

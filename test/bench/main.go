@@ -57,7 +57,7 @@ func main() {
 	flag.IntVar(&o.requests6, "requests", o.requests6, "requests before workload 6's RSS figure")
 	flag.IntVar(&o.idle6, "idle-streams", o.idle6, "concurrent slow streams of workload 6")
 	flag.BoolVar(&o.scale, "scale", o.scale, "run workload 7 (go test -bench in internal/pool and internal/profile)")
-	flag.StringVar(&o.only, "only", "", "run only these workloads, comma-separated (1,1f,1c,2,2m,2u,3,4,4b,5,5w,6,7)")
+	flag.StringVar(&o.only, "only", "", "run only these workloads, comma-separated (1,1f,1c,2,2m,2u,2s,3,4,4b,5,5a,5w,6,7)")
 	flag.Parse()
 	if *isSmoke {
 		only := o.only

@@ -136,6 +136,7 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 		{"2", "non-streaming, concurrency 16", b.w2},
 		{"2m", "non-streaming, concurrency 16, poold's request metrics on and off", b.w2m},
 		{"2u", "non-streaming, concurrency 16, poold's usage ledger on and off", b.w2u},
+		{"2s", "non-streaming, concurrency 16, engine metrics scraped every second and not at all", b.w2s},
 		{"3", "streaming 64 tokens, concurrency 16", b.w3},
 		{"4", "streaming 256 tokens, concurrency 256", b.w4},
 		{"4b", "concurrent slow streams", b.w4b},

@@ -85,7 +85,9 @@ func profilesJSON(tag string, pools []pool, sims []sim, defaults map[string]any)
 	var profs []map[string]any
 	for _, s := range sims {
 		cmd := append([]string{"{poold}", "engine-sim", "/models/" + s.ID, "--port", "{port}", "--served-model-name", "{id}"}, s.Flags...)
-		m := map[string]any{"id": s.ID, "command": cmd, "env": map[string]string{"POOLD_E2E_TAG": runTag(tag)}}
+		// A simulator built with the race detector would sleep a second
+		// at exit (GORACE's atexit_sleep_ms): every stop would take as long.
+		m := map[string]any{"id": s.ID, "command": cmd, "env": map[string]string{"POOLD_E2E_TAG": runTag(tag), "GORACE": "atexit_sleep_ms=0"}}
 		if len(s.Aliases) > 0 {
 			m["aliases"] = s.Aliases
 		}
@@ -341,6 +343,7 @@ type status struct {
 			PID     int    `json:"pid"`
 			Port    int    `json:"port"`
 		} `json:"engine"`
+		EngineStats *engineStats `json:"engineStats"`
 	} `json:"pools"`
 }
 

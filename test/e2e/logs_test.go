@@ -64,7 +64,7 @@ func TestDaemonLogJSON(t *testing.T) {
 	if len(listening) != 1 {
 		t.Fatalf("%d start-up lines", len(listening))
 	}
-	for k, want := range map[string]any{"settings": settings, "profiles": d.profiles, "api_keys": true, "admin_api": true, "gpu_telemetry": gpuOn} {
+	for k, want := range map[string]any{"settings": settings, "profiles": d.profiles, "tenants": "none", "api_keys": true, "admin_api": true, "gpu_telemetry": gpuOn} {
 		if got := listening[0][k]; got != want {
 			t.Errorf("start-up line: %s = %v, want %v (%v)", k, got, want, listening[0])
 		}

@@ -23,19 +23,22 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// teamAKey is the API key of client class team-a in clientsSettings. It must
-// never appear in poold's logs or metrics.
-const teamAKey = "sk-team-a-0123456789-SECRET"
+// The API keys of the tenants of threeTenants. They must never appear in
+// poold's logs or metrics.
+const (
+	teamAKey = "sk-team-a-0123456789-SECRET"
+	batchKey = "sk-batch-0123456789-SECRET"
+	restKey  = "sk-rest-0123456789-SECRET"
+)
 
-// clientsSettings is a poold settings file with two client classes.
-const clientsSettings = `
-clients:
-  header: X-Client
-  classes:
-    team-a:
-      keys: ["` + teamAKey + `"]
-    batch: {}
-`
+// threeTenants is a tenants file: team-a, batch and rest, without limits.
+var threeTenants = tenantsJSON(
+	tenantSpec{Name: "team-a", Key: teamAKey},
+	tenantSpec{Name: "batch", Key: batchKey},
+	tenantSpec{Name: "rest", Key: restKey})
+
+// bearer is the header that presents key.
+func bearer(key string) map[string]string { return map[string]string{"Authorization": "Bearer " + key} }
 
 // writeSettings writes a settings file for --config.
 func writeSettings(t *testing.T, yaml string) string {
@@ -196,7 +199,7 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 			{ID: "b", Pools: []string{"p0"}, Flags: []string{"--sim-itl", "20ms"}},
 			{ID: "broken", Pools: []string{"p1"}, Flags: []string{"--sim-fail-load"}},
 		}, nil),
-		"--config", writeSettings(t, clientsSettings), "--access-log", accessPath)
+		"--tenants", writeTenants(t, threeTenants), "--access-log", accessPath)
 	d.waitPool("p0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "a" })
 	ctx := context.Background()
 
@@ -213,24 +216,28 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 		p, c := usageOf(t, body, stream)
 		return sent{id, p, c}
 	}
-	// Five requests for a, from three classes.
-	code, id, body := d.send(ctx, "/v1/chat/completions", chatBody("a", false, 3), map[string]string{"Authorization": "Bearer " + teamAKey})
+	// Five requests for a, from three tenants.
+	code, id, body := d.send(ctx, "/v1/chat/completions", chatBody("a", false, 3), bearer(teamAKey))
 	r1 := ok(code, id, body, false)
-	code, id, body = d.send(ctx, "/v1/chat/completions", chatBody("a", false, 4), map[string]string{"X-Api-Key": teamAKey, "X-Client": "batch"})
+	code, id, body = d.send(ctx, "/v1/chat/completions", chatBody("a", false, 4), map[string]string{"X-Api-Key": teamAKey})
 	r2 := ok(code, id, body, false)
 	streamUsage := `{"model":"a","stream":true,"stream_options":{"include_usage":true},"max_tokens":5,"messages":[{"role":"user","content":"say something nice"}]}`
-	code, id, body = d.send(ctx, "/v1/chat/completions", streamUsage, map[string]string{"X-Client": "batch"})
+	code, id, body = d.send(ctx, "/v1/chat/completions", streamUsage, bearer(batchKey))
 	r3 := ok(code, id, body, true)
 	// A stream that did not ask for usage: poold asks and withholds it; the
 	// engine's count is the same prompt and the 6 tokens asked for.
-	code, id, body = d.send(ctx, "/v1/chat/completions", chatBody("a", true, 6), map[string]string{"Authorization": "Bearer sk-unknown-" + tag})
+	code, id, body = d.send(ctx, "/v1/chat/completions", chatBody("a", true, 6), bearer(restKey))
 	if code != http.StatusOK {
 		t.Fatalf("stream: %d %s", code, body)
 	}
 	checkStream(t, body, "a", 6)
 	r4 := sent{id, r1.prompt, 6}
-	code, id, body = d.send(ctx, "/v1/chat/completions", chatBody("a", false, 7), map[string]string{"X-Client": "no-such-class"})
+	code, id, body = d.send(ctx, "/v1/chat/completions", chatBody("a", false, 7), bearer(restKey))
 	r5 := ok(code, id, body, false)
+	// An unknown key is refused before anything is counted.
+	if code, _, body := d.send(ctx, "/v1/chat/completions", chatBody("a", false, 7), bearer("sk-unknown-"+tag)); code != http.StatusUnauthorized {
+		t.Fatalf("an unknown key: %d %s", code, body)
+	}
 	all = append(all, r1, r2, r3, r4, r5)
 
 	// The engine's own metrics, passed through poold, agree with poold's counts.
@@ -244,20 +251,21 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 	checkSeries(t, engine, "vllm:generation_tokens_total", fmt.Sprintf(`{engine="0",model_name="a"} %d`, wantGen))
 
 	// An unknown model.
-	if code, _, body := d.send(ctx, "/v1/chat/completions", chatBody("nope", false, 1), nil); code != http.StatusNotFound {
+	if code, _, body := d.send(ctx, "/v1/chat/completions", chatBody("nope", false, 1), bearer(restKey)); code != http.StatusNotFound {
 		t.Fatalf("unknown model: %d %s", code, body)
 	}
 	// One swap: b on p0.
-	code, id, body = d.send(ctx, "/v1/chat/completions", chatBody("b", false, 2), nil)
+	code, id, body = d.send(ctx, "/v1/chat/completions", chatBody("b", false, 2), bearer(restKey))
 	r6 := ok(code, id, body, false)
 	all = append(all, r6)
 	// One failed load: broken on p1.
-	if code, _, body := d.send(ctx, "/v1/chat/completions", chatBody("broken", false, 1), nil); code != http.StatusBadGateway {
+	if code, _, body := d.send(ctx, "/v1/chat/completions", chatBody("broken", false, 1), bearer(restKey)); code != http.StatusBadGateway {
 		t.Fatalf("broken: %d %s", code, body)
 	}
 	// One client disconnect, mid-stream.
 	cctx, cancel := context.WithCancel(ctx)
 	req, _ := http.NewRequestWithContext(cctx, http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(chatBody("b", true, 1000)))
+	req.Header.Set("Authorization", "Bearer "+restKey)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +289,7 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 	// chunks of text that reached the client (at least the one read).
 	lines := accessLines(t, accessPath)
 	estimate := 0
-	if l := lines[disconnectID]; l["client"] != "other" || l["outcome"] != "client_aborted" || l["tokens_estimated"] != true || l["completion_tokens"].(float64) < 1 {
+	if l := lines[disconnectID]; l["client"] != "rest" || l["outcome"] != "client_aborted" || l["tokens_estimated"] != true || l["completion_tokens"].(float64) < 1 {
 		t.Errorf("access log for the disconnected stream: %v", l)
 	} else {
 		estimate = int(l["completion_tokens"].(float64))
@@ -289,24 +297,24 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 	checkSeries(t, mfs, "poold_requests_total",
 		`{client="team-a",code_class="2xx",model="a",outcome="completed",pool="p0",stream="false"} 2`,
 		`{client="batch",code_class="2xx",model="a",outcome="completed",pool="p0",stream="true"} 1`,
-		`{client="other",code_class="2xx",model="a",outcome="completed",pool="p0",stream="true"} 1`,
-		`{client="other",code_class="2xx",model="a",outcome="completed",pool="p0",stream="false"} 1`,
-		`{client="other",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"} 1`,
-		`{client="other",code_class="2xx",model="b",outcome="completed",pool="p0",stream="false"} 1`,
-		`{client="other",code_class="2xx",model="b",outcome="client_aborted",pool="p0",stream="true"} 1`,
-		`{client="other",code_class="5xx",model="broken",outcome="completed",pool="none",stream="false"} 1`,
+		`{client="rest",code_class="2xx",model="a",outcome="completed",pool="p0",stream="true"} 1`,
+		`{client="rest",code_class="2xx",model="a",outcome="completed",pool="p0",stream="false"} 1`,
+		`{client="rest",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"} 1`,
+		`{client="rest",code_class="2xx",model="b",outcome="completed",pool="p0",stream="false"} 1`,
+		`{client="rest",code_class="2xx",model="b",outcome="client_aborted",pool="p0",stream="true"} 1`,
+		`{client="rest",code_class="5xx",model="broken",outcome="completed",pool="none",stream="false"} 1`,
 	)
 	checkSeries(t, mfs, "poold_prompt_tokens_total",
 		fmt.Sprintf(`{client="team-a",model="a",pool="p0"} %d`, r1.prompt+r2.prompt),
 		fmt.Sprintf(`{client="batch",model="a",pool="p0"} %d`, r3.prompt),
-		fmt.Sprintf(`{client="other",model="a",pool="p0"} %d`, r4.prompt+r5.prompt),
-		fmt.Sprintf(`{client="other",model="b",pool="p0"} %d`, r6.prompt),
+		fmt.Sprintf(`{client="rest",model="a",pool="p0"} %d`, r4.prompt+r5.prompt),
+		fmt.Sprintf(`{client="rest",model="b",pool="p0"} %d`, r6.prompt),
 	)
 	checkSeries(t, mfs, "poold_completion_tokens_total",
 		`{client="team-a",model="a",pool="p0"} 7`,
 		`{client="batch",model="a",pool="p0"} 5`,
-		`{client="other",model="a",pool="p0"} 13`,
-		fmt.Sprintf(`{client="other",model="b",pool="p0"} %d`, 2+estimate),
+		`{client="rest",model="a",pool="p0"} 13`,
+		fmt.Sprintf(`{client="rest",model="b",pool="p0"} %d`, 2+estimate),
 	)
 	checkSeries(t, mfs, "poold_swaps_total",
 		`{from="",pool="p0",result="ok",to="a"} 1`,
@@ -397,7 +405,7 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 	// The key never appears in logs or metrics.
 	accessRaw, _ := os.ReadFile(accessPath)
 	for what, s := range map[string]string{"access log": string(accessRaw), "daemon log": d.stderr.String(), "stdout": d.stdout.String(), "metrics": string(raw)} {
-		if strings.Contains(s, teamAKey) || strings.Contains(s, "sk-unknown-") {
+		if strings.Contains(s, teamAKey) || strings.Contains(s, batchKey) || strings.Contains(s, restKey) || strings.Contains(s, "sk-unknown-") {
 			t.Errorf("an API key appears in the %s", what)
 		}
 	}

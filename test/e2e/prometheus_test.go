@@ -111,12 +111,12 @@ func TestPrometheusScrapesPoold(t *testing.T) {
 	d := startPoold(t, tag, profilesJSON(tag,
 		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
 		[]sim{{ID: "m"}}, nil),
-		"--config", writeSettings(t, clientsSettings))
+		"--tenants", writeTenants(t, threeTenants))
 	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	for i := range 3 {
-		hdr := map[string]string{"Authorization": "Bearer " + teamAKey}
+		hdr := bearer(teamAKey)
 		if i == 0 {
-			hdr = nil
+			hdr = bearer(restKey)
 		}
 		if code, _, body := d.send(context.Background(), "/v1/chat/completions", chatBody("m", false, 3), hdr); code != http.StatusOK {
 			t.Fatalf("chat: %d %s", code, body)
@@ -173,8 +173,8 @@ scrape_configs:
 	for _, s := range r.Data.Result {
 		classes[s.Metric["client"]] = true
 	}
-	if !classes["team-a"] || !classes["other"] {
-		t.Errorf("client classes in Prometheus: %v, want team-a and other", classes)
+	if !classes["team-a"] || !classes["rest"] {
+		t.Errorf("clients in Prometheus: %v, want the tenants team-a and rest", classes)
 	}
 	for _, q := range []string{
 		"model:poold_completion_tokens:rate5m", "model:poold_prompt_tokens:rate5m",
@@ -194,8 +194,8 @@ scrape_configs:
 			}
 		}
 	}
-	if n != 12 {
-		t.Errorf("Prometheus loaded %d rules, want 12", n)
+	if n != 31 {
+		t.Errorf("Prometheus loaded %d rules, want 31", n)
 	}
 	// Every dashboard query is valid PromQL for this server.
 	raw, err := os.ReadFile("../../deploy/grafana/poold-dashboard.json")

@@ -181,7 +181,8 @@ func TestReloadTouchesOnlyChangedPools(t *testing.T) {
 	a := d.waitPool("A", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "a" })
 	b := d.waitPool("B", 20*time.Second, "b ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "b" })
 
-	stream := d.startStream("a", 40)
+	// 6 s of stream: B's restart, well under a second here, must end within it.
+	stream := d.startStream("a", 150)
 	d.waitPool("A", 10*time.Second, "a in flight", func(p poolView) bool { return p.InFlight == 1 })
 	next := profilesJSON(tag, pools, []sim{simA, {ID: "b", Pools: []string{"B"}, Flags: []string{"--sim-tokens", "7"}}}, nil)
 	writeFile(t, d.profiles, next)
@@ -196,7 +197,7 @@ func TestReloadTouchesOnlyChangedPools(t *testing.T) {
 	if r.err != nil || r.code != http.StatusOK {
 		t.Fatalf("stream on A: %d %v", r.code, r.err)
 	}
-	checkStream(t, r.body, "a", 40)
+	checkStream(t, r.body, "a", 150)
 	if p := d.pool("A"); p.Engine == nil || p.Engine.PID != a.Engine.PID {
 		t.Fatalf("pool A's engine changed: %+v", p.Engine)
 	}

@@ -427,7 +427,7 @@ func TestNoReplaysAndEarlyAnswers(t *testing.T) {
 		t.Fatalf("an early 413: %d %.200s %v, want the engine's 413", code, b, err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if strings.Contains(d.stdout.String(), `"profile":"early","client":"other","status":413`) {
+		if strings.Contains(d.stdout.String(), `"profile":"early","client":"none","status":413`) {
 			break
 		}
 		if time.Now().After(deadline) {

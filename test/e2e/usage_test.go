@@ -31,16 +31,20 @@ import (
 	"github.com/poold/poold/internal/pgtest"
 )
 
-// tenants are the client classes of the usage tests, named in X-Client.
+// tenants are the tenants of the usage tests; each one's key is "sk-" and
+// its name (usageTenants).
 var tenants = []string{"team-a", "team-b", "team-c"}
 
+// usageTenants is the tenants file of tenants.
+func usageTenants() []byte {
+	var specs []tenantSpec
+	for _, name := range tenants {
+		specs = append(specs, tenantSpec{Name: name, Key: "sk-" + name})
+	}
+	return tenantsJSON(specs...)
+}
+
 const usageSettings = `
-clients:
-  header: X-Client
-  classes:
-    team-a: {}
-    team-b: {}
-    team-c: {}
 usage-cost:
   currency: USD
   gpu-hour: 2.0
@@ -91,7 +95,7 @@ func usageRequest(ctx context.Context, client *http.Client, base, kind, tenant, 
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chatBody(model, kind != "plain", tokens)))
-	req.Header.Set("X-Client", tenant)
+	req.Header.Set("Authorization", "Bearer sk-"+tenant)
 	resp, err := client.Do(req)
 	if err != nil {
 		s.add(kind+": transport error", "", false)
@@ -235,7 +239,7 @@ func TestUsageLedgerReconcilesWithTheAccessLog(t *testing.T) {
 	settings := writeSettings(t, usageSettings)
 	state := filepath.Join(t.TempDir(), "state")
 	begin := time.Now()
-	d := startPoold(t, tag, usageProfiles(tag), "--config", settings, "--state-dir", state, "--log-level", "warn",
+	d := startPoold(t, tag, usageProfiles(tag), "--config", settings, "--tenants", writeTenants(t, usageTenants()), "--state-dir", state, "--log-level", "warn",
 		"--restart-backoff", "50ms", "--restart-backoff-max", "500ms")
 	s := newSent()
 	loadBegin := time.Now()

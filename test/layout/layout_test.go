@@ -32,10 +32,11 @@ var allowed = map[string][]string{
 	"internal/gpu":         {"internal/statusapi", "internal/simgpu"},
 	"internal/pool":        {"internal/profile", "internal/placement", "internal/statusapi"},
 	"internal/metrics":     {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},
-	"internal/proxy":       {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics"},
+	"internal/proxy":       {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics", "internal/tenant"},
 	"internal/fleet":       {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement"},
 	"internal/usage":       {"internal/metrics", "internal/pool", "internal/statusapi", "internal/openai"},
 	"internal/pgtest":      nil,
+	"internal/enginestats": {"internal/statusapi"},
 }
 
 type pkg struct {
