@@ -8,20 +8,37 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/tenant"
 )
 
-// check validates a hosts file: exit 0 valid, 1 invalid, 2 unreadable or a
-// usage error.
+// checkUsage is check's usage line after the command's name.
+const checkUsage = "[--tenants TENANTS] [HOSTS]"
+
+// check validates a hosts file, a tenants file, or both: exit 0 valid, 1
+// invalid, 2 unreadable or a usage error.
 func check(args []string, stdout, stderr io.Writer) int {
 	fl := cli.NewFlagSet("fleetd check")
-	if code, ok := cli.ParseFlags(fl, "FILE", args, stdout, stderr); !ok {
+	tenants := fl.String("tenants", "", "a tenants file to validate")
+	if code, ok := cli.ParseFlags(fl, checkUsage, args, stdout, stderr); !ok {
 		return code
 	}
-	if fl.NArg() != 1 {
-		return cli.UsageError(stderr, fl, "FILE", errors.New("one hosts file is required"))
+	if fl.NArg() > 1 || fl.NArg() == 0 && *tenants == "" {
+		return cli.UsageError(stderr, fl, checkUsage, errors.New("a hosts file, a tenants file (--tenants), or both"))
 	}
-	file := fl.Arg(0)
-	_, _, err := fleet.LoadFile(file)
+	code := 0
+	if *tenants != "" {
+		_, _, err := tenant.Load(*tenants)
+		code = max(code, report(*tenants, err, stdout, stderr))
+	}
+	if fl.NArg() == 1 {
+		_, _, err := fleet.LoadFile(fl.Arg(0))
+		code = max(code, report(fl.Arg(0), err, stdout, stderr))
+	}
+	return code
+}
+
+// report prints what checking file found and returns its exit code.
+func report(file string, err error, stdout, stderr io.Writer) int {
 	var pathErr *fs.PathError
 	switch {
 	case err == nil:

@@ -2,7 +2,7 @@
 // daemons, to where each model is cheapest to serve. Usage:
 //
 //	fleetd [serve] [flags]                 run the router
-//	fleetd check FILE                      validate a hosts file
+//	fleetd check [--tenants FILE] [HOSTS]  validate a hosts file, a tenants file, or both
 //	fleetd status [--addr ADDR] [--json]   print a running fleetd's hosts
 //	fleetd version
 //	fleetd help [COMMAND]
@@ -33,7 +33,7 @@ func program() *cli.Program {
 		Version: "fleetd " + version + " (" + revision() + ")",
 		Commands: []cli.Command{
 			{Name: "serve", Args: "[flags]", Summary: "run the router (the default command)", Run: cli.UntilSignal(serve)},
-			{Name: "check", Args: "FILE", Summary: "validate a hosts file",
+			{Name: "check", Args: checkUsage, Summary: "validate a hosts file, a tenants file (--tenants), or both",
 				Run: func(args []string) int { return check(args, os.Stdout, os.Stderr) }},
 			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running fleetd's hosts and their pools as a table",
 				Run: func(args []string) int { return status(args, os.Stdout, os.Stderr) }},

@@ -22,6 +22,7 @@ func TestStatusTable(t *testing.T) {
 	bad := "hosts[0]: url: required\nmore"
 	unauthorized := "GET http://10.0.0.2:8080/v1/models: status 401 Unauthorized"
 	now := time.Now()
+	badTenants := "tenants[0] \"a\": tier \"gold\": no such tier (tiers: shared)\nmore"
 	st := statusapi.Fleetd{Version: "v1", HostsFile: statusapi.File{Path: "/etc/poold/hosts.json", LastError: &bad}, Hosts: []statusapi.Host{
 		{Name: "gpu-1", Healthy: true, Reachable: true, LastPoll: &now, PollLatencyMs: 1.25, Pools: []statusapi.Pool{
 			{Name: "gpu0", State: statusapi.StateReady, Profile: &profile, InFlight: 2, Waiting: map[string]int{"llama": 1, "bge": 3}},
@@ -32,6 +33,8 @@ func TestStatusTable(t *testing.T) {
 		}},
 		{Name: "gpu-3"},
 	}}
+	st.TenantsFile = &statusapi.File{Path: "/etc/poold/tenants.json", LastError: &badTenants}
+	st.TenantLimits = &statusapi.TenantLimits{Store: "redis", Reachable: false}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/status" {
 			http.NotFound(w, r)
@@ -48,6 +51,7 @@ func TestStatusTable(t *testing.T) {
 	}
 	for _, want := range []string{
 		"fleetd v1, hosts file /etc/poold/hosts.json (last reload refused: hosts[0]: url: required)",
+		`tenants file /etc/poold/tenants.json, limits in redis (fail-open), unreachable: requests let through unchecked (last reload refused: tenants[0] "a": tier "gold": no such tier (tiers: shared))`,
 		"HOST   HEALTH   POOL  STATE  PROFILE  SWITCHING  IN FLIGHT  WAITING        POLL   LAST ERROR",
 		"gpu-1  up       gpu0  ready  qwen     -          2          bge:3,llama:1  1.2ms  -",
 		"gpu-2  ejected  -     -      -        -          -          -              0.5ms  " + unauthorized,
@@ -90,6 +94,16 @@ func TestSettings(t *testing.T) {
 	if err != nil || s.APIKeys == nil || s.Fleet.PollKey != "sk-host" {
 		t.Fatalf("keys: %v, %+v", err, s)
 	}
+	s, err = loadSettings([]string{"--tenants", "/etc/poold/tenants.json", "--redis-url", "redis://127.0.0.1:6379", "--redis-fail-closed", "--redis-timeout", "1s"})
+	if err != nil || s.Tenants != "/etc/poold/tenants.json" || !s.RedisFailClosed || s.RedisTimeout != time.Second || s.Handler.ClaimTimeout != time.Second {
+		t.Fatalf("tenants: %v, %+v", err, s)
+	}
+	_, err = loadSettings([]string{"--tenants", "t.json", "--api-keys-file", keyFile, "--redis-fail-closed", "--redis-timeout", "0s"})
+	for _, want := range []string{"tenants: not with api-keys or api-keys-file", "redis-fail-closed: needs redis-url", "redis-timeout: must be positive"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
 	t.Setenv("FLEETD_HOSTS", "")
 	empty := filepath.Join(t.TempDir(), "empty")
 	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
@@ -102,6 +116,54 @@ func TestSettings(t *testing.T) {
 		"api-keys: api key 0: sha256: must be followed by 64 hex digits", "host-api-key-file: " + strconv.Quote(empty) + " holds no key"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+}
+
+// fleetd check validates a hosts file, a tenants file, or both, with every
+// problem of each.
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	hosts := write("hosts.json", `{"hosts": [{"name": "a", "url": "http://10.0.0.1:8080"}]}`)
+	tenants := write("tenants.json", `{"tiers": {"shared": {"weight": 1}}, "tenants": [{"name": "a", "keys": ["sha256:`+strings.Repeat("ab", 32)+`"], "tier": "shared"}]}`)
+	badTenants := write("bad-tenants.json", `{"tiers": {"shared": {"weight": 0}}, "tenants": [{"name": "a", "keys": ["sk-clear"], "tier": "gold"}]}`)
+	for _, tc := range []struct {
+		args           []string
+		code           int
+		stdout, stderr []string
+	}{
+		{[]string{hosts}, 0, []string{hosts + ": ok"}, nil},
+		{[]string{"--tenants", tenants}, 0, []string{tenants + ": ok"}, nil},
+		{[]string{"--tenants", tenants, hosts}, 0, []string{tenants + ": ok", hosts + ": ok"}, nil},
+		{[]string{"--tenants", badTenants, hosts}, 1, []string{hosts + ": ok"}, []string{badTenants + ": invalid:",
+			"tiers.shared: weight: must be at least 1, not 0", `tenants[0] "a": tier "gold": no such tier`, `tenants[0] "a": keys[0]: must be sha256:`}},
+		{[]string{"--tenants", filepath.Join(dir, "none.json")}, 2, nil, []string{"fleetd check: reading tenants"}},
+		{nil, 2, nil, []string{"usage: fleetd check [--tenants TENANTS] [HOSTS]"}},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := check(tc.args, &stdout, &stderr)
+		if code != tc.code {
+			t.Errorf("check %v: exit %d, want %d\n%s%s", tc.args, code, tc.code, &stdout, &stderr)
+		}
+		for _, want := range tc.stdout {
+			if !strings.Contains(stdout.String(), want) {
+				t.Errorf("check %v: stdout lacks %q:\n%s", tc.args, want, &stdout)
+			}
+		}
+		for _, want := range tc.stderr {
+			if !strings.Contains(stderr.String(), want) {
+				t.Errorf("check %v: stderr lacks %q:\n%s", tc.args, want, &stderr)
+			}
+		}
+		if strings.Contains(stdout.String()+stderr.String(), "sk-clear") {
+			t.Errorf("check %v: a key in clear was echoed", tc.args)
 		}
 	}
 }

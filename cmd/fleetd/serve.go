@@ -50,10 +50,10 @@ func serve(ctx context.Context, args []string) int {
 // run wires fleetd together and serves until ctx ends, then lets in-flight
 // requests finish (bounded by the shutdown timeout).
 //
-// Two groups of goroutines: the fleet's (host pollers, the hosts file's
-// watcher and SIGHUP reloads), which must route until the last request is
-// answered, and the server's; a failed server ends ctx's group and so
-// starts the shutdown.
+// Two groups of goroutines: the fleet's (host pollers, the hosts and
+// tenants files' watchers and SIGHUP reloads), which must route until the
+// last request is answered, and the server's; a failed server ends ctx's
+// group and so starts the shutdown.
 func run(ctx context.Context, s settings, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	opts := s.Fleet
@@ -62,11 +62,40 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if err := f.LoadFile(s.Hosts); err != nil {
 		return fmt.Errorf("loading hosts:\n%w", err)
 	}
+	hopts := s.Handler
+	hopts.Logger = log
+	var rc *rdb.Client
+	if s.RedisURL != "" {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var err error
+		rc, err = rdb.Open(rctx, s.RedisURL, rdb.Options{Logger: log})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("redis-url: %w", err)
+		}
+		defer rc.Close()
+		hopts.Claims = rc
+		log.Info("claims of new copies shared in redis")
+	}
+	if s.Tenants != "" {
+		ts, err := loadTenants(s, rc, opts.Metrics, log)
+		if err != nil {
+			return err
+		}
+		hopts.Tenants = ts
+	}
+
 	fleetCtx, stopFleet := context.WithCancel(context.Background())
 	defer stopFleet()
 	changes, err := watch.File(fleetCtx, s.Hosts, reloadDebounce, log.With("component", "hosts-watch"))
 	if err != nil {
 		return fmt.Errorf("watching hosts file: %w", err)
+	}
+	var tenantChanges <-chan struct{}
+	if s.Tenants != "" {
+		if tenantChanges, err = watch.File(fleetCtx, s.Tenants, reloadDebounce, log.With("component", "tenants-watch")); err != nil {
+			return fmt.Errorf("watching tenants file: %w", err)
+		}
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -74,6 +103,9 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	var fleetGroup errgroup.Group
 	fleetGroup.Go(func() error { f.Run(fleetCtx); return nil })
 	fleetGroup.Go(func() error { f.WatchFile(s.Hosts, changes); return nil }) // until fleetCtx closes changes
+	if ts := hopts.Tenants; ts != nil {
+		fleetGroup.Go(func() error { ts.Watch(tenantChanges); return nil })
+	}
 	fleetGroup.Go(func() error {
 		for {
 			select {
@@ -83,6 +115,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 				if err := f.LoadFile(s.Hosts); err != nil {
 					log.Error("hosts file refused on SIGHUP; keeping the hosts in force", "err", err)
 				}
+				if ts := hopts.Tenants; ts != nil {
+					if err := ts.Reload(); err != nil {
+						log.Error("tenants file refused on SIGHUP; keeping the tenants in force", "err", err)
+					}
+				}
 			}
 		}
 	})
@@ -91,19 +128,6 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		_ = fleetGroup.Wait()
 	}()
 
-	hopts := s.Handler
-	hopts.Logger = log
-	if s.RedisURL != "" {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		rc, err := rdb.Open(rctx, s.RedisURL, rdb.Options{})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("redis-url: %w", err)
-		}
-		defer rc.Close()
-		hopts.Claims = rc
-		log.Info("claims of new copies shared in redis")
-	}
 	hopts.AccessLog = slog.New(slog.NewJSONHandler(os.Stdout, nil)).With("component", "access")
 	h := fleet.NewHandler(f, hopts)
 	defer h.Close()
@@ -122,7 +146,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		}
 		return nil
 	})
-	log.Info("fleetd listening", "addr", ln.Addr().String(), "hosts", s.Hosts, "version", version)
+	log.Info("fleetd listening", "addr", ln.Addr().String(), "hosts", s.Hosts, "tenants", s.Tenants, "version", version)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
 
 	<-servingCtx.Done()
@@ -142,4 +166,26 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	log.Info("fleetd stopped")
 	return nil
+}
+
+// loadTenants reads the tenants file, whose limits are kept in rc when
+// there is one (shared by the replicas), else in this fleetd's memory.
+func loadTenants(s settings, rc *rdb.Client, m *fleet.Metrics, log *slog.Logger) (*fleet.Tenants, error) {
+	topts := fleet.TenantsOptions{Logger: log, Metrics: m}
+	var limits *rdb.Limits
+	if rc != nil {
+		limits = rc.Limits()
+		limits.FailClosed, limits.Timeout = s.RedisFailClosed, s.RedisTimeout
+		topts.Limiter, topts.Shared, topts.FailClosed = limits, true, s.RedisFailClosed
+	}
+	ts, err := fleet.LoadTenants(s.Tenants, topts)
+	if err != nil {
+		return nil, fmt.Errorf("loading tenants:\n%w", err)
+	}
+	if limits != nil {
+		limits.OnError, limits.OnDebitError, limits.OnRecover = ts.Unchecked, ts.DebitLost, ts.Recovered
+	}
+	file, where := ts.Status()
+	log.Info("tenants file loaded", "path", file.Path, "sha256", file.SHA256, "limits", where.Store, "failClosed", where.FailClosed)
+	return ts, nil
 }

@@ -30,12 +30,20 @@ type settings struct {
 	// (431 above): the same limits as poold's.
 	ReadTimeout, ReadHeaderTimeout time.Duration
 	MaxHeaderBytes                 int
-	// RedisURL, when set, is the Redis the replicas share (rdb.Open).
-	RedisURL string
+	// RedisURL, when set, is the Redis the replicas share (rdb.Open):
+	// claims of new copies and the tenants' limits. RedisTimeout bounds each
+	// call; RedisFailClosed refuses the requests whose limits it could not
+	// check (else they go through).
+	RedisURL        string
+	RedisTimeout    time.Duration
+	RedisFailClosed bool
 	// APIKeys, when non-nil, is required on /v1/* before any host is asked
 	// (api-keys, api-keys-file); the client's Authorization still goes to
 	// the host as sent. Only the keys' hashes are kept.
 	APIKeys *openai.APIKeys
+	// Tenants, when set, is the tenants file (fleet.LoadTenants): the keys
+	// fleetd requires, which is why it excludes APIKeys.
+	Tenants string
 	Fleet   fleet.Options
 	Handler fleet.HandlerOptions
 	// Loaded says where the settings came from, for the start-up log.
@@ -66,7 +74,10 @@ func serveFlags() *pflag.FlagSet {
 	fl.Duration("scale-out-wait", fleet.DefaultScaleOutWait, "queue wait of every awake copy above which another copy is loaded on an idle host (0 disables)")
 	fl.Duration("scale-out-cooldown", fleet.DefaultScaleOutCooldown, "least time between two scale-outs of one model by this fleetd, times a factor in [1, 2) drawn at start")
 	fl.Duration("claim-lease", fleet.DefaultClaimLease, "how long a claim of a model's new copy (cold load or scale-out) sends its model's requests to the claimed host")
-	fl.String("redis-url", "", "Redis shared by the replicas (redis://host:port[/db]): claims of new copies, so that replicas load one copy")
+	fl.String("redis-url", "", "Redis shared by the replicas (redis://host:port[/db]): claims of new copies, so that replicas load one copy, and the tenants' rate limits")
+	fl.Duration("redis-timeout", fleet.DefaultClaimTimeout, "time limit of each call to Redis (a claim, a limit check); past it the call has failed")
+	fl.Bool("redis-fail-closed", false, "refuse (429) the requests whose tenant limits Redis cannot check, instead of letting them through")
+	fl.String("tenants", "", "tenants JSON file: API keys to tenants, with their rate limits, output caps and models, enforced before any host is asked; watched and reloaded (excludes api-keys)")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
@@ -93,6 +104,9 @@ func loadSettings(args []string) (settings, error) {
 		ReadHeaderTimeout: v.Duration("read-header-timeout"),
 		MaxHeaderBytes:    int(v.Bytes("max-header-bytes")),
 		RedisURL:          v.String("redis-url"),
+		RedisTimeout:      v.Duration("redis-timeout"),
+		RedisFailClosed:   v.Bool("redis-fail-closed"),
+		Tenants:           v.String("tenants"),
 		Fleet: fleet.Options{
 			PollInterval: v.Duration("poll-interval"),
 			PollTimeout:  v.Duration("poll-timeout"),
@@ -112,6 +126,7 @@ func loadSettings(args []string) (settings, error) {
 			ScaleOutWait:     v.Duration("scale-out-wait"),
 			ScaleOutCooldown: v.Duration("scale-out-cooldown"),
 			ClaimLease:       v.Duration("claim-lease"),
+			ClaimTimeout:     v.Duration("redis-timeout"),
 			Version:          version,
 		},
 		Loaded: v,
@@ -119,6 +134,12 @@ func loadSettings(args []string) (settings, error) {
 	var errs []error
 	if s.APIKeys, err = openai.LoadAPIKeys(v.Strings("api-keys"), v.String("api-keys-file")); err != nil {
 		errs = append(errs, err)
+	}
+	if s.Tenants != "" && (len(v.Strings("api-keys")) > 0 || v.String("api-keys-file") != "") {
+		errs = append(errs, errors.New("tenants: not with api-keys or api-keys-file: the tenants file holds the keys fleetd accepts"))
+	}
+	if s.RedisFailClosed && s.RedisURL == "" {
+		errs = append(errs, errors.New("redis-fail-closed: needs redis-url (without it, the limits are kept in memory and always checked)"))
 	}
 	if file := v.String("host-api-key-file"); file != "" {
 		b, err := os.ReadFile(file)
@@ -146,7 +167,7 @@ func loadSettings(args []string) (settings, error) {
 		{"eject-after", s.Fleet.EjectAfter > 0}, {"max-backoff", s.Fleet.MaxBackoff > 0}, {"max-attempts", s.Handler.MaxAttempts > 0},
 		{"affinity-bytes", s.Handler.AffinityBytes > 0}, {"silent-after", s.Fleet.SilentAfter > 0},
 		{"scale-out-cooldown", s.Handler.ScaleOutCooldown > 0}, {"claim-lease", s.Handler.ClaimLease > 0},
-		{"max-header-bytes", s.MaxHeaderBytes > 0},
+		{"max-header-bytes", s.MaxHeaderBytes > 0}, {"redis-timeout", s.RedisTimeout > 0},
 	} {
 		if !c.ok {
 			errs = append(errs, fmt.Errorf("%s: must be positive", c.name))

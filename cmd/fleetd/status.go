@@ -29,6 +29,23 @@ func printStatus(out io.Writer, st statusapi.Fleetd) {
 		fmt.Fprintf(out, " (last reload refused: %s)", firstLine(*st.HostsFile.LastError))
 	}
 	fmt.Fprintln(out)
+	if tf, limits := st.TenantsFile, st.TenantLimits; tf != nil && limits != nil {
+		mode, refused := "fail-open", "let through unchecked"
+		if limits.FailClosed {
+			mode, refused = "fail-closed", "refused"
+		}
+		fmt.Fprintf(out, "tenants file %s, limits in %s", tf.Path, limits.Store)
+		if limits.Store != "memory" {
+			fmt.Fprintf(out, " (%s)", mode)
+		}
+		if !limits.Reachable {
+			fmt.Fprintf(out, ", unreachable: requests %s", refused)
+		}
+		if tf.LastError != nil {
+			fmt.Fprintf(out, " (last reload refused: %s)", firstLine(*tf.LastError))
+		}
+		fmt.Fprintln(out)
+	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOST\tHEALTH\tPOOL\tSTATE\tPROFILE\tSWITCHING\tIN FLIGHT\tWAITING\tPOLL\tLAST ERROR")
 	for _, h := range st.Hosts {

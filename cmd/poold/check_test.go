@@ -44,6 +44,11 @@ func TestCheckBadFiles(t *testing.T) {
 
 func TestCheckGoodAndUnreadable(t *testing.T) {
 	good := "../../internal/profile/testdata/good-design.json"
+	goodTenants, badTenants := "../../internal/tenant/testdata/good.json", "../../internal/tenant/testdata/bad-many.json"
+	badErrors, err := os.ReadFile("../../internal/tenant/testdata/bad-many.errors")
+	if err != nil {
+		t.Fatal(err)
+	}
 	missing := filepath.Join(t.TempDir(), "nope.json")
 	for _, tt := range []struct {
 		args           []string
@@ -53,11 +58,16 @@ func TestCheckGoodAndUnreadable(t *testing.T) {
 		{[]string{good}, 0, good + ": ok\n", ""},
 		{[]string{missing}, 2, "", `poold check: reading profiles "` + missing + `": open ` + missing + ": no such file or directory\n"},
 		{[]string{t.TempDir()}, 2, "", ""}, // a directory: unreadable
-		{nil, 2, "", "poold check: one profiles file is required\nusage: poold check FILE (--help for more)\n"},
-		{[]string{good, good}, 2, "", "poold check: one profiles file is required\nusage: poold check FILE (--help for more)\n"},
-		{[]string{"--help"}, 0, "usage: poold check FILE\n", ""},
-		{[]string{"-h", good}, 0, "usage: poold check FILE\n", ""},
-		{[]string{"--strict", good}, 2, "", "poold check: unknown flag: --strict\nusage: poold check FILE (--help for more)\n"},
+		{nil, 2, "", "poold check: a profiles file, a tenants file (--tenants) or both are required\nusage: poold check [PROFILES] [--tenants FILE] (--help for more)\n"},
+		{[]string{good, good}, 2, "", "poold check: a profiles file, a tenants file (--tenants) or both are required\nusage: poold check [PROFILES] [--tenants FILE] (--help for more)\n"},
+		{[]string{"--help"}, 0, "usage: poold check [PROFILES] [--tenants FILE]\n\nFlags:\n      --tenants string   a tenants file to validate (docs/tenancy.md)\n", ""},
+		{[]string{"-h", good}, 0, "usage: poold check [PROFILES] [--tenants FILE]\n\nFlags:\n      --tenants string   a tenants file to validate (docs/tenancy.md)\n", ""},
+		{[]string{"--strict", good}, 2, "", "poold check: unknown flag: --strict\nusage: poold check [PROFILES] [--tenants FILE] (--help for more)\n"},
+		// Tenants files, alone and beside a profiles file: the worst code.
+		{[]string{"--tenants", goodTenants}, 0, goodTenants + ": ok\n", ""},
+		{[]string{good, "--tenants", goodTenants}, 0, good + ": ok\n" + goodTenants + ": ok\n", ""},
+		{[]string{good, "--tenants", badTenants}, 1, good + ": ok\n", badTenants + ": invalid:\n" + string(badErrors)},
+		{[]string{"--tenants", missing}, 2, "", `poold check: reading tenants "` + missing + `": open ` + missing + ": no such file or directory\n"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := check(tt.args, profile.Host{}, &stdout, &stderr)
@@ -94,5 +104,21 @@ profiles[0] "embed": model "/nowhere/bge-m3": no such file or directory on this 
 `
 	if stdout.String() != file+": ok\n" || stderr.String() != want {
 		t.Errorf("stdout %q, stderr:\n%s\nwant:\n%s", stdout.String(), stderr.String(), want)
+	}
+}
+
+func TestHashKey(t *testing.T) {
+	const want = "sha256:f10f781241e2246678b6b45c857069208152a53863e47fac33f607ab405006f4" // key-a in the tenant package's testdata
+	var stdout, stderr bytes.Buffer
+	if code := hashKey([]string{"key-a"}, strings.NewReader(""), &stdout, &stderr); code != 0 || stdout.String() != want+"\n" {
+		t.Fatalf("hash-key key-a: %d %q %q", code, stdout.String(), stderr.String())
+	}
+	stdout.Reset()
+	if code := hashKey(nil, strings.NewReader("key-a\n\n  key-a  \n"), &stdout, &stderr); code != 0 || stdout.String() != want+"\n"+want+"\n" {
+		t.Fatalf("hash-key from stdin: %d %q %q", code, stdout.String(), stderr.String())
+	}
+	stdout.Reset()
+	if code := hashKey(nil, strings.NewReader(""), &stdout, &stderr); code != 2 || stdout.Len() != 0 || !strings.Contains(stderr.String(), "no key") {
+		t.Fatalf("hash-key without a key: %d %q %q", code, stdout.String(), stderr.String())
 	}
 }

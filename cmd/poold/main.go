@@ -2,7 +2,8 @@
 // swaps on a host's GPU pools. Usage:
 //
 //	poold [serve] [flags]                 run the daemon
-//	poold check FILE                      validate a profiles file
+//	poold check [FILE] [--tenants FILE]   validate a profiles file, a tenants file or both
+//	poold hash-key [KEY]                  print an API key's hash for a tenants file
 //	poold status [--addr ADDR] [--json]   print a running poold's pools
 //	poold usage [reconcile] [flags]       usage and cost from the usage ledger
 //	poold engine-sim [MODEL] [flags]      run the bundled vLLM simulator
@@ -32,8 +33,10 @@ func program() *cli.Program {
 		Version: versionString(),
 		Commands: []cli.Command{
 			{Name: "serve", Args: "[flags]", Summary: "run the daemon (the default command)", Run: cli.UntilSignal(serve)},
-			{Name: "check", Args: "FILE", Summary: "validate a profiles file (every problem with its JSON path) and warn about what would fail on this host",
+			{Name: "check", Args: "[PROFILES] [--tenants FILE]", Summary: "validate a profiles file, a tenants file or both (every problem with its JSON path), and warn about what would fail on this host",
 				Run: func(args []string) int { return check(args, localHost(), os.Stdout, os.Stderr) }},
+			{Name: "hash-key", Args: "[KEY]", Summary: "print the hash of an API key as a tenants file holds it (keys from stdin without KEY)",
+				Run: func(args []string) int { return hashKey(args, os.Stdin, os.Stdout, os.Stderr) }},
 			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running poold's pools as a table",
 				Run: func(args []string) int { return status(args, os.Stdout, os.Stderr) }},
 			{Name: "usage", Args: "[reconcile --access-log FILE] [flags]", Summary: "usage and cost per tenant, model, pool or day from the usage ledger; reconcile checks it against an access log",

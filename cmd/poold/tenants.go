@@ -25,7 +25,7 @@ import (
 type tenantsFile struct {
 	path string
 	gate *tenant.Gate
-	m    *metrics.TenantsReload
+	m    metrics.FileReload
 	log  *slog.Logger
 
 	mu       sync.Mutex // guards the fields below

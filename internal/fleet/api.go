@@ -9,6 +9,7 @@ import (
 
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/tenant"
 )
 
 func (h *host) statusView(now time.Time) statusapi.Host {
@@ -82,7 +83,12 @@ func (f *Fleet) Status() ([]statusapi.Host, statusapi.File) {
 
 func (h *Handler) serveStatus(w http.ResponseWriter, r *http.Request) {
 	hosts, file := h.fleet.Status()
-	writeJSON(w, statusapi.Fleetd{Version: h.opts.Version, HostsFile: file, Hosts: hosts})
+	st := statusapi.Fleetd{Version: h.opts.Version, HostsFile: file, Hosts: hosts}
+	if h.opts.Tenants != nil {
+		tf, limits := h.opts.Tenants.Status()
+		st.TenantsFile, st.TenantLimits = &tf, &limits
+	}
+	writeJSON(w, st)
 }
 
 // stateRank orders model states, best first.
@@ -98,28 +104,32 @@ func stateRank(s string) int {
 	return 3
 }
 
-// serveModels lists every name any healthy host serves, with the hosts.
+// serveModels lists every name any healthy host serves, with the hosts; for
+// a tenant, only the models it may use.
 func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, statusapi.ModelList[statusapi.FleetModel]{Object: "list", Data: h.models()})
+	writeJSON(w, statusapi.ModelList[statusapi.FleetModel]{Object: "list", Data: h.models(tenant.FromContext(r.Context()))})
 }
 
 // serveModel answers GET /v1/models/{id} (the SDKs' models.retrieve) with
-// the name's entry of GET /v1/models, or a 404 model_not_found.
+// the name's entry of GET /v1/models, or a 404 model_not_found (also for a
+// model that the tenant may not use).
 func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("id")
-	for _, m := range h.models() {
+	t := tenant.FromContext(r.Context())
+	for _, m := range h.models(t) {
 		if m.ID == name {
 			writeJSON(w, m)
 			return
 		}
 	}
-	openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", h.unknownModel(h.fleet.snapshot(), name))
+	openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", h.unknownModel(h.fleet.snapshot(), name, t))
 }
 
 // models is the entries of GET /v1/models, sorted by name: each name any
 // healthy host serves, in its best state, with the smallest max_model_len a
-// host gives (a request within it fits wherever it goes).
-func (h *Handler) models() []statusapi.FleetModel {
+// host gives (a request within it fits wherever it goes); for a tenant t
+// (nil: anyone), only the models it may use.
+func (h *Handler) models(t *tenant.Tenant) []statusapi.FleetModel {
 	hosts := h.fleet.snapshot()
 	entries := make(map[string]*statusapi.FleetModel)
 	created := h.fleet.opts.Now().Unix()
@@ -129,6 +139,9 @@ func (h *Handler) models() []statusapi.FleetModel {
 			continue
 		}
 		for _, m := range hs.modelList() {
+			if t != nil && !t.AllowsModel(m.ID, m.Root) {
+				continue
+			}
 			e := entries[m.ID]
 			if e == nil {
 				e = &statusapi.FleetModel{ModelObject: statusapi.ModelObject{ID: m.ID, Object: "model", Created: created, OwnedBy: "fleetd", Root: m.Root}, State: m.State}
@@ -159,15 +172,18 @@ func (h *host) modelList() []hostModel {
 	return out
 }
 
-// modelNames lists every name the healthy hosts serve, sorted.
-func modelNames(hosts map[string]*host) []string {
+// modelNames lists every name the healthy hosts serve that t (nil: anyone)
+// may use, sorted.
+func modelNames(hosts map[string]*host, t *tenant.Tenant) []string {
 	set := make(map[string]bool)
 	for _, h := range hosts {
 		if !h.healthy() {
 			continue
 		}
 		for _, m := range h.modelList() {
-			set[m.ID] = true
+			if t == nil || t.AllowsModel(m.ID, m.Root) {
+				set[m.ID] = true
+			}
 		}
 	}
 	return slices.Sorted(maps.Keys(set))

@@ -18,10 +18,6 @@ type Claims interface {
 	Claim(ctx context.Context, key, host string, lease time.Duration) (string, error)
 }
 
-// claimTimeout bounds one claim in the shared store; past it, or on any
-// error, the claim is taken locally.
-const claimTimeout = 250 * time.Millisecond
-
 // localClaims are this fleetd's claims in force, which also cache those of
 // the shared store. The zero value is empty and ready.
 type localClaims struct {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/statusapi"
+	"github.com/poold/poold/internal/tenant"
 	"github.com/poold/poold/internal/upstream"
 )
 
@@ -340,14 +341,18 @@ func (f *Fleet) snapshot() map[string]*host {
 
 // views returns the routing input for model over the hosts where a request
 // with credential hash cred (or "") may go, and whether any host, healthy
-// or not, knows the name.
-func (f *Fleet) views(hosts map[string]*host, model, cred string) ([]HostView, bool) {
+// or not, knows the name. For a tenant, a host where the name stands for a
+// model the tenant may not use does not know it.
+func (f *Fleet) views(hosts map[string]*host, model, cred string, t *tenant.Tenant) ([]HostView, bool) {
 	now := f.opts.Now()
 	var out []HostView
 	known := false
 	for _, h := range hosts {
 		v, ok, routable := h.view(model, cred, now)
-		known = known || ok
+		if !ok || t != nil && !t.AllowsModel(model, v.Root) {
+			continue
+		}
+		known = true
 		if routable {
 			out = append(out, v)
 		}

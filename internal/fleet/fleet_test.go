@@ -118,7 +118,9 @@ type testFleet struct {
 func startFleet(t testing.TB, fo Options, ho HandlerOptions, hosts ...*fakeHost) *testFleet {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	fo.Metrics = NewMetrics(reg)
+	if fo.Metrics == nil {
+		fo.Metrics = NewMetrics(reg)
+	}
 	if fo.PollInterval == 0 {
 		fo.PollInterval = 10 * time.Millisecond
 	}

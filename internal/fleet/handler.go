@@ -20,6 +20,7 @@ import (
 
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/placement"
+	"github.com/poold/poold/internal/tenant"
 	"github.com/poold/poold/internal/upstream"
 )
 
@@ -37,6 +38,7 @@ const (
 	DefaultLoadSlack       = 1
 	DefaultAffinityEpsilon = 0.25
 	DefaultClaimLease      = 5 * time.Second
+	DefaultClaimTimeout    = 250 * time.Millisecond
 	// DefaultScaleOutCooldown is the least time between two scale-outs of
 	// one model by one fleetd; each fleetd draws a factor in [1, 2) for it.
 	DefaultScaleOutCooldown = 30 * time.Second
@@ -48,7 +50,8 @@ const (
 // AffinityHeader → DefaultAffinityHeader; AffinityBytes → DefaultAffinityBytes;
 // ScaleOutWait → scale-out off; ClaimLease → DefaultClaimLease;
 // ScaleOutCooldown → DefaultScaleOutCooldown; Claims → this fleetd's own
-// only; Logger → discard; AccessLog → none.
+// only; ClaimTimeout → DefaultClaimTimeout; Tenants → none (no key
+// required, no limits); Logger → discard; AccessLog → none.
 type HandlerOptions struct {
 	MaxBodyBytes int64
 	// MaxEventBytes bounds one server-sent event of a stream (larger ends
@@ -86,9 +89,18 @@ type HandlerOptions struct {
 	// requests for the model that follow go to the claimed host until the
 	// polls show the copy loading there.
 	ClaimLease time.Duration
-	Version    string
-	Logger     *slog.Logger
-	AccessLog  *slog.Logger
+	// ClaimTimeout bounds one claim in Claims; past it, or on any error,
+	// the claim is taken for this fleetd alone.
+	ClaimTimeout time.Duration
+	// Tenants, when set, is the tenants file fleetd enforces before it asks
+	// any host: a key of a tenant on every API request (401), the tenant's
+	// rate limits (429), its models (the others do not exist for it: 404)
+	// and its output cap (400, or the cap added); the tokens each request
+	// used are debited when it ends.
+	Tenants   *Tenants
+	Version   string
+	Logger    *slog.Logger
+	AccessLog *slog.Logger
 }
 
 // Handler is fleetd's HTTP surface: POST /v1/* forwarded to the best host,
@@ -100,6 +112,8 @@ type Handler struct {
 	rp    *httputil.ReverseProxy
 	tr    *upstream.Transport // the hosts' connections, rp's Transport
 	mux   *http.ServeMux
+	root  http.Handler  // mux with OpenAI-shaped 404 and 405, behind the tenants' gate when there is one
+	gate  *tenant.Gate  // nil: no tenants file
 	seq   atomic.Uint64 // request ids
 	// claims are the new copies claimed by this fleetd, or learnt from
 	// opts.Claims; scaledOut the models it scaled out, for their cool-down
@@ -132,6 +146,9 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	if opts.ScaleOutCooldown <= 0 {
 		opts.ScaleOutCooldown = DefaultScaleOutCooldown
 	}
+	if opts.ClaimTimeout <= 0 {
+		opts.ClaimTimeout = DefaultClaimTimeout
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -156,14 +173,20 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, map[string]string{"status": "ok"}) })
 	h.mux = mux
+	h.root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { openai.ServeMux(mux, w, r) })
+	if opts.Tenants != nil {
+		h.gate = opts.Tenants.gate
+		h.root = h.gate.Require(h.root)
+	}
 	return h
 }
 
 // Handle adds another route (such as /metrics).
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
-// ServeHTTP serves r through the mux, whose 404 and 405 are OpenAI-shaped.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { openai.ServeMux(h.mux, w, r) }
+// ServeHTTP serves r through the mux (behind the tenants' gate when there
+// is one), whose 404 and 405 are OpenAI-shaped.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.root.ServeHTTP(w, r) }
 
 // Close closes the idle connections to hosts and stops their sweep. Call it
 // once the server has stopped.
@@ -187,14 +210,22 @@ type attempt struct {
 	// this one: any host, or one where the model is awake or loading.
 	nextAny, nextWarm bool
 	trial             bool // the first answer for root on host after an ejection
-	start             time.Time
-	now               func() time.Time
+	// meter: the answer's usage is read (the tenant's tokens are debited),
+	// and withhold: the usage-only chunk of the stream is dropped (fleetd
+	// asked for it, not the client); limited: fleetd set the
+	// x-ratelimit-* headers, which the host's do not replace.
+	meter, withhold, limited bool
+	start                    time.Time
+	now                      func() time.Time
 
 	first   time.Time // first response byte sent
 	status  int       // answered with; 0 when retried or the client left
 	retry   string    // why the next host is tried; "" when not
 	cut     bool      // the answer broke off before its end, by the host's fault
 	settled bool      // the outcome is folded into the host's health
+	// sse and tail read a metered answer's usage: a stream's or a JSON body's.
+	sse  *openai.SSEReader
+	tail *openai.UsageReader
 }
 
 type attemptKey struct{}
@@ -215,11 +246,16 @@ func (a *attempt) settle(f *Fleet, o outcome) {
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := h.fleet.opts.Now()
 	id := openai.RequestID(r, "fleetd", &h.seq)
-	log := make([]slog.Attr, 0, 12) // the access log line's attributes
+	log := make([]slog.Attr, 0, 16) // the access log line's attributes
 	log = append(log, slog.String("requestId", id), slog.String("path", r.URL.Path))
+	ten := tenant.FromContext(r.Context()) // nil without a tenants file
+	if ten != nil {
+		log = append(log, slog.String("tenant", ten.Name))
+	}
 	hostName, model, status, cut := "none", "", 0, false
-	var held []*host // hosts tried, released once the request is counted
-	var cur *attempt // the attempt under way; a broken stream unwinds from it with a panic
+	var held []*host  // hosts tried, released once the request is counted
+	var cur *attempt  // the attempt under way; a broken stream unwinds from it with a panic
+	var last *attempt // the last attempt made: its answer's tokens are debited
 	defer func() {
 		if cur != nil {
 			hostName, status, cut = cur.host.name, cur.status, cur.cut
@@ -229,6 +265,17 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			status = 499 // the client left before an answer
 		}
 		h.fleet.metrics.request(hostName, model, status, cut)
+		if ten != nil {
+			u, estimated := last.usage()
+			h.gate.Debit(ten, u.PromptTokens+u.CompletionTokens)
+			h.fleet.metrics.tenantRequest(ten.Name, status, cut, u.PromptTokens, u.CompletionTokens)
+			if u != (openai.Usage{}) {
+				log = append(log, slog.Int("promptTokens", u.PromptTokens), slog.Int("completionTokens", u.CompletionTokens))
+				if estimated {
+					log = append(log, slog.Bool("tokensEstimated", true))
+				}
+			}
+		}
 		for _, hs := range held {
 			h.fleet.release(hs)
 		}
@@ -247,6 +294,14 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 
 	w.Header().Set("X-Request-Id", id)
+	// A tenant's request goes through its limits, its models and its output
+	// cap, in poold's order, before any host is asked: a refused request
+	// costs no host anything. The limits come first, before the body is
+	// read.
+	if !h.gate.Admit(w, ten) {
+		status = http.StatusTooManyRequests
+		return
+	}
 	body, req, code := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
 	if code != 0 {
 		status = code
@@ -257,12 +312,28 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 
 	hosts := h.fleet.snapshot()
 	cred := credential(r)
-	views, known := h.fleet.views(hosts, name, cred)
+	views, known := h.fleet.views(hosts, name, cred, ten)
 	if !known {
-		fail(http.StatusNotFound, "model_not_found", "model", h.unknownModel(hosts, name))
+		fail(http.StatusNotFound, "model_not_found", "model", h.unknownModel(hosts, name, ten))
 		return
 	}
 	model = name
+	meter, withhold := false, false
+	if ten != nil {
+		// The tokens are debited when the answer ends, from its usage: a
+		// stream that did not ask for it is asked, as poold asks its
+		// engine, and the usage chunk withheld from the client.
+		meter = true
+		withhold = stream && !req.IncludeUsage && (r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions")
+		if withhold {
+			body = openai.Rewrite(body, req, name, true)
+		}
+		var ok bool
+		if body, ok = h.gate.Cap(w, ten, r.URL.Path, req, body); !ok {
+			status = http.StatusBadRequest
+			return
+		}
+	}
 	ropts := RouteOptions{ScaleOutWait: h.opts.ScaleOutWait, Epsilon: h.opts.AffinityEpsilon, Slack: h.opts.LoadSlack}
 	if len(views) > 0 && h.scaledOut.held(views[0].Root, start) != "" {
 		ropts.ScaleOutWait = 0 // cooling down after this fleetd's last scale-out of the model
@@ -290,11 +361,12 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		hs := hosts[c.Host]
 		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), cred: cred, client: r.Context(),
 			observe: stream && c.Rank == placement.Awake, start: h.fleet.opts.Now(), now: h.fleet.opts.Now,
+			meter: meter, withhold: withhold, limited: meter && (ten.RPM > 0 || ten.TPM > 0),
 			nextAny:  left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return !warmOnly || n.Rank <= placement.Loading }),
 			nextWarm: left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return n.Rank <= placement.Loading })}
 		tried = append(tried, c.Host)
 		held = append(held, hs)
-		cur = a
+		cur, last = a, a
 		h.forward(w, r, a)
 		cur = nil
 		hostName, status = c.Host, a.status
@@ -333,7 +405,7 @@ func (h *Handler) claimCopy(ctx context.Context, order []Choice, views []HostVie
 	now := h.fleet.opts.Now()
 	winner, had := h.claims.claim(key, c.Host, now, h.opts.ClaimLease)
 	if !had && h.opts.Claims != nil {
-		cctx, cancel := context.WithTimeout(ctx, claimTimeout)
+		cctx, cancel := context.WithTimeout(ctx, h.opts.ClaimTimeout)
 		shared, err := h.opts.Claims.Claim(cctx, key, c.Host, h.opts.ClaimLease)
 		cancel()
 		switch {
@@ -455,16 +527,51 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	resp.Header.Set("X-Fleet-Host", a.host.name)
 	resp.Header.Del("X-Request-Id") // the answer has it already; poold's would be a second copy
 	resp.Header.Del(openai.RefusedHeader)
+	if a.limited {
+		// The client's limits are the fleet's, which fleetd set; a host
+		// with the same tenants file counts only what reached it.
+		for k := range resp.Header {
+			if strings.HasPrefix(k, "X-Ratelimit-") {
+				delete(resp.Header, k)
+			}
+		}
+	}
 	wb := &watchedBody{ReadCloser: resp.Body, h: h, a: a, ok: code < 300}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	switch {
+	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
 		wb.stream = true
-		sse := openai.NewSSEReader(wb, false, nil)
+		sse := openai.NewSSEReader(wb, a.withhold, nil)
 		sse.SetMaxEvent(int(h.opts.MaxEventBytes))
 		resp.Body = sse
-	} else {
+		if a.meter {
+			a.sse = sse
+		}
+	case a.meter:
+		a.tail = openai.NewUsageReader(wb, nil)
+		resp.Body = a.tail
+	default:
 		resp.Body = wb
 	}
 	return nil
+}
+
+// usage is what the attempt's answer used, as the host reported it, or for
+// a stream cut short the chunks the client got (estimated); zero for no
+// attempt, or one whose answer was not metered.
+func (a *attempt) usage() (u openai.Usage, estimated bool) {
+	switch {
+	case a == nil:
+	case a.sse != nil:
+		if u, ok := a.sse.Usage(); ok {
+			return u, false
+		}
+		if !a.sse.Ended() {
+			return openai.Usage{CompletionTokens: a.sse.ContentChunks()}, true
+		}
+	case a.tail != nil:
+		u, _ = a.tail.Usage()
+	}
+	return u, false
 }
 
 // upstreamError handles an attempt that got no response: the host is
@@ -586,8 +693,10 @@ func (h *Handler) affinityKey(r *http.Request, body []byte) string {
 // maxListed bounds the names listed in a 404.
 const maxListed = 50
 
-func (h *Handler) unknownModel(hosts map[string]*host, name string) string {
-	names := modelNames(hosts)
+// unknownModel is the message of a 404 for name: the models that exist (for
+// t, nil for anyone).
+func (h *Handler) unknownModel(hosts map[string]*host, name string, t *tenant.Tenant) string {
+	names := modelNames(hosts, t)
 	more := ""
 	if len(names) > maxListed {
 		more = fmt.Sprintf(" and %d more", len(names)-maxListed)

@@ -373,7 +373,8 @@ func (h *host) observe(es map[string]estimate, root string, d time.Duration, now
 
 // view returns the routing input for model on h for a request with
 // credential hash cred (or ""), whether h knows the name, and whether the
-// request may go there (the host and the model are not ejected).
+// request may go there (the host and the model are not ejected). A view
+// that is not routable carries only the model's Root.
 func (h *host) view(model, cred string, now time.Time) (v HostView, known, routable bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -384,11 +385,11 @@ func (h *host) view(model, cred string, now time.Time) (v HostView, known, routa
 	health := Healthy
 	if mh := h.health[m.Root]; mh != nil {
 		if health, ok = mh.health(now); !ok {
-			return HostView{}, true, false
+			return HostView{Root: m.Root}, true, false
 		}
 	}
 	if !h.healthyLocked() {
-		return HostView{}, true, false
+		return HostView{Root: m.Root}, true, false
 	}
 	if h.silentPolls > 0 && health == Healthy {
 		health = Degraded // its last poll timed out: it may have gone silent

@@ -17,6 +17,11 @@ type Metrics struct {
 	claims    *prometheus.CounterVec
 	polls     *prometheus.HistogramVec
 	reload    prometheus.Gauge
+	// The tenants': no series without a tenants file.
+	tenantRequests *prometheus.CounterVec
+	tenantTokens   *prometheus.CounterVec
+	unchecked      *prometheus.CounterVec
+	tenantsReload  *prometheus.GaugeVec
 }
 
 // NewMetrics registers fleetd's collectors with reg.
@@ -47,8 +52,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reload: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fleetd_hosts_file_last_reload_successful", Help: "1 when the last load of the hosts file succeeded.",
 		}),
+		tenantRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetd_tenant_requests_total", Help: "Requests of each tenant, by status code (\"cut\": the answer broke off by the host's fault); 429 counts those refused by the tenant's rate limits.",
+		}, []string{"tenant", "code"}),
+		tenantTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetd_tenant_tokens_total", Help: "Tokens debited from each tenant, by kind (prompt, completion): as the host reported them, or for a stream cut short the chunks the client got.",
+		}, []string{"tenant", "kind"}),
+		unchecked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetd_tenant_limits_unchecked_total", Help: "Requests whose tenant limits the shared store (Redis) could not check, by step: admit (the request was let through, or refused with --redis-fail-closed), debit (its tokens were not taken).",
+		}, []string{"step"}),
+		tenantsReload: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fleetd_tenants_file_last_reload_successful", Help: "1 when the last load of the tenants file succeeded; absent without one.",
+		}, nil),
 	}
-	reg.MustRegister(m.requests, m.decisions, m.retries, m.hostUp, m.ejections, m.claims, m.polls, m.reload)
+	reg.MustRegister(m.requests, m.decisions, m.retries, m.hostUp, m.ejections, m.claims, m.polls, m.reload,
+		m.tenantRequests, m.tenantTokens, m.unchecked, m.tenantsReload)
 	return m
 }
 
@@ -84,11 +102,7 @@ func (m *Metrics) retry(host, cause string) {
 
 func (m *Metrics) setUp(host string, up bool) {
 	if m != nil {
-		v := 0.0
-		if up {
-			v = 1
-		}
-		m.hostUp.WithLabelValues(host).Set(v)
+		m.hostUp.WithLabelValues(host).Set(flag(up))
 	}
 }
 
@@ -110,11 +124,46 @@ func (m *Metrics) poll(host string, took time.Duration, ok bool) {
 
 func (m *Metrics) reloaded(ok bool) {
 	if m != nil {
-		v := 0.0
-		if ok {
-			v = 1
-		}
-		m.reload.Set(v)
+		m.reload.Set(flag(ok))
+	}
+}
+
+func (m *Metrics) tenantsReloaded(ok bool) {
+	if m != nil {
+		m.tenantsReload.WithLabelValues().Set(flag(ok))
+	}
+}
+
+func flag(ok bool) float64 {
+	if ok {
+		return 1
+	}
+	return 0
+}
+
+// tenantRequest counts a tenant's answered request, and the tokens debited.
+func (m *Metrics) tenantRequest(tenant string, status int, cut bool, prompt, completion int) {
+	if m == nil {
+		return
+	}
+	code := strconv.Itoa(status)
+	if cut {
+		code = "cut"
+	}
+	m.tenantRequests.WithLabelValues(tenant, code).Inc()
+	if prompt > 0 {
+		m.tenantTokens.WithLabelValues(tenant, "prompt").Add(float64(prompt))
+	}
+	if completion > 0 {
+		m.tenantTokens.WithLabelValues(tenant, "completion").Add(float64(completion))
+	}
+}
+
+// limitsUnchecked counts a request whose limits the shared store could not
+// check at step (admit or debit).
+func (m *Metrics) limitsUnchecked(step string) {
+	if m != nil {
+		m.unchecked.WithLabelValues(step).Inc()
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // exported gathers the name of every series poold exports, histogram
@@ -13,6 +14,7 @@ import (
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	reg, _ := newLoaded(t, twoGPUs)
+	NewTenantsReload(reg).Loaded(true, time.Unix(1700000000, 0)) // registered with a tenants file
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -48,8 +48,7 @@ type Metrics struct {
 	vramHeld         *prometheus.CounterVec
 	sleepVRAMHeld    *prometheus.CounterVec
 	scrapeFailures   *prometheus.CounterVec
-	reloadOK         prometheus.Gauge
-	reloadTime       prometheus.Gauge
+	config           FileReload // the profiles file's loads
 }
 
 // New registers every collector on reg: the request and swap metrics,
@@ -106,19 +105,14 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		scrapeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_engine_metrics_scrape_failures_total", Help: "Scrapes of an awake engine's own /metrics that failed (no answer in time, an error status, not vLLM's metrics).",
 		}, []string{"pool"}),
-		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "poold_config_last_reload_successful", Help: "1 if the last profiles load succeeded.",
-		}),
-		reloadTime: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "poold_config_last_reload_success_timestamp_seconds", Help: "Unix time of the last successful profiles load.",
-		}),
+		config: newFileReload("config", "profiles"),
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "poold_build_info", Help: "Always 1; labels carry the build.",
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
 	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.tenantWait, m.ttft, m.itl, m.promptTokens, m.completionTokens,
-		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures, m.reloadOK, m.reloadTime, build,
+		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures, m.config.ok, m.config.at, build,
 		&poolCollector{pools: pools}, &engineCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -180,14 +174,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 }
 
 // ConfigLoaded records the outcome of a profiles load.
-func (m *Metrics) ConfigLoaded(ok bool, at time.Time) {
-	if !ok {
-		m.reloadOK.Set(0)
-		return
-	}
-	m.reloadOK.Set(1)
-	m.reloadTime.Set(float64(at.UnixNano()) / 1e9)
-}
+func (m *Metrics) ConfigLoaded(ok bool, at time.Time) { m.config.Loaded(ok, at) }
 
 // Swap implements pool.Observer.
 func (m *Metrics) Swap(poolName, from, to, kind, result string, phases map[string]time.Duration) {

@@ -6,33 +6,40 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// TenantsReload is the state of the tenants file's reloads, registered only
-// when a tenants file is in force: poold_tenants_last_reload_successful and
-// the time of the last good load.
-type TenantsReload struct {
+// FileReload is the state of the loads of one watched file: whether the
+// last load succeeded (poold_<name>_last_reload_successful) and when the
+// last good one was (…_last_reload_success_timestamp_seconds).
+type FileReload struct {
 	ok, at prometheus.Gauge
 }
 
-// NewTenantsReload registers the tenants file's reload gauges on reg.
-func NewTenantsReload(reg prometheus.Registerer) *TenantsReload {
-	t := &TenantsReload{
+// newFileReload makes the gauges of the file named name in the metric names
+// and what in their help.
+func newFileReload(name, what string) FileReload {
+	return FileReload{
 		ok: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "poold_tenants_last_reload_successful", Help: "1 if the last tenants file load succeeded (a refused file leaves the previous one in force).",
+			Name: "poold_" + name + "_last_reload_successful", Help: "1 if the last " + what + " file load succeeded (a refused file leaves the previous one in force).",
 		}),
 		at: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "poold_tenants_last_reload_success_timestamp_seconds", Help: "Unix time of the last successful tenants file load.",
+			Name: "poold_" + name + "_last_reload_success_timestamp_seconds", Help: "Unix time of the last successful " + what + " file load.",
 		}),
 	}
-	reg.MustRegister(t.ok, t.at)
-	return t
 }
 
-// Loaded records a load of the tenants file at at: good or refused.
-func (t *TenantsReload) Loaded(ok bool, at time.Time) {
+// NewTenantsReload registers the tenants file's reload gauges on reg: only
+// when a tenants file is in force.
+func NewTenantsReload(reg prometheus.Registerer) FileReload {
+	f := newFileReload("tenants", "tenants")
+	reg.MustRegister(f.ok, f.at)
+	return f
+}
+
+// Loaded records a load of the file at at: good or refused.
+func (f FileReload) Loaded(ok bool, at time.Time) {
 	if !ok {
-		t.ok.Set(0)
+		f.ok.Set(0)
 		return
 	}
-	t.ok.Set(1)
-	t.at.Set(float64(at.UnixNano()) / 1e9)
+	f.ok.Set(1)
+	f.at.Set(float64(at.UnixNano()) / 1e9)
 }

@@ -3,8 +3,8 @@ package rdb
 import (
 	"context"
 	"fmt"
-	"math"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -65,16 +65,25 @@ return {allowed, math.floor(retry), remaining, math.floor(tat - now)}
 // clock, so that N replicas together admit no more than a tenant's limit,
 // within one request per replica of burst. When Redis cannot be reached,
 // requests are let through (OnError is told, for the warning and the
-// metric), or refused with FailClosed.
+// metric), or refused with FailClosed. Set the fields before the first
+// call.
 type Limits struct {
 	c *Client
 	// FailClosed refuses the requests that cannot be checked.
 	FailClosed bool
 	// OnError, if not nil, is called for every request that could not be
-	// checked, with why; it must not block.
+	// checked (Admit), with why; it must not block.
 	OnError func(error)
+	// OnDebitError, if not nil, is called for every Debit that could not
+	// reach Redis (the tokens were not taken), with why; it must not block.
+	OnDebitError func(error)
+	// OnRecover, if not nil, is called when a call reaches Redis after one
+	// that could not (the outage is over); it must not block.
+	OnRecover func()
 	// Timeout bounds each check; zero: 250 ms.
 	Timeout time.Duration
+
+	failing atomic.Bool // the last call that ended could not reach Redis
 }
 
 // Limits returns a tenant.Limiter on c.
@@ -89,7 +98,11 @@ func (l *Limits) run(dim string, perMinute int, cost int, mode string) (allowed 
 	res, err := gcra.Run(ctx, l.c.rc, []string{l.c.prefix + "limit:" + dim},
 		strconv.FormatFloat(period, 'f', 3, 64), strconv.FormatFloat(burst, 'f', 0, 64), cost, mode).Int64Slice()
 	if err != nil {
+		l.failing.Store(true)
 		return false, 0, 0, 0, fmt.Errorf("redis rate limit %s: %w", dim, err)
+	}
+	if l.failing.Load() && l.failing.CompareAndSwap(true, false) && l.OnRecover != nil {
+		l.OnRecover()
 	}
 	return res[0] == 1, time.Duration(res[1]) * time.Microsecond, int(res[2]), time.Duration(res[3]) * time.Microsecond, nil
 }
@@ -106,25 +119,25 @@ func (l *Limits) Admit(t *tenant.Tenant, now time.Time) tenant.Decision {
 		}
 		return tenant.Decision{Allowed: true}
 	}
-	if t.TPM > 0 {
-		ok, retry, left, reset, err := l.run("tpm:"+t.Name, t.TPM, 0, "check")
+	// Tokens first: a tenant in token debt takes no request from its bucket.
+	for _, dim := range []struct {
+		name, mode  string
+		limit, cost int
+		bucket      *tenant.Bucket
+	}{
+		{"tpm", "check", t.TPM, 0, &d.Tokens},
+		{"rpm", "take", t.RPM, 1, &d.Requests},
+	} {
+		if dim.limit <= 0 {
+			continue
+		}
+		ok, retry, left, reset, err := l.run(dim.name+":"+t.Name, dim.limit, dim.cost, dim.mode)
 		if err != nil {
 			return fail(err)
 		}
-		d.Headers = append(d.Headers, headers("tokens", t.TPM, left, reset)...)
+		*dim.bucket = tenant.Bucket{Limit: dim.limit, Remaining: left, Reset: reset}
 		if !ok {
-			d.Limit, d.RetryAfter = "tpm", retry
-			return d
-		}
-	}
-	if t.RPM > 0 {
-		ok, retry, left, reset, err := l.run("rpm:"+t.Name, t.RPM, 1, "take")
-		if err != nil {
-			return fail(err)
-		}
-		d.Headers = append(headers("requests", t.RPM, left, reset), d.Headers...)
-		if !ok {
-			d.Limit, d.RetryAfter = "rpm", retry
+			d.Limit, d.RetryAfter = dim.name, retry
 			return d
 		}
 	}
@@ -137,15 +150,7 @@ func (l *Limits) Debit(t *tenant.Tenant, now time.Time, tokens int) {
 	if t.TPM <= 0 || tokens <= 0 {
 		return
 	}
-	if _, _, _, _, err := l.run("tpm:"+t.Name, t.TPM, tokens, "debit"); err != nil && l.OnError != nil {
-		l.OnError(err)
-	}
-}
-
-func headers(dim string, limit, left int, reset time.Duration) [][2]string {
-	return [][2]string{
-		{"x-ratelimit-limit-" + dim, strconv.Itoa(limit)},
-		{"x-ratelimit-remaining-" + dim, strconv.Itoa(max(0, left))},
-		{"x-ratelimit-reset-" + dim, tenant.ResetString(time.Duration(math.Max(0, float64(reset))))},
+	if _, _, _, _, err := l.run("tpm:"+t.Name, t.TPM, tokens, "debit"); err != nil && l.OnDebitError != nil {
+		l.OnDebitError(err)
 	}
 }

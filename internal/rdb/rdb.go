@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,11 +22,23 @@ type Client struct {
 	prefix string
 }
 
-// Options configures Open. Zero values: Prefix → "fleetd:"; DialTimeout → 2 s.
+// Options configures Open. Zero values: Prefix → "fleetd:"; DialTimeout →
+// 2 s; Logger → go-redis's own lines discarded.
 type Options struct {
 	// Prefix starts every key, so that several fleets may share one Redis.
 	Prefix      string
 	DialTimeout time.Duration
+	// Logger gets go-redis's own lines (a failed dial, say) at debug level,
+	// instead of its stderr: the callers report what matters. go-redis has
+	// one logger per process, so the last Open's wins.
+	Logger *slog.Logger
+}
+
+// redisLog is a go-redis logger on a slog.Logger.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, v...))
 }
 
 // Open parses url (redis://[user:password@]host:port[/db], or rediss:// for
@@ -37,9 +50,16 @@ func Open(ctx context.Context, url string, opts Options) (*Client, error) {
 	}
 	ro.DialTimeout = cmpOr(opts.DialTimeout, 2*time.Second)
 	// Coordination is worth little late: a caller bounds each call with its
-	// context and goes its own way past it, so no retries behind its back.
+	// context and goes its own way past it, so no retries behind its back,
+	// of a command or of a dial.
 	ro.MaxRetries = -1
+	ro.DialerRetries = 1
 	ro.ContextTimeoutEnabled = true
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	redis.SetLogger(redisLog{log.With("component", "redis")})
 	c := &Client{rc: redis.NewClient(ro), prefix: opts.Prefix}
 	if c.prefix == "" {
 		c.prefix = "fleetd:"

@@ -252,12 +252,28 @@ type ModelList[M any] struct {
 	Data   []M    `json:"data"`
 }
 
-// Fleetd is the body of fleetd's GET /status: the hosts file and every host
-// with its last polled pools.
+// Fleetd is the body of fleetd's GET /status: the hosts file, the tenants
+// file when there is one, and every host with its last polled pools.
 type Fleetd struct {
 	Version   string `json:"version"`
 	HostsFile File   `json:"hostsFile"`
-	Hosts     []Host `json:"hosts"`
+	// TenantsFile and TenantLimits are absent without a tenants file.
+	TenantsFile  *File         `json:"tenantsFile,omitempty"`
+	TenantLimits *TenantLimits `json:"tenantLimits,omitempty"`
+	Hosts        []Host        `json:"hosts"`
+}
+
+// TenantLimits says where fleetd keeps its tenants' rate limits.
+type TenantLimits struct {
+	// Store is "memory" (this fleetd's own buckets) or "redis" (shared by
+	// the replicas).
+	Store string `json:"store"`
+	// FailClosed: requests whose limits the store cannot check are refused
+	// (else let through).
+	FailClosed bool `json:"failClosed"`
+	// Reachable is false while the store cannot be reached: since the last
+	// check that failed, none has succeeded.
+	Reachable bool `json:"reachable"`
 }
 
 // Host is one host in fleetd's GET /status.

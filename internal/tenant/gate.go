@@ -97,10 +97,7 @@ func (g *Gate) Admit(w http.ResponseWriter, t *Tenant) bool {
 		return true
 	}
 	d := g.limiter.Admit(t, time.Now())
-	h := w.Header()
-	for _, kv := range d.Headers {
-		h.Set(kv[0], kv[1])
-	}
+	setRateHeaders(w.Header(), d)
 	if d.Allowed {
 		return true
 	}
@@ -151,4 +148,31 @@ func (g *Gate) Debit(t *Tenant, tokens int) {
 		return
 	}
 	g.limiter.Debit(t, time.Now(), tokens)
+}
+
+// The x-ratelimit-* headers, in their canonical form (set without
+// canonicalizing each time: the gate's cost is per request).
+var (
+	requestsHeaders = [3]string{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"}
+	tokensHeaders   = [3]string{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"}
+)
+
+// setRateHeaders sets OpenAI's x-ratelimit-* headers of d on h: the limit,
+// what remains and when the bucket is full again ("1s", "6m0s", "20ms"),
+// for each dimension with a limit.
+func setRateHeaders(h http.Header, d Decision) {
+	vals := make([]string, 0, 6) // one allocation for the six values' slices
+	for i, b := range []Bucket{d.Requests, d.Tokens} {
+		if b.Limit == 0 {
+			continue
+		}
+		names := &requestsHeaders
+		if i == 1 {
+			names = &tokensHeaders
+		}
+		for j, v := range [3]string{strconv.Itoa(b.Limit), strconv.Itoa(b.Remaining), ResetString(b.Reset)} {
+			vals = append(vals, v)
+			h[names[j]] = vals[len(vals)-1 : len(vals) : len(vals)]
+		}
+	}
 }

@@ -2,7 +2,6 @@ package tenant
 
 import (
 	"math"
-	"strconv"
 	"sync"
 	"time"
 
@@ -16,10 +15,20 @@ type Decision struct {
 	Allowed    bool
 	Limit      string
 	RetryAfter time.Duration
-	// Headers are OpenAI's x-ratelimit-* headers for the answer: the limit,
-	// what remains and when the bucket is full again, for each dimension
-	// the tenant has a limit on.
-	Headers [][2]string
+	// Requests and Tokens are the state of the tenant's two buckets, for
+	// OpenAI's x-ratelimit-* headers; a zero Bucket is a dimension without
+	// a limit.
+	Requests, Tokens Bucket
+}
+
+// Bucket is the state of one of a tenant's buckets at a decision.
+type Bucket struct {
+	// Limit is the bucket's size, its limit per minute; zero: no limit.
+	Limit int
+	// Remaining is what it holds (never below zero); Reset is how long it
+	// takes to be full again.
+	Remaining int
+	Reset     time.Duration
 }
 
 // A Limiter admits a tenant's requests within its limits and is told the
@@ -99,17 +108,23 @@ func (l *Limits) Admit(t *Tenant, now time.Time) Decision {
 	if b.tok != nil {
 		if left := b.tok.TokensAt(now); left < 0 {
 			// In debt: allowed again once it is paid back.
-			return Decision{Limit: "tpm", RetryAfter: refill(-left, b.tok.Limit()), Headers: b.headers(now)}
+			d := b.state(now)
+			d.Limit, d.RetryAfter = "tpm", refill(-left, b.tok.Limit())
+			return d
 		}
 	}
 	if b.req != nil {
 		r := b.req.ReserveN(now, 1)
 		if d := r.DelayFrom(now); d > 0 {
 			r.CancelAt(now)
-			return Decision{Limit: "rpm", RetryAfter: d, Headers: b.headers(now)}
+			dec := b.state(now)
+			dec.Limit, dec.RetryAfter = "rpm", d
+			return dec
 		}
 	}
-	return Decision{Allowed: true, Headers: b.headers(now)}
+	d := b.state(now)
+	d.Allowed = true
+	return d
 }
 
 // Debit implements Limiter.
@@ -127,24 +142,18 @@ func (l *Limits) Debit(t *Tenant, now time.Time, tokens int) {
 	}
 }
 
-// headers are the x-ratelimit-* headers of b at now.
-func (b *buckets) headers(now time.Time) [][2]string {
-	var h [][2]string
-	add := func(dim string, lim *rate.Limiter) {
-		left := lim.TokensAt(now)
-		h = append(h,
-			[2]string{"x-ratelimit-limit-" + dim, strconv.Itoa(lim.Burst())},
-			[2]string{"x-ratelimit-remaining-" + dim, strconv.Itoa(int(math.Max(0, math.Floor(left))))},
-			[2]string{"x-ratelimit-reset-" + dim, ResetString(refill(float64(lim.Burst())-left, lim.Limit()))},
-		)
+// state is the Decision of b at now, but for its verdict.
+func (b *buckets) state(now time.Time) Decision {
+	return Decision{Requests: bucketAt(b.req, now), Tokens: bucketAt(b.tok, now)}
+}
+
+// bucketAt is lim's state at now; a nil lim is no limit.
+func bucketAt(lim *rate.Limiter, now time.Time) Bucket {
+	if lim == nil {
+		return Bucket{}
 	}
-	if b.req != nil {
-		add("requests", b.req)
-	}
-	if b.tok != nil {
-		add("tokens", b.tok)
-	}
-	return h
+	left := lim.TokensAt(now)
+	return Bucket{Limit: lim.Burst(), Remaining: int(math.Max(0, math.Floor(left))), Reset: refill(float64(lim.Burst())-left, lim.Limit())}
 }
 
 // refill is how long r takes to put n tokens back.

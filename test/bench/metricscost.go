@@ -12,13 +12,8 @@ import (
 // throughput (target: on ≥ target × off). check, run after the rounds,
 // records a problem unless the setting took effect.
 func (b *bench) settingCost(ctx context.Context, id, feature string, offFlags []string, target float64, check func(on, off *proc) error) error {
-	on, off, err := b.startPair(ctx, id, offFlags)
-	if on != nil {
-		defer on.stop()
-	}
-	if off != nil {
-		defer off.stop()
-	}
+	on, off, stop, err := b.startPair(ctx, id, nil, offFlags)
+	defer stop()
 	if err != nil {
 		return err
 	}
@@ -50,20 +45,27 @@ func (b *bench) w2u(ctx context.Context) error {
 	return b.settingCost(ctx, "2u", "usage ledger", []string{"--usage=false"}, .95, b.checkLedgerSetting)
 }
 
-// startPair starts the two poolds of a settingCost workload and waits until
-// both serve. It returns those it started even when it fails, for the
-// caller to stop.
-func (b *bench) startPair(ctx context.Context, id string, offFlags []string) (on, off *proc, err error) {
+// startPair starts the two poolds of a workload that compares a setting on
+// and off, the first with onFlags and the second with offFlags, and waits
+// until both serve. stop stops those it started, even when it fails.
+func (b *bench) startPair(ctx context.Context, id string, onFlags, offFlags []string) (on, off *proc, stop func(), err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	stop = func() {
+		for _, p := range []*proc{on, off} {
+			if p != nil {
+				p.stop()
+			}
+		}
+	}
 	profs := profiles(map[string][]string{mFast: nil}, false)
-	if on, err = startPoold(b.dir, "poold-"+id+"-on", b.bin, profs); err != nil {
-		return nil, nil, err
+	if on, err = startPoold(b.dir, "poold-"+id+"-on", b.bin, profs, onFlags...); err != nil {
+		return nil, nil, stop, err
 	}
 	if off, err = startPoold(b.dir, "poold-"+id+"-off", b.bin, profs, offFlags...); err != nil {
-		return on, nil, err
+		return on, nil, stop, err
 	}
-	return on, off, errors.Join(waitPoolsReady(ctx, on), waitPoolsReady(ctx, off))
+	return on, off, stop, errors.Join(waitPoolsReady(ctx, on), waitPoolsReady(ctx, off))
 }
 
 // checkMetricsSetting records a problem unless on counted requests and off

@@ -133,6 +133,7 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 		{"1", "non-streaming, concurrency 1", b.w1},
 		{"1f", "concurrency 1 through fleetd → poold", b.w1f},
 		{"1c", "a cold burst through fleetd", b.w1c},
+		{"1t", "concurrency 1 with a tenants file of 10,000 tenants and without", b.w1t},
 		{"2", "non-streaming, concurrency 16", b.w2},
 		{"2m", "non-streaming, concurrency 16, poold's request metrics on and off", b.w2m},
 		{"2u", "non-streaming, concurrency 16, poold's usage ledger on and off", b.w2u},

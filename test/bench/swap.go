@@ -313,11 +313,15 @@ func (b *bench) w7(ctx context.Context) error {
 
 type benchStat struct{ ns, bytes, allocs float64 }
 
-// goBench runs one Go benchmark five times with -benchmem and returns the
+// goBench runs one Go benchmark five times (once in smoke mode) with -benchmem and returns the
 // median figures of each sub-benchmark, keyed by name without the -GOMAXPROCS
 // suffix.
 func goBench(ctx context.Context, b *bench, pkg, pattern string) (map[string]benchStat, error) {
-	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", pattern, "-benchmem", "-benchtime", "200ms", "-count", "5", pkg)
+	count := "5"
+	if b.o.benchtime != defaults().benchtime {
+		count = "1" // smoke: correctness only
+	}
+	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", pattern, "-benchmem", "-benchtime", b.o.benchtime, "-count", count, pkg)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("go test -bench %s %s: %w\n%s", pattern, pkg, err, out)

@@ -194,8 +194,8 @@ scrape_configs:
 			}
 		}
 	}
-	if n != 31 {
-		t.Errorf("Prometheus loaded %d rules, want 31", n)
+	if n != 32 {
+		t.Errorf("Prometheus loaded %d rules, want 32", n)
 	}
 	// Every dashboard query is valid PromQL for this server.
 	raw, err := os.ReadFile("../../deploy/grafana/poold-dashboard.json")

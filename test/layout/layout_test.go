@@ -33,7 +33,7 @@ var allowed = map[string][]string{
 	"internal/pool":        {"internal/profile", "internal/placement", "internal/statusapi"},
 	"internal/metrics":     {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},
 	"internal/proxy":       {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics", "internal/tenant"},
-	"internal/fleet":       {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement"},
+	"internal/fleet":       {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement", "internal/tenant"},
 	"internal/usage":       {"internal/metrics", "internal/pool", "internal/statusapi", "internal/openai"},
 	"internal/pgtest":      nil,
 	"internal/enginestats": {"internal/statusapi"},

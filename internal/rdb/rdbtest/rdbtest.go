@@ -18,7 +18,24 @@ import (
 // Start runs redis-server for t and returns its URL (redis://127.0.0.1:PORT).
 // Without redis-server on PATH the test is skipped, or fails when the
 // environment sets REQUIRE_TOOLS=1 (as CI does).
-func Start(t testing.TB) string {
+func Start(t testing.TB) string { return Run(t).URL }
+
+// Server is a redis-server that a test may stop and start again on the same
+// port (an outage and its end). Its methods are for the test's goroutine.
+type Server struct {
+	// URL is redis://127.0.0.1:PORT, the same across restarts.
+	URL string
+
+	t      testing.TB
+	bin    string
+	dir    string
+	port   int
+	cmd    *exec.Cmd  // nil while stopped
+	exited chan error // cmd's Wait
+}
+
+// Run is Start, returning the server so that the test may stop it.
+func Run(t testing.TB) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -27,36 +44,55 @@ func Start(t testing.TB) string {
 		}
 		t.Skip("redis-server is not installed (apt-get install redis-server)")
 	}
-	dir := t.TempDir()
-	port := freePort(t)
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-		"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--logfile", filepath.Join(dir, "redis.log"))
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), port: freePort(t)}
+	s.URL = "redis://" + s.addr()
+	t.Cleanup(s.Stop)
+	s.Start()
+	return s
+}
+
+func (s *Server) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Start starts the server (again) and returns once it answers PING; the
+// data of a stopped server is gone.
+func (s *Server) Start() {
+	s.t.Helper()
+	if s.cmd != nil {
+		return
+	}
+	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
+		"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--logfile", filepath.Join(s.dir, "redis.log"))
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting redis-server: %v", err)
+		s.t.Fatalf("starting redis-server: %v", err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	s.cmd, s.exited = cmd, exited
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if ping(addr) {
-			return "redis://" + addr
-		}
+	for !ping(s.addr()) {
 		select {
 		case err := <-exited:
-			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-			t.Fatalf("redis-server exited: %v\n%s", err, log)
+			s.cmd = nil
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			s.t.Fatalf("redis-server exited: %v\n%s", err, log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("redis-server did not answer within 30s")
+			s.t.Fatal("redis-server did not answer within 30s")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Stop kills the server and waits for it to exit; a stopped server stays
+// stopped.
+func (s *Server) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+	s.cmd = nil
 }
 
 // ping reports whether a Redis at addr answers PING.
