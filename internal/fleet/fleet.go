@@ -211,6 +211,9 @@ func (f *Fleet) LoadFile(path string) error {
 	f.metrics.reloaded(true)
 	hash := hex.EncodeToString(sum[:])
 	if f.fstat.SHA256 == hash && f.fstat.Path == path {
+		if f.fstat.LastError != nil {
+			f.log.Info("hosts file valid again; the hosts in force are unchanged", "path", path)
+		}
 		f.fstat.LastError = nil
 		return nil
 	}

@@ -109,7 +109,7 @@ type Handler struct {
 	rp    *httputil.ReverseProxy
 	tr    *upstream.Transport // the hosts' connections, rp's Transport
 	mux   *http.ServeMux
-	root  http.Handler  // mux, behind the tenants' gate when there is one
+	root  http.Handler  // mux with OpenAI-shaped 404 and 405, behind the tenants' gate when there is one
 	gate  *tenant.Gate  // nil: no tenants file
 	seq   atomic.Uint64 // request ids
 	// claims are the new copies claimed by this fleetd, or learnt from
@@ -166,13 +166,14 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
 	mux.HandleFunc("GET /v1/models", h.serveModels)
+	mux.HandleFunc("GET /v1/models/{id...}", h.serveModel)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, map[string]string{"status": "ok"}) })
 	h.mux = mux
-	h.root = mux
+	h.root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { openai.ServeMux(mux, w, r) })
 	if opts.Tenants != nil {
 		h.gate = opts.Tenants.gate
-		h.root = h.gate.Require(mux)
+		h.root = h.gate.Require(h.root)
 	}
 	return h
 }
@@ -180,6 +181,8 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 // Handle adds another route (such as /metrics).
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
+// ServeHTTP serves r through the mux (behind the tenants' gate when there
+// is one), whose 404 and 405 are OpenAI-shaped.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.root.ServeHTTP(w, r) }
 
 // Close closes the idle connections to hosts and stops their sweep. Call it
@@ -706,6 +709,7 @@ func (h *Handler) unknownModel(hosts map[string]*host, name string, t *tenant.Te
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
 }

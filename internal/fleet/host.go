@@ -29,6 +29,8 @@ type hostModel struct {
 	Root  string   `json:"root"` // the canonical profile id
 	State string   `json:"state"`
 	Pools []string `json:"pools"` // eligible pools; empty means all
+	// MaxModelLen is the host's max_model_len for it; 0 when not given.
+	MaxModelLen int `json:"max_model_len"`
 }
 
 // itlWindow is how long an observed inter-chunk gap stays meaningful
