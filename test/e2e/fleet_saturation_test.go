@@ -45,7 +45,7 @@ func (f *fleetd) poolLoad(host string) (inFlight, waiting int) {
 
 // Two hosts with model a awake and a third with an empty pool; poold admits
 // as many requests as the engine's --max-num-seqs and queues the rest. Host
-// 1, past 10 waiting, is saturated, and host 2 about as loaded but not:
+// 1, past 10 waiting, is saturated, and host 2 a little less loaded but not:
 // fleetd's requests all go to host 2 (by load alone, affinity would spread
 // them over both). Both saturated: the third host loads a copy. Once the
 // load is gone for the scale-in window, fleetd unloads that copy through
@@ -67,9 +67,11 @@ func TestFleetSaturation(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	// Host 1: 2 running and 11 waiting, saturated; host 2: 4 running and 8
-	// waiting (9 with fleetd's request), not.
-	stop1 := flood(t, hosts[0], 13)
+	// Host 1: 2 running and 14 waiting, saturated even in the moment
+	// between a request's end and its client's next (when both running
+	// requests end together, 12 wait); host 2: 4 running and 8 waiting (9
+	// with fleetd's request), not.
+	stop1 := flood(t, hosts[0], 16)
 	defer stop1()
 	stop2 := flood(t, hosts[1], 12)
 	defer stop2()
@@ -94,7 +96,7 @@ func TestFleetSaturation(t *testing.T) {
 	}
 
 	// Both saturated: host 3 loads a copy.
-	stop3 := flood(t, hosts[1], 4) // 4 running and 12 waiting
+	stop3 := flood(t, hosts[1], 8) // 4 running and 16 waiting, 12 as its 4 end
 	defer stop3()
 	poll(t, 30*time.Second, "fleetd sees host2 saturated", func() bool { _, w := f.poolLoad("host2"); return w > 10 })
 	code, host, body, err := f.post(ctx, `{"model": "a", "max_tokens": 2, "messages": [{"role": "user", "content": "one more"}]}`)
