@@ -121,6 +121,7 @@ func TestRestartKeepsEngines(t *testing.T) {
 		[]pool{{Name: "p0", GPUs: []int{0}, Default: "a", Extra: map[string]any{"minResidency": "0s", "maxSleeping": 1}}, {Name: "p1", GPUs: []int{1}, Default: "b"}},
 		[]sim{a, c, loadingSim("b", "p1")}, nil)
 	args := keepArgs(state, time.Minute)
+	t.Log("without systemd: the steps of the unit's `systemctl restart` (KillMode=process) run by hand: SIGTERM to poold alone, then a new poold on the same state directory")
 
 	d1 := startPoold(t, tag, profiles, args...)
 	d1.serving("p0", "a")
