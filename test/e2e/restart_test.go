@@ -161,6 +161,9 @@ func TestRestartKeepsEngines(t *testing.T) {
 	if ad := d2.adoption("p0"); len(ad) != 2 || !ad[0].Adopted || !ad[1].Adopted {
 		t.Errorf("p0's adoption: %+v, want both engines adopted", ad)
 	}
+	if out, err := exec.Command(pooldBin, "stop-engines", "--state-dir", state).CombinedOutput(); err == nil || !strings.Contains(string(out), "in use by another poold") {
+		t.Errorf("poold stop-engines while poold runs: %v, %s; want it refused", err, out)
+	}
 	d2.chat("a") // wakes the adopted sleeper
 	if got := d2.serving("p0", "a"); got != aPID {
 		t.Errorf("p0 serves a from pid %d after the wake, want the sleeper's %d", got, aPID)
@@ -288,7 +291,8 @@ func TestCrashWithoutRestart(t *testing.T) {
 }
 
 // TestRestartWithoutKeep: with keep-engines-on-restart off, a shutdown
-// stops the engines and the next poold loads afresh.
+// stops the engines and the next poold loads afresh; a poold started with
+// it off after one that kept its engines stops those and loads afresh too.
 func TestRestartWithoutKeep(t *testing.T) {
 	tag := t.Name()
 	state := filepath.Join(t.TempDir(), "state")
@@ -300,11 +304,23 @@ func TestRestartWithoutKeep(t *testing.T) {
 		t.Fatalf("engine %d outlived poold's shutdown with keep-engines-on-restart off", pid)
 	}
 	waitNoProcess(t, tag, 30*time.Second)
-	d2 := startPoold(t, tag, profiles, "--state-dir", state)
-	if got := d2.serving("p0", "a"); got == pid {
-		t.Errorf("p0 serves a from the old pid %d", got)
+	d2 := startPoold(t, tag, profiles, keepArgs(state, time.Minute)...)
+	kept := d2.serving("p0", "a")
+	if kept == pid {
+		t.Errorf("p0 serves a from the old pid %d", kept)
 	}
 	if n := d2.engineStarts(); n != 1 {
 		t.Errorf("%d engines started after the restart, want 1", n)
+	}
+	d2.stop()
+	if !alive(kept) {
+		t.Fatalf("engine %d did not outlive poold's shutdown with keep-engines-on-restart on", kept)
+	}
+	d3 := startPoold(t, tag, profiles, "--state-dir", state)
+	if got := d3.serving("p0", "a"); got == kept {
+		t.Errorf("p0 serves a from the kept engine %d with keep-engines-on-restart off", got)
+	}
+	if alive(kept) {
+		t.Errorf("the kept engine %d still runs under a poold with keep-engines-on-restart off", kept)
 	}
 }
