@@ -111,7 +111,7 @@ func (s *Shims) start(cmd *exec.Cmd, path string, spawn spawner) (*shim.Conn, er
 func (e *engine) follow() (out io.ReadCloser, wait func() error) {
 	r, w := io.Pipe()
 	h := e.conn.Hello
-	seen := len(h.Backlog) - h.Unseen
+	seen := max(0, len(h.Backlog)-h.Unseen)
 	for _, line := range h.Backlog[:seen] {
 		e.logs.add(line)
 	}
