@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/poold/poold/internal/shim"
@@ -14,6 +16,10 @@ import (
 // Adoption: a poold that starts takes over the engines that its
 // predecessor left running under their shims, once each passes
 // verification, instead of loading its models again.
+
+// errNotRecorded is the verification's finding that an engine's process is
+// not the one recorded: it exited, or its pid is another process's now.
+var errNotRecorded = errors.New("is gone, or is not the recorded process")
 
 // adoptTimeout bounds each engine's verification: the attach to its shim,
 // and each of the calls to the engine.
@@ -58,7 +64,14 @@ func (p *Pool) adopt(ctx context.Context, rec LedgerEngine) bool {
 	}
 	if err := p.verify(ctx, e, rec); err != nil {
 		p.noteAdoption(rec, err)
-		if stopErr := e.stop(e.profile.StopTimeout.Duration, p.log); stopErr != nil {
+		// An engine whose process is not the recorded one is stopped by
+		// its shim, which alone knows its child: its pid and group may
+		// be another's now.
+		stop := e.stop
+		if errors.Is(err, errNotRecorded) {
+			stop = e.stopThroughShim
+		}
+		if stopErr := stop(e.profile.StopTimeout.Duration, p.log); stopErr != nil {
 			p.log.Error("stopping the engine not adopted", "profile", rec.Profile, "pid", rec.PID, "err", stopErr)
 		}
 		removeShimFiles(rec.Shim)
@@ -121,7 +134,7 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 // profile in force would run it, and that it answers as recorded.
 func (p *Pool) verify(ctx context.Context, e *engine, rec LedgerEngine) error {
 	if st, err := procStat(rec.PID); err != nil || st.start != rec.StartTicks || st.state == 'Z' || isClosed(e.exited) {
-		return fmt.Errorf("its process %d is gone (or its pid went to another process)", rec.PID)
+		return fmt.Errorf("its process %d %w", rec.PID, errNotRecorded)
 	}
 	if e.conn.Hello.Fingerprint != shim.Fingerprint(e.argv, e.env) {
 		return errors.New("its profile changed while poold was down (another command or environment)")
@@ -197,4 +210,27 @@ func (p *Pool) noteAdoption(rec LedgerEngine, err error) {
 	p.mu.Lock()
 	p.adoption = append(p.adoption, a)
 	p.mu.Unlock()
+}
+
+// stopThroughShim stops an engine that is not to be adopted through its
+// shim, with SIGTERM, which makes the shim stop the engine under the stop
+// contract (its own grace) and end; it waits for the shim's report of the
+// exit, at most grace and the SIGKILL wait.
+func (e *engine) stopThroughShim(grace time.Duration, log *slog.Logger) error {
+	pid := e.conn.Hello.ShimPID
+	if pid <= 0 {
+		return errors.New("the shim did not say its pid")
+	}
+	log.Info("stopping an engine through its shim", "profile", e.profile.ID, "pid", e.pid, "shim_pid", pid)
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !isClosed(e.exited) {
+		return fmt.Errorf("signalling the shim %d: %w", pid, err)
+	}
+	t := time.NewTimer(grace + killWait + outputWait)
+	defer t.Stop()
+	select {
+	case <-e.exited:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("the shim %d did not report its engine's exit within %s", pid, grace+killWait+outputWait)
+	}
 }

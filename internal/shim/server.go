@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,7 +169,7 @@ func (s *server) attach(c net.Conn) {
 	}
 	unseen := min(s.total-int(s.seen.Load()), len(s.ring))
 	p := &peer{conn: c, out: make(chan queued, queueLen), done: make(chan struct{})}
-	p.out <- queued{Message{Kind: KindHello, Protocol: Protocol, PID: s.pid, Fingerprint: s.opts.Fingerprint, Backlog: append([]string(nil), s.ring...), Unseen: unseen}, s.total}
+	p.out <- queued{Message{Kind: KindHello, Protocol: Protocol, PID: s.pid, ShimPID: os.Getpid(), Fingerprint: s.opts.Fingerprint, Backlog: append([]string(nil), s.ring...), Unseen: unseen}, s.total}
 	go s.write(p)
 	go func() { // a poold sends nothing: a read ends when it goes
 		_, _ = io.Copy(io.Discard, c)

@@ -48,14 +48,16 @@ const (
 // per line. Which fields are set depends on Kind.
 type Message struct {
 	Kind string `json:"kind"`
-	// Protocol, PID, Fingerprint, Backlog and Unseen are a hello's: the
-	// shim's protocol version, the engine's pid, the fingerprint of the
+	// Protocol, PID, ShimPID, Fingerprint, Backlog and Unseen are a
+	// hello's: the shim's protocol version, the engine's pid, the shim's own
+	// (a SIGTERM to it stops the engine), the fingerprint of the
 	// engine's command and environment that the poold starting it gave
 	// (Options.Fingerprint), the engine's last output lines (oldest first),
 	// and how many of those, the last ones, no poold has received: they
 	// were printed while none was attached.
 	Protocol    int      `json:"protocol,omitempty"`
 	PID         int      `json:"pid,omitempty"`
+	ShimPID     int      `json:"shimPid,omitempty"`
 	Fingerprint string   `json:"fingerprint,omitempty"`
 	Backlog     []string `json:"backlog,omitempty"`
 	Unseen      int      `json:"unseen,omitempty"`

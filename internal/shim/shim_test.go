@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -138,7 +139,7 @@ func TestAttachedPooldGetsLinesThenExit(t *testing.T) {
 	s := startShim(t, newFakeEngine(false), time.Minute)
 	s.print(t, "one", "two", "three", "four")
 	c := s.attach(t)
-	if h := c.Hello; h.PID != 4242 || h.Fingerprint != "fp" || strings.Join(h.Backlog, ",") != "two,three,four" || h.Unseen != 3 || h.Protocol != Protocol {
+	if h := c.Hello; h.PID != 4242 || h.ShimPID != os.Getpid() || h.Fingerprint != "fp" || strings.Join(h.Backlog, ",") != "two,three,four" || h.Unseen != 3 || h.Protocol != Protocol {
 		t.Fatalf("hello %+v: want pid 4242, the last 3 lines, all unseen", h)
 	}
 	s.print(t, "five")
