@@ -283,13 +283,19 @@ func (e *engine) tree() tree {
 		t.pgid = e.pid
 		return t
 	}
+	return groupTree(e.pid, e.token, e.startTicks)
+}
+
+// groupTree is the tree of an engine in process-group mode whose leader is
+// pid, started at start, marked with token (treeMembers).
+func groupTree(pid int, token string, start uint64) tree {
 	// What one scan found stays the engine's while it runs: a process whose
 	// parent died meanwhile (SIGTERMed first, say) is still known.
 	known := make(map[int]uint64)
 	return tree{
-		what:    fmt.Sprintf("process group %d", e.pid),
-		pgid:    e.pid,
-		members: func() []int { return treeMembers(e.pid, e.token, e.startTicks, true, known) },
+		what:    fmt.Sprintf("process group %d", pid),
+		pgid:    pid,
+		members: func() []int { return treeMembers(pid, token, start, true, known) },
 	}
 }
 

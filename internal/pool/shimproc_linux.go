@@ -95,12 +95,7 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 	if st, err := procStat(pid); err == nil {
 		start = st.start
 	}
-	known := make(map[int]uint64)
-	eng := &shimmedEngine{wait: wait, grace: c.Grace, log: log, tree: tree{
-		what:    fmt.Sprintf("process group %d", pid),
-		pgid:    pid,
-		members: func() []int { return treeMembers(pid, c.Token, start, true, known) },
-	}}
+	eng := &shimmedEngine{wait: wait, grace: c.Grace, log: log, tree: groupTree(pid, c.Token, start)}
 	log.Info("engine started", "pid", pid)
 	err = shim.Serve(ctx, ln, pid, eng, out, shim.Options{AdoptTimeout: c.AdoptTimeout, Fingerprint: c.Fingerprint, Log: log})
 	log.Info("shim exiting", "engine_exit", err)
