@@ -37,6 +37,7 @@ FUZZTIME ?= 5s
 fuzz-smoke:
 	$(GO) test -run '^$$' -fuzz '^FuzzRewrite$$' -fuzztime $(FUZZTIME) ./internal/openai/
 	$(GO) test -run '^$$' -fuzz '^FuzzSSEReader$$' -fuzztime $(FUZZTIME) ./internal/openai/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseForm$$' -fuzztime $(FUZZTIME) ./internal/openai/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/profile/
 	$(GO) test -run '^$$' -fuzz '^FuzzRouteOf$$' -fuzztime $(FUZZTIME) ./internal/proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzTransport$$' -fuzztime $(FUZZTIME) ./internal/upstream/

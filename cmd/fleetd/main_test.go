@@ -75,12 +75,12 @@ func TestStatusTable(t *testing.T) {
 
 func TestSettings(t *testing.T) {
 	t.Setenv("FLEETD_HOSTS", "/env/hosts.json")
-	t.Setenv("FLEETD_SCALE_OUT_WAIT", "5s")
-	s, err := loadSettings([]string{"--scale-out-wait", "3s", "--load-slack", "0", "--retry-silent=false", "--read-timeout", "5s"})
+	t.Setenv("FLEETD_SCALE_IN_WINDOW", "5s")
+	s, err := loadSettings([]string{"--scale-in-window", "3s", "--scale-out=false", "--load-slack", "0", "--retry-silent=false", "--read-timeout", "5s"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Hosts != "/env/hosts.json" || s.Handler.ScaleOutWait != 3*time.Second || s.Handler.LoadSlack != 0 ||
+	if s.Hosts != "/env/hosts.json" || s.Fleet.ScaleInWindow != 3*time.Second || s.Handler.ScaleOut || s.Handler.LoadSlack != 0 ||
 		s.Fleet.PollInterval != fleet.DefaultPollInterval || s.Handler.AffinityHeader != fleet.DefaultAffinityHeader ||
 		!s.Fleet.KeepSilent || s.ReadTimeout != 5*time.Second || s.Fleet.SilentAfter != fleet.DefaultSilentAfter ||
 		s.Handler.AffinityEpsilon != fleet.DefaultAffinityEpsilon || s.MaxHeaderBytes != 1<<20 {
@@ -90,8 +90,9 @@ func TestSettings(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte(" sk-host \n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err = loadSettings([]string{"--api-keys", "sk-a,sk-b", "--host-api-key-file", keyFile})
-	if err != nil || s.APIKeys == nil || s.Fleet.PollKey != "sk-host" {
+	s, err = loadSettings([]string{"--api-keys", "sk-a,sk-b", "--host-api-key-file", keyFile, "--host-admin-token-file", keyFile})
+	if err != nil || s.APIKeys == nil || s.Fleet.PollKey != "sk-host" || s.Fleet.AdminToken != "sk-host" ||
+		!s.Handler.ScaleOut || s.Fleet.ScaleInWindow != 5*time.Second { // FLEETD_SCALE_IN_WINDOW
 		t.Fatalf("keys: %v, %+v", err, s)
 	}
 	s, err = loadSettings([]string{"--tenants", "/etc/poold/tenants.json", "--redis-url", "redis://127.0.0.1:6379", "--redis-fail-closed", "--redis-timeout", "1s"})
@@ -109,9 +110,9 @@ func TestSettings(t *testing.T) {
 	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err = loadSettings([]string{"--poll-interval", "0s", "--log-format", "xml", "--scale-out-wait", "-1s",
+	_, err = loadSettings([]string{"--poll-interval", "0s", "--log-format", "xml", "--scale-in-window", "500ms", "--host-admin-token-file", empty,
 		"--api-keys", "sha256:zz", "--host-api-key-file", empty, "--silent-after", "0", "--read-timeout", "-1s", "--affinity-epsilon", "-0.5"})
-	for _, want := range []string{"hosts: a hosts file is required", "poll-interval: must be positive", `log-format: "xml"`, "scale-out-wait: must not be negative",
+	for _, want := range []string{"hosts: a hosts file is required", "poll-interval: must be positive", `log-format: "xml"`, "scale-in-window: 500ms is shorter than 1s", "host-admin-token-file: " + strconv.Quote(empty) + " holds no token",
 		"silent-after: must be positive", "read-timeout: must not be negative", "affinity-epsilon: must not be negative",
 		"api-keys: api key 0: sha256: must be followed by 64 hex digits", "host-api-key-file: " + strconv.Quote(empty) + " holds no key"} {
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -17,7 +17,7 @@ import (
 
 // settings are fleetd's own settings (the hosts file says where to route).
 // Precedence, highest first: flags, FLEETD_* environment variables (dashes
-// become underscores: FLEETD_SCALE_OUT_WAIT), defaults.
+// become underscores: FLEETD_SCALE_IN_WINDOW), defaults.
 type settings struct {
 	Listen          string
 	Hosts           string
@@ -71,7 +71,8 @@ func serveFlags() *pflag.FlagSet {
 	cli.BytesFlag(fl, "affinity-bytes", fleet.DefaultAffinityBytes, "bytes of the first message that key affinity when the header is absent")
 	fl.Float64("affinity-epsilon", fleet.DefaultAffinityEpsilon, "a session stays on its host while the host's load is within (1+ε)× the mean")
 	fl.Int("load-slack", fleet.DefaultLoadSlack, "requests by which a host may exceed the least loaded one and still keep its sessions, whatever the mean")
-	fl.Duration("scale-out-wait", fleet.DefaultScaleOutWait, "queue wait of every awake copy above which another copy is loaded on an idle host (0 disables)")
+	fl.Bool("scale-out", true, "load another copy of a model on a host that can take it when every awake copy is saturated")
+	fl.Duration("scale-in-window", fleet.DefaultScaleInWindow, "how long a model's copies must stay unsaturated before a copy this fleetd loaded by scaling out is unloaded (needs host-admin-token-file); the hosts file may set it per model")
 	fl.Duration("scale-out-cooldown", fleet.DefaultScaleOutCooldown, "least time between two scale-outs of one model by this fleetd, times a factor in [1, 2) drawn at start")
 	fl.Duration("claim-lease", fleet.DefaultClaimLease, "how long a claim of a model's new copy (cold load or scale-out) sends its model's requests to the claimed host")
 	fl.String("redis-url", "", "Redis shared by the replicas (redis://host:port[/db]): claims of new copies, so that replicas load one copy, and the tenants' rate limits")
@@ -84,6 +85,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys fleetd itself requires on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.String("host-api-key-file", "", "file holding the API key fleetd presents on its polls of hosts whose poold requires keys")
+	fl.String("host-admin-token-file", "", "file holding the hosts' admin token (poold's admin-token), with which scale-in unloads the copies scale-out loaded")
 	return fl
 }
 
@@ -108,12 +110,13 @@ func loadSettings(args []string) (settings, error) {
 		RedisFailClosed:   v.Bool("redis-fail-closed"),
 		Tenants:           v.String("tenants"),
 		Fleet: fleet.Options{
-			PollInterval: v.Duration("poll-interval"),
-			PollTimeout:  v.Duration("poll-timeout"),
-			SilentAfter:  v.Int("silent-after"),
-			EjectAfter:   v.Int("eject-after"),
-			MaxBackoff:   v.Duration("max-backoff"),
-			KeepSilent:   !v.Bool("retry-silent"),
+			PollInterval:  v.Duration("poll-interval"),
+			PollTimeout:   v.Duration("poll-timeout"),
+			SilentAfter:   v.Int("silent-after"),
+			EjectAfter:    v.Int("eject-after"),
+			MaxBackoff:    v.Duration("max-backoff"),
+			KeepSilent:    !v.Bool("retry-silent"),
+			ScaleInWindow: v.Duration("scale-in-window"),
 		},
 		Handler: fleet.HandlerOptions{
 			MaxBodyBytes:     v.Bytes("max-body-bytes"),
@@ -123,7 +126,7 @@ func loadSettings(args []string) (settings, error) {
 			AffinityBytes:    int(v.Bytes("affinity-bytes")),
 			AffinityEpsilon:  v.Float64("affinity-epsilon"),
 			LoadSlack:        v.Int("load-slack"),
-			ScaleOutWait:     v.Duration("scale-out-wait"),
+			ScaleOut:         v.Bool("scale-out"),
 			ScaleOutCooldown: v.Duration("scale-out-cooldown"),
 			ClaimLease:       v.Duration("claim-lease"),
 			ClaimTimeout:     v.Duration("redis-timeout"),
@@ -141,14 +144,14 @@ func loadSettings(args []string) (settings, error) {
 	if s.RedisFailClosed && s.RedisURL == "" {
 		errs = append(errs, errors.New("redis-fail-closed: needs redis-url (without it, the limits are kept in memory and always checked)"))
 	}
-	if file := v.String("host-api-key-file"); file != "" {
-		b, err := os.ReadFile(file)
-		switch s.Fleet.PollKey = strings.TrimSpace(string(b)); {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("host-api-key-file: %w", err))
-		case s.Fleet.PollKey == "":
-			errs = append(errs, fmt.Errorf("host-api-key-file: %q holds no key", file))
-		}
+	if s.Fleet.PollKey, err = secretFile(v, "host-api-key-file", "key"); err != nil {
+		errs = append(errs, err)
+	}
+	if s.Fleet.AdminToken, err = secretFile(v, "host-admin-token-file", "token"); err != nil {
+		errs = append(errs, err)
+	}
+	if s.Fleet.ScaleInWindow < time.Second {
+		errs = append(errs, fmt.Errorf("scale-in-window: %s is shorter than 1s", s.Fleet.ScaleInWindow))
 	}
 	if err := s.LogLevel.UnmarshalText([]byte(v.String("log-level"))); err != nil {
 		errs = append(errs, fmt.Errorf("log-level: %w", err))
@@ -184,9 +187,6 @@ func loadSettings(args []string) (settings, error) {
 	if s.Handler.AffinityEpsilon < 0 {
 		errs = append(errs, errors.New("affinity-epsilon: must not be negative"))
 	}
-	if s.Handler.ScaleOutWait < 0 {
-		errs = append(errs, errors.New("scale-out-wait: must not be negative (0 disables scale-out)"))
-	}
 	if s.Handler.LoadSlack < 0 {
 		errs = append(errs, errors.New("load-slack: must not be negative"))
 	}
@@ -194,6 +194,24 @@ func loadSettings(args []string) (settings, error) {
 		errs = append(errs, errors.New("affinity-header: must not be empty"))
 	}
 	return s, errors.Join(errs...)
+}
+
+// secretFile returns the secret (a key, a token) held by the file that
+// setting names, or "" when the setting is empty.
+func secretFile(v *cli.Settings, setting, what string) (string, error) {
+	file := v.String(setting)
+	if file == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(file)
+	secret := strings.TrimSpace(string(b))
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%s: %w", setting, err)
+	case secret == "":
+		return "", fmt.Errorf("%s: %q holds no %s", setting, file, what)
+	}
+	return secret, nil
 }
 
 // newLogger builds fleetd's logger on stderr.

@@ -30,6 +30,9 @@ type reloader struct {
 	m      *metrics.Metrics
 	notify *notifier
 	log    *slog.Logger
+	// cfg is the profiles in force; only the reloading goroutine uses it
+	// once the reloader runs.
+	cfg *profile.Config
 
 	mu       sync.Mutex // guards the fields below
 	sum      [sha256.Size]byte
@@ -64,17 +67,46 @@ func (r *reloader) reload(trigger string) {
 		r.mu.Unlock()
 		return
 	}
-	changes := r.pools.Apply(cfg)
+	diff := profile.Diff(r.cfg, cfg)
+	notes := r.pools.Apply(cfg)
 	r.h.SetConfig(cfg)
 	r.m.Configure(cfg)
-	for _, c := range changes {
-		r.log.Info("profiles reload", "change", c)
+	r.cfg = cfg
+	for _, n := range notes {
+		r.log.Info("profiles reload", "change", n)
 	}
 	r.m.ConfigLoaded(true, now)
 	r.mu.Lock()
 	r.sum, r.loadedAt, r.lastErr = sum, now, nil
 	r.mu.Unlock()
-	r.log.Info("profiles reloaded", "trigger", trigger, "path", r.path, "sha256", hex.EncodeToString(sum[:]), "changes", len(changes))
+	r.log.Info("profiles reloaded", append([]any{"trigger", trigger, "path", r.path, "sha256", hex.EncodeToString(sum[:])}, changeAttrs(diff)...)...)
+}
+
+// changeAttrs are the log attributes that say what a reload changed: the
+// profiles added, removed and changed, the pools added, removed and changed,
+// and every pool affected; only the lists that are not empty, or
+// "no_change" when all are.
+func changeAttrs(c profile.Changes) []any {
+	if c.None() {
+		return []any{"no_change", true}
+	}
+	var attrs []any
+	for _, l := range []struct {
+		key   string
+		names []string
+	}{
+		{"profiles_added", c.ProfilesAdded}, {"profiles_removed", c.ProfilesRemoved}, {"profiles_changed", c.ProfilesChanged},
+		{"pools_added", c.PoolsAdded}, {"pools_removed", c.PoolsRemoved}, {"pools_changed", c.PoolsChanged},
+		{"pools_affected", c.PoolsAffected},
+	} {
+		if len(l.names) > 0 {
+			attrs = append(attrs, l.key, l.names)
+		}
+	}
+	if c.SleepMemoryBudget {
+		attrs = append(attrs, "sleep_memory_budget_changed", true)
+	}
+	return attrs
 }
 
 // status is the "config" part of /status.

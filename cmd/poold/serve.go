@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -73,7 +74,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	m.ConfigLoaded(true, loadedAt)
 	m.Configure(cfg)
 	notify := newNotifier(log)
-	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), sum: sum, loadedAt: loadedAt}
+	rl := &reloader{path: s.Profiles, m: m, notify: notify, log: log.With("component", "reload"), cfg: cfg, sum: sum, loadedAt: loadedAt}
 	tenants, err := openTenants(s.Tenants, reg, log)
 	if err != nil {
 		return err
@@ -211,7 +212,16 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		}
 		return nil
 	})
-	log.Info("poold listening", "addr", ln.Addr().String(), "profiles", s.Profiles, "version", version)
+	orNone := func(file string) string {
+		if file == "" {
+			return "none"
+		}
+		return file
+	}
+	gpuOn, _ := gpus.Available()
+	log.Info("poold listening", "addr", ln.Addr().String(), "version", version,
+		"settings", orNone(s.Loaded.File()), "profiles", s.Profiles, "profiles_sha256", hex.EncodeToString(sum[:]), "tenants", orNone(s.Tenants),
+		"api_keys", s.APIKeys != nil || s.Tenants != "", "admin_api", s.AdminToken != "", "gpu_telemetry", gpuOn)
 	notify.ready()
 	serving.Go(func() error {
 		notify.supervise(servingCtx, time.Second,

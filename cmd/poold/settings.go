@@ -320,9 +320,5 @@ func openAccessLog(dest string) (w io.Writer, close func() error, err error) {
 
 // newLogger builds the daemon's logger on stderr.
 func newLogger(s settings) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: s.LogLevel}
-	if s.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	return slog.New(logHandler(os.Stderr, s.LogFormat, s.LogLevel))
 }

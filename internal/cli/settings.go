@@ -235,6 +235,14 @@ func (s *Settings) Log(log *slog.Logger) {
 	}
 }
 
+// File is the settings file read; "" when none was (or s is nil).
+func (s *Settings) File() string {
+	if s == nil {
+		return ""
+	}
+	return s.file
+}
+
 // IsSet reports whether the settings file sets the file-only key.
 func (s *Settings) IsSet(key string) bool { return s.file != "" && s.v.IsSet(key) }
 

@@ -226,3 +226,21 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+// File names the settings file read, and is empty without one.
+func TestSettingsFileRead(t *testing.T) {
+	file := writeSettings(t, "count: 4\n")
+	s, err := LoadSettings(testFlags(), []string{"--config", file}, testSources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.File() != file {
+		t.Errorf("File() = %q, want %q", s.File(), file)
+	}
+	if s, err = LoadSettings(testFlags(), nil, testSources); err != nil || s.File() != "" {
+		t.Errorf("without a settings file: File() = %q, %v", s.File(), err)
+	}
+	if (*Settings)(nil).File() != "" {
+		t.Error("a nil Settings has a file")
+	}
+}

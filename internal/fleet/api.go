@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/statusapi"
 	"github.com/poold/poold/internal/tenant"
 )
@@ -106,7 +107,29 @@ func stateRank(s string) int {
 // serveModels lists every name any healthy host serves, with the hosts; for
 // a tenant, only the models it may use.
 func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, statusapi.ModelList[statusapi.FleetModel]{Object: "list", Data: h.models(tenant.FromContext(r.Context()))})
+}
+
+// serveModel answers GET /v1/models/{id} (the SDKs' models.retrieve) with
+// the name's entry of GET /v1/models, or a 404 model_not_found (also for a
+// model that the tenant may not use).
+func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("id")
 	t := tenant.FromContext(r.Context())
+	for _, m := range h.models(t) {
+		if m.ID == name {
+			writeJSON(w, m)
+			return
+		}
+	}
+	openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", h.unknownModel(h.fleet.snapshot(), name, t))
+}
+
+// models is the entries of GET /v1/models, sorted by name: each name any
+// healthy host serves, in its best state, with the smallest max_model_len a
+// host gives (a request within it fits wherever it goes); for a tenant t
+// (nil: anyone), only the models it may use.
+func (h *Handler) models(t *tenant.Tenant) []statusapi.FleetModel {
 	hosts := h.fleet.snapshot()
 	entries := make(map[string]*statusapi.FleetModel)
 	created := h.fleet.opts.Now().Unix()
@@ -127,6 +150,9 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 			if stateRank(m.State) < stateRank(e.State) {
 				e.State = m.State
 			}
+			if m.MaxModelLen > 0 && (e.MaxModelLen == 0 || m.MaxModelLen < e.MaxModelLen) {
+				e.MaxModelLen = m.MaxModelLen
+			}
 			e.Hosts = append(e.Hosts, statusapi.ModelHost{Name: name, State: m.State, Pools: m.Pools})
 		}
 	}
@@ -134,7 +160,7 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 	for _, id := range slices.Sorted(maps.Keys(entries)) {
 		data = append(data, *entries[id])
 	}
-	writeJSON(w, statusapi.ModelList[statusapi.FleetModel]{Object: "list", Data: data})
+	return data
 }
 
 // modelList returns the host's models sorted by name.

@@ -30,14 +30,27 @@ const (
 	DefaultSilentAfter = 2
 	DefaultEjectAfter  = 3
 	DefaultMaxBackoff  = 30 * time.Second
+	// DefaultEngineStatsMaxAge is the age past which an engine's sample is
+	// ignored: poold samples every second, fleetd polls every second.
+	DefaultEngineStatsMaxAge = 5 * time.Second
+	// DefaultScaleInWindow is how long a model's copies must stay below
+	// saturation before a copy loaded by scaling out is unloaded.
+	DefaultScaleInWindow = 5 * time.Minute
 )
+
+// DefaultSaturation are the thresholds past which an awake copy is
+// saturated: KV cache use above 85%, or more than 10 requests waiting.
+var DefaultSaturation = Saturation{KVCacheUsage: 0.85, Waiting: 10}
 
 // Options configures a Fleet. Zero values: Client → one on an
 // upstream.Transport; Resolver → net.DefaultResolver; PollInterval →
 // DefaultPollInterval; PollTimeout → DefaultPollTimeout; SilentAfter →
 // DefaultSilentAfter; EjectAfter → DefaultEjectAfter; MaxBackoff →
-// DefaultMaxBackoff; KeepSilent → false (cancel and retry); Logger →
-// discard; Metrics → none; Now → time.Now.
+// DefaultMaxBackoff; KeepSilent → false (cancel and retry); Saturation's
+// thresholds → DefaultSaturation's; EngineStatsMaxAge →
+// DefaultEngineStatsMaxAge; ScaleInWindow → DefaultScaleInWindow;
+// AdminToken → none (scale-in cannot unload); Logger → discard; Metrics →
+// none; Now → time.Now.
 type Options struct {
 	Client   *http.Client
 	Resolver Resolver
@@ -63,9 +76,23 @@ type Options struct {
 	// PollKey, when set, goes with every poll as "Authorization: Bearer": a
 	// poold that requires API keys guards its /v1/models with them.
 	PollKey string
-	Logger  *slog.Logger
-	Metrics *Metrics
-	Now     func() time.Time
+	// Saturation says when an awake copy of a model is saturated (see
+	// Route), and EngineStatsMaxAge when an engine's sample is too old to
+	// say anything.
+	Saturation        Saturation
+	EngineStatsMaxAge time.Duration
+	// ScaleInWindow is how long every awake copy of a model must stay
+	// unsaturated before a copy this fleetd loaded by scaling out is
+	// unloaded (one per window); a model's scaleInWindow in the hosts file
+	// overrides it.
+	ScaleInWindow time.Duration
+	// AdminToken is the hosts' admin token (poold's admin-token), with which
+	// fleetd unloads those copies; without it they stay loaded until their
+	// hosts' schedulers give their pools to other work.
+	AdminToken string
+	Logger     *slog.Logger
+	Metrics    *Metrics
+	Now        func() time.Time
 }
 
 // Fleet is the set of hosts and what fleetd knows of them. Membership comes
@@ -83,6 +110,12 @@ type Fleet struct {
 	// changes, so that requests read the membership without mu or a copy of
 	// their own; nil (no hosts) before the first change.
 	routing atomic.Pointer[map[string]*host]
+	// models are the hosts file's models by name, replaced (never
+	// modified) when a file is applied; nil before.
+	models atomic.Pointer[map[string]ModelSpec]
+	// scale is what scale-in knows of the copies this fleetd loaded by
+	// scaling out (runScaleIn).
+	scale scaleIn
 
 	mu sync.Mutex // guards every field below
 	// ctx is Run's context; nil before Run, which starts what Apply set up.
@@ -122,6 +155,18 @@ func New(opts Options) *Fleet {
 	if opts.MaxBackoff <= 0 {
 		opts.MaxBackoff = DefaultMaxBackoff
 	}
+	if opts.Saturation.KVCacheUsage <= 0 {
+		opts.Saturation.KVCacheUsage = DefaultSaturation.KVCacheUsage
+	}
+	if opts.Saturation.Waiting <= 0 {
+		opts.Saturation.Waiting = DefaultSaturation.Waiting
+	}
+	if opts.EngineStatsMaxAge <= 0 {
+		opts.EngineStatsMaxAge = DefaultEngineStatsMaxAge
+	}
+	if opts.ScaleInWindow <= 0 {
+		opts.ScaleInWindow = DefaultScaleInWindow
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -141,6 +186,7 @@ func (f *Fleet) Run(ctx context.Context) {
 		f.applyLocked(f.file)
 	}
 	f.mu.Unlock()
+	f.wg.Go(func() { f.runScaleIn(ctx) })
 	<-ctx.Done()
 	f.wg.Wait()
 	if f.polls != nil {
@@ -165,6 +211,9 @@ func (f *Fleet) LoadFile(path string) error {
 	f.metrics.reloaded(true)
 	hash := hex.EncodeToString(sum[:])
 	if f.fstat.SHA256 == hash && f.fstat.Path == path {
+		if f.fstat.LastError != nil {
+			f.log.Info("hosts file valid again; the hosts in force are unchanged", "path", path)
+		}
 		f.fstat.LastError = nil
 		return nil
 	}
@@ -193,6 +242,11 @@ func (f *Fleet) Apply(file *File) {
 
 func (f *Fleet) applyLocked(file *File) {
 	f.file = file
+	models := make(map[string]ModelSpec, len(file.Models))
+	for _, m := range file.Models {
+		models[m.Name] = m
+	}
+	f.models.Store(&models)
 	if f.ctx == nil {
 		return // Run applies it
 	}
@@ -355,4 +409,28 @@ func (f *Fleet) views(hosts map[string]*host, model, cred string, t *tenant.Tena
 		}
 	}
 	return out, known
+}
+
+// model returns the copies' bounds of the model a request names, by that
+// name or else by root, its profile id; a model the hosts file does not
+// list gets the defaults (at least one copy, no most, fleetd's window).
+func (f *Fleet) model(name, root string) ModelSpec {
+	var m ModelSpec
+	if models := f.models.Load(); models != nil {
+		var ok bool
+		if m, ok = (*models)[name]; !ok {
+			m = (*models)[root]
+		}
+	}
+	m.MinCopies = max(m.MinCopies, 1)
+	if m.window <= 0 {
+		m.window = f.opts.ScaleInWindow
+	}
+	return m
+}
+
+// routeOptions are the routing settings that come from the fleet's options,
+// at now.
+func (f *Fleet) routeOptions(now time.Time) RouteOptions {
+	return RouteOptions{Saturation: f.opts.Saturation, StatsMaxAge: f.opts.EngineStatsMaxAge, Now: now}
 }

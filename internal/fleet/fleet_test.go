@@ -38,6 +38,7 @@ type fakeHost struct {
 	post      http.HandlerFunc
 	posts     int
 	auth      []string // Authorization of each POST
+	paths     []string // the path of each POST
 }
 
 func newFakeHost(t testing.TB, name string, pools []statusapi.Pool, models ...hostModel) *fakeHost {
@@ -69,6 +70,7 @@ func (fh *fakeHost) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	fh.posts++
 	fh.auth = append(fh.auth, r.Header.Get("Authorization"))
+	fh.paths = append(fh.paths, r.URL.Path)
 	fh.mu.Unlock()
 	if post != nil {
 		post(w, r)
@@ -98,6 +100,14 @@ func ptr(s string) *string { return &s }
 
 func readyPool(name, profile string, inFlight int) statusapi.Pool {
 	return statusapi.Pool{Name: name, State: statusapi.StateReady, Profile: ptr(profile), InFlight: inFlight, Gate: "open"}
+}
+
+// saturatedPool is a ready pool whose engine queues 11 requests (one past
+// DefaultSaturation), sampled now.
+func saturatedPool(name, profile string) statusapi.Pool {
+	p := readyPool(name, profile, 4)
+	p.EngineStats = &statusapi.EngineStats{Running: 4, Waiting: 11, KVCacheUsage: 0.5, SampledAt: time.Now()}
+	return p
 }
 
 func emptyPool(name string) statusapi.Pool {

@@ -29,9 +29,6 @@ const (
 	DefaultMaxAttempts    = 3
 	DefaultAffinityHeader = "X-Session-Id"
 	DefaultAffinityBytes  = 512
-	// DefaultScaleOutWait is the scale-out threshold fleetd's command line
-	// uses unless told otherwise (the zero HandlerOptions value disables it).
-	DefaultScaleOutWait = 2 * time.Second
 	// DefaultLoadSlack and DefaultAffinityEpsilon are the affinity bounds
 	// fleetd's command line uses unless told otherwise (the zero
 	// HandlerOptions values bound affinity to the least load).
@@ -48,7 +45,7 @@ const (
 // openai.DefaultMaxBodyBytes; MaxEventBytes → openai.DefaultMaxEvent;
 // MaxAttempts → DefaultMaxAttempts;
 // AffinityHeader → DefaultAffinityHeader; AffinityBytes → DefaultAffinityBytes;
-// ScaleOutWait → scale-out off; ClaimLease → DefaultClaimLease;
+// ScaleOut → off; ClaimLease → DefaultClaimLease;
 // ScaleOutCooldown → DefaultScaleOutCooldown; Claims → this fleetd's own
 // only; ClaimTimeout → DefaultClaimTimeout; Tenants → none (no key
 // required, no limits); Logger → discard; AccessLog → none.
@@ -73,11 +70,11 @@ type HandlerOptions struct {
 	// (1+AffinityEpsilon)× the mean, or within LoadSlack of the least.
 	AffinityEpsilon float64
 	LoadSlack       int
-	// ScaleOutWait: when every awake copy of a model has a queue wait (recent
-	// time to first byte of its streams) above this, and an idle or asleep
-	// eligible pool exists on another host, requests go there, which loads
-	// another copy.
-	ScaleOutWait time.Duration
+	// ScaleOut: when every awake copy of a model is saturated (Options.
+	// Saturation), no copy is loading, fewer than the model's maxCopies are
+	// awake, and an idle, empty or asleep eligible pool exists on another
+	// host, a request goes there, which loads another copy.
+	ScaleOut bool
 	// ScaleOutCooldown is the least time between two scale-outs of a model
 	// by this fleetd, times a factor in [1, 2) drawn once per fleetd.
 	ScaleOutCooldown time.Duration
@@ -112,7 +109,7 @@ type Handler struct {
 	rp    *httputil.ReverseProxy
 	tr    *upstream.Transport // the hosts' connections, rp's Transport
 	mux   *http.ServeMux
-	root  http.Handler  // mux, behind the tenants' gate when there is one
+	root  http.Handler  // mux with OpenAI-shaped 404 and 405, behind the tenants' gate when there is one
 	gate  *tenant.Gate  // nil: no tenants file
 	seq   atomic.Uint64 // request ids
 	// claims are the new copies claimed by this fleetd, or learnt from
@@ -169,13 +166,14 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
 	mux.HandleFunc("GET /v1/models", h.serveModels)
+	mux.HandleFunc("GET /v1/models/{id...}", h.serveModel)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, map[string]string{"status": "ok"}) })
 	h.mux = mux
-	h.root = mux
+	h.root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { openai.ServeMux(mux, w, r) })
 	if opts.Tenants != nil {
 		h.gate = opts.Tenants.gate
-		h.root = h.gate.Require(mux)
+		h.root = h.gate.Require(h.root)
 	}
 	return h
 }
@@ -183,6 +181,8 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 // Handle adds another route (such as /metrics).
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
+// ServeHTTP serves r through the mux (behind the tenants' gate when there
+// is one), whose 404 and 405 are OpenAI-shaped.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.root.ServeHTTP(w, r) }
 
 // Close closes the idle connections to hosts and stops their sweep. Call it
@@ -200,9 +200,6 @@ type attempt struct {
 	client context.Context // the client's request context
 	// cancel ends the attempt with a cause (errSilent: the host went silent).
 	cancel context.CancelCauseFunc
-	// observe: the time to first byte is a sample of the host's queue wait
-	// (a stream to an awake copy; a load would only blur it).
-	observe bool
 	// nextAny and nextWarm report whether another host may be tried after
 	// this one: any host, or one where the model is awake or loading.
 	nextAny, nextWarm bool
@@ -331,9 +328,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ropts := RouteOptions{ScaleOutWait: h.opts.ScaleOutWait, Epsilon: h.opts.AffinityEpsilon, Slack: h.opts.LoadSlack}
-	if len(views) > 0 && h.scaledOut.held(views[0].Root, start) != "" {
-		ropts.ScaleOutWait = 0 // cooling down after this fleetd's last scale-out of the model
+	ropts := h.fleet.routeOptions(start)
+	ropts.Epsilon, ropts.Slack = h.opts.AffinityEpsilon, h.opts.LoadSlack
+	if len(views) > 0 {
+		// Not while cooling down after this fleetd's last scale-out of the
+		// model.
+		ropts.ScaleOut = h.opts.ScaleOut && h.scaledOut.held(views[0].Root, start) == ""
+		ropts.MaxCopies = h.fleet.model(name, views[0].Root).MaxCopies
 	}
 	order := Route(views, h.affinityKey(r, body), ropts)
 	if len(order) == 0 {
@@ -345,6 +346,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	order = h.claimCopy(r.Context(), order, views)
 	h.fleet.metrics.decision(order[0].Reason)
 	log = append(log, slog.String("reason", order[0].Reason), slog.String("tier", order[0].Rank.String()))
+	if order[0].Saturated {
+		log = append(log, slog.Bool("saturated", true)) // every copy is
+	}
 	var tried []string
 	warmOnly := false // after a full queue, only hosts where the model is awake or loading
 	for i, c := range order {
@@ -357,7 +361,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		left := h.opts.MaxAttempts - len(tried) - 1
 		hs := hosts[c.Host]
 		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), cred: cred, client: r.Context(),
-			observe: stream && c.Rank == placement.Awake, start: h.fleet.opts.Now(), now: h.fleet.opts.Now,
+			start: h.fleet.opts.Now(), now: h.fleet.opts.Now,
 			meter: meter, withhold: withhold, limited: meter && (ten.RPM > 0 || ten.TPM > 0),
 			nextAny:  left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return !warmOnly || n.Rank <= placement.Loading }),
 			nextWarm: left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return n.Rank <= placement.Loading })}
@@ -419,6 +423,9 @@ func (h *Handler) claimCopy(ctx context.Context, order []Choice, views []HostVie
 		h.fleet.metrics.claim("won")
 		if c.Reason == ReasonScaleOut {
 			h.scaledOut.put(root, c.Host, now.Add(h.cooldown))
+			h.fleet.scale.add(root, c.Host, now)
+			h.fleet.metrics.scale("out", "claimed")
+			h.log.Info("scale-out: every awake copy is saturated; loading another", "model", root, "host", c.Host)
 		}
 		return order
 	case winner == c.Host:
@@ -654,7 +661,7 @@ func (b *watchedBody) end(err error) {
 			a.settle(b.h.fleet, success)
 		}
 		if b.ok && b.stream && b.chunks >= minChunks {
-			a.host.observe(a.host.itls, a.root, b.last.Sub(b.first)/time.Duration(b.chunks-1), b.last)
+			a.host.observeITL(a.root, b.last.Sub(b.first)/time.Duration(b.chunks-1), b.last)
 		}
 	case a.client.Err() == nil:
 		a.cut = true
@@ -665,9 +672,6 @@ func (b *watchedBody) end(err error) {
 func (a *attempt) markFirst(now time.Time) {
 	a.first = now
 	a.host.answered(a)
-	if a.observe {
-		a.host.observe(a.host.waits, a.root, now.Sub(a.start), now)
-	}
 }
 
 // affinityKey is the client's session header, or else the first bytes of the
@@ -705,6 +709,7 @@ func (h *Handler) unknownModel(hosts map[string]*host, name string, t *tenant.Te
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
 }

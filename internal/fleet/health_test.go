@@ -270,14 +270,12 @@ func TestSharedClaimFollowsWinner(t *testing.T) {
 }
 
 // After a scale-out, the same fleetd does not scale the model out again
-// within its cool-down, even if every copy is still slow.
+// within its cool-down, even if every copy is still saturated.
 func TestScaleOutCooldown(t *testing.T) {
-	slow := newFakeHost(t, "slow", []statusapi.Pool{readyPool("gpu0", "m", 0)}, model("m", "m"))
+	slow := newFakeHost(t, "slow", []statusapi.Pool{saturatedPool("gpu0", "m")}, model("m", "m"))
 	spare1 := newFakeHost(t, "spare1", []statusapi.Pool{emptyPool("gpu0")}, model("m", "m"))
 	spare2 := newFakeHost(t, "spare2", []statusapi.Pool{emptyPool("gpu0")}, model("m", "m"))
-	tf := startFleet(t, Options{PollInterval: time.Hour}, HandlerOptions{ScaleOutWait: time.Millisecond, ScaleOutCooldown: time.Hour, ClaimLease: time.Nanosecond}, slow, spare1, spare2)
-	hs := tf.fleet.snapshot()["slow"]
-	hs.observe(hs.waits, "m", time.Second, time.Now()) // every awake copy waits past the threshold
+	tf := startFleet(t, Options{PollInterval: time.Hour, EngineStatsMaxAge: time.Hour}, HandlerOptions{ScaleOut: true, ScaleOutCooldown: time.Hour, ClaimLease: time.Nanosecond}, slow, spare1, spare2)
 	resp, _ := tf.post(`{"model": "m"}`)
 	first := resp.Header.Get("X-Fleet-Host")
 	if first == "slow" || tf.handler.scaledOut.held("m", time.Now()) == "" {

@@ -29,15 +29,17 @@ type hostModel struct {
 	Root  string   `json:"root"` // the canonical profile id
 	State string   `json:"state"`
 	Pools []string `json:"pools"` // eligible pools; empty means all
+	// MaxModelLen is the host's max_model_len for it; 0 when not given.
+	MaxModelLen int `json:"max_model_len"`
 }
 
-// waitWindow is how long an observed queue wait or inter-chunk gap stays
-// meaningful without a new observation; past it a slow host is tried again
-// like any other, which is how it is probed.
-const waitWindow = 30 * time.Second
+// itlWindow is how long an observed inter-chunk gap stays meaningful
+// without a new observation; past it a slow host is tried again like any
+// other, which is how it is probed.
+const itlWindow = 30 * time.Second
 
-// waitAlpha is the weight of a new observation in the moving average.
-const waitAlpha = 0.3
+// itlAlpha is the weight of a new observation in the moving average.
+const itlAlpha = 0.3
 
 // keyRefusal is how long a host's 401 or 403 for a key steers that key's
 // requests to other hosts; maxRefusals bounds the keys remembered per host.
@@ -46,24 +48,24 @@ const (
 	maxRefusals = 4096
 )
 
-// estimate is a moving average of one model's observations on one host
-// (the time to first byte of its streams, or the gap between their chunks).
+// estimate is a moving average of one model's observations on one host:
+// the gap between its streams' chunks.
 type estimate struct {
 	avg  time.Duration
 	last time.Time // of the last observation
 }
 
 func (e *estimate) observe(d time.Duration, now time.Time) {
-	if now.Sub(e.last) > waitWindow {
+	if now.Sub(e.last) > itlWindow {
 		e.avg = d
 	} else {
-		e.avg = time.Duration(waitAlpha*float64(d) + (1-waitAlpha)*float64(e.avg))
+		e.avg = time.Duration(itlAlpha*float64(d) + (1-itlAlpha)*float64(e.avg))
 	}
 	e.last = now
 }
 
 func (e estimate) value(now time.Time) time.Duration {
-	if now.Sub(e.last) <= waitWindow {
+	if now.Sub(e.last) <= itlWindow {
 		return e.avg
 	}
 	return 0
@@ -95,12 +97,15 @@ type host struct {
 	pollLatency time.Duration
 	lastErr     string
 	status      hostStatus
-	models      map[string]hostModel // by id and alias
+	// clockSkew is the host's clock minus fleetd's at its last poll, from
+	// the Date of its /status (to within half a second): what converts its
+	// engines' sample times to fleetd's clock. Zero when it sent no Date.
+	clockSkew time.Duration
+	models    map[string]hostModel // by id and alias
 	// local counts this fleetd's requests in flight there by root, and
 	// atPoll what it counted when the last poll answered: local − atPoll is
 	// what the poll cannot have seen.
 	local, atPoll map[string]int
-	waits         map[string]estimate     // root → stream time to first byte
 	itls          map[string]estimate     // root → gap between stream chunks
 	health        map[string]*modelHealth // root → passive health
 	refused       map[string]time.Time    // credential hash → end of its refusal
@@ -120,7 +125,7 @@ func newHost(spec HostSpec, source string) (*host, error) {
 		return nil, fmt.Errorf("host %q: url: %w", spec.Name, err)
 	}
 	return &host{name: spec.Name, spec: spec, source: source, base: u, done: make(chan struct{}), kick: make(chan struct{}, 1),
-		local: make(map[string]int), atPoll: make(map[string]int), waits: make(map[string]estimate), itls: make(map[string]estimate),
+		local: make(map[string]int), atPoll: make(map[string]int), itls: make(map[string]estimate),
 		health: make(map[string]*modelHealth), refused: make(map[string]time.Time), pending: make(map[*attempt]struct{})}, nil
 }
 
@@ -184,9 +189,10 @@ func (f *Fleet) poll(ctx context.Context, h *host) time.Duration {
 	var models struct {
 		Data []hostModel `json:"data"`
 	}
-	err := f.getJSON(pctx, h.base.JoinPath("status"), &st)
+	hostNow, err := f.getJSON(pctx, h.base.JoinPath("status"), &st)
+	statusAt := f.opts.Now()
 	if err == nil {
-		err = f.getJSON(pctx, h.base.JoinPath("v1", "models"), &models)
+		_, err = f.getJSON(pctx, h.base.JoinPath("v1", "models"), &models)
 	}
 	now := f.opts.Now()
 	took := now.Sub(start)
@@ -224,7 +230,10 @@ func (f *Fleet) poll(ctx context.Context, h *host) time.Duration {
 		return f.opts.PollInterval
 	}
 	h.reachable, h.pollFails, h.silentPolls = true, 0, 0
-	h.status = st
+	h.status, h.clockSkew = st, 0
+	if !hostNow.IsZero() {
+		h.clockSkew = hostNow.Add(time.Second / 2).Sub(statusAt) // Date has whole seconds
+	}
 	h.models = make(map[string]hostModel, len(models.Data))
 	for _, m := range models.Data {
 		if m.Root == "" {
@@ -359,14 +368,14 @@ func (h *host) refuseKey(cred string, now time.Time) {
 	h.refused[cred] = now.Add(keyRefusal)
 }
 
-// observe folds d into root's estimate in es, h.waits (a stream's time to
-// first byte) or h.itls (a stream's mean gap between chunks).
-func (h *host) observe(es map[string]estimate, root string, d time.Duration, now time.Time) {
+// observeITL folds d, a stream's mean gap between chunks, into root's
+// estimate.
+func (h *host) observeITL(root string, d time.Duration, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	e := es[root]
+	e := h.itls[root]
 	e.observe(d, now)
-	es[root] = e
+	h.itls[root] = e
 }
 
 // view returns the routing input for model on h for a request with
@@ -395,8 +404,7 @@ func (h *host) view(model, cred string, now time.Time) (v HostView, known, routa
 	if until, ok := h.refused[cred]; ok && cred != "" && now.Before(until) {
 		health = KeyRefused
 	}
-	v = HostView{Name: h.name, Weight: h.spec.Weight, Root: m.Root, Eligible: m.Pools, Health: health,
-		Wait: h.waits[m.Root].value(now), ITL: h.itls[m.Root].value(now)}
+	v = HostView{Name: h.name, Weight: h.spec.Weight, Root: m.Root, Eligible: m.Pools, Health: health, ITL: h.itls[m.Root].value(now)}
 	for root := range h.local {
 		v.Delta = addDelta(v.Delta, root, h.local[root]-h.atPoll[root])
 	}
@@ -414,14 +422,15 @@ func (h *host) view(model, cred string, now time.Time) (v HostView, known, routa
 		if p.SwitchingTo != nil {
 			pv.SwitchingTo = *p.SwitchingTo
 		}
-		for prof, n := range p.Waiting {
+		for _, n := range p.Waiting {
 			pv.Waiting += n
-			if n > 0 {
-				pv.Queued = append(pv.Queued, prof)
-			}
 		}
+		pv.Queued = p.Waiting
 		for _, s := range p.Sleeping {
 			pv.Sleeping = append(pv.Sleeping, s.Profile)
+		}
+		if e := p.EngineStats; e != nil {
+			pv.Engine = &EngineLoad{Running: e.Running, Waiting: e.Waiting, KVCacheUsage: e.KVCacheUsage, SampledAt: e.SampledAt.Add(-h.clockSkew)}
 		}
 		v.Pools[i] = pv
 	}
@@ -443,24 +452,27 @@ func addDelta(m map[string]int, root string, d int) map[string]int {
 // maxStatusBytes bounds a host's /status or /v1/models body.
 const maxStatusBytes = 8 << 20
 
-func (f *Fleet) getJSON(ctx context.Context, u *url.URL, v any) error {
+// getJSON reads u into v, and returns the answer's Date (zero when it has
+// none).
+func (f *Fleet) getJSON(ctx context.Context, u *url.URL, v any) (time.Time, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return fmt.Errorf("GET %s: %w", u, err)
+		return time.Time{}, fmt.Errorf("GET %s: %w", u, err)
 	}
 	if f.opts.PollKey != "" {
 		req.Header.Set("Authorization", "Bearer "+f.opts.PollKey)
 	}
 	resp, err := f.opts.Client.Do(req)
 	if err != nil {
-		return fmt.Errorf("GET %s: %w", u, err)
+		return time.Time{}, fmt.Errorf("GET %s: %w", u, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: status %s", u, resp.Status)
+		return time.Time{}, fmt.Errorf("GET %s: status %s", u, resp.Status)
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxStatusBytes)).Decode(v); err != nil {
-		return fmt.Errorf("GET %s: decoding: %w", u, err)
+		return time.Time{}, fmt.Errorf("GET %s: decoding: %w", u, err)
 	}
-	return nil
+	date, _ := http.ParseTime(resp.Header.Get("Date"))
+	return date, nil
 }

@@ -10,6 +10,7 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,8 +27,9 @@ const DefaultDNSInterval = 30 * time.Second
 
 // File is one decoded and validated hosts file:
 //
-//	{"hosts": [{"name": "gpu-node-1", "url": "http://10.0.0.11:8080", "labels": {"gpu": "h100"}, "weight": 2}],
-//	 "dns":   [{"name": "_poold._tcp.poold.llm.svc.cluster.local", "type": "srv", "interval": "30s"}]}
+//	{"hosts":  [{"name": "gpu-node-1", "url": "http://10.0.0.11:8080", "labels": {"gpu": "h100"}, "weight": 2}],
+//	 "dns":    [{"name": "_poold._tcp.poold.llm.svc.cluster.local", "type": "srv", "interval": "30s"}],
+//	 "models": [{"name": "qwen-7b", "minCopies": 1, "maxCopies": 3, "scaleInWindow": "10m"}]}
 //
 // It is immutable once returned by ParseFile.
 type File struct {
@@ -35,6 +37,29 @@ type File struct {
 	Hosts []HostSpec `json:"hosts"`
 	// DNS names whose records supply more hosts.
 	DNS []DNSSpec `json:"dns"`
+	// Models bound the copies scale-out and scale-in keep of some models;
+	// the others have the defaults (see ModelSpec).
+	Models []ModelSpec `json:"models"`
+}
+
+// ModelSpec bounds the copies of one model that fleetd's scale-out and
+// scale-in keep awake across the fleet.
+type ModelSpec struct {
+	// Name is the model as requests name it, or its profile id (a host's
+	// "root" for the name).
+	Name string `json:"name"`
+	// MinCopies is the fewest awake copies scale-in leaves; zero means 1.
+	// fleetd loads no copy ahead of demand: below it, nothing is unloaded.
+	MinCopies int `json:"minCopies,omitempty"`
+	// MaxCopies is the most awake copies scale-out brings the model to;
+	// zero means no bound (the hosts that can run it).
+	MaxCopies int `json:"maxCopies,omitempty"`
+	// ScaleInWindow is a Go duration: how long every awake copy must stay
+	// below saturation before fleetd unloads a copy it loaded by scaling
+	// out; empty means fleetd's --scale-in-window.
+	ScaleInWindow string `json:"scaleInWindow,omitempty"`
+
+	window time.Duration // ScaleInWindow parsed; zero: fleetd's
 }
 
 // HostSpec is one poold host.
@@ -92,48 +117,24 @@ func LoadFile(path string) (*File, []byte, error) {
 // `hosts[2] "gpu-7": url: scheme "ftp" is neither http nor https`.
 func ParseFile(data []byte) (*File, error) {
 	var top struct {
-		Hosts []json.RawMessage `json:"hosts"`
-		DNS   []json.RawMessage `json:"dns"`
+		Hosts  []json.RawMessage `json:"hosts"`
+		DNS    []json.RawMessage `json:"dns"`
+		Models []json.RawMessage `json:"models"`
 	}
 	if err := strictDecode(data, &top); err != nil {
 		return nil, fmt.Errorf("hosts file: %w", err)
 	}
 	f := &File{}
-	var errs []error
-	names := make(map[string]string) // name → path of its first use
-	for i, raw := range top.Hosts {
-		path := fmt.Sprintf("hosts[%d]", i)
-		var h HostSpec
-		if err := strictDecode(raw, &h); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", path, err))
-			continue
-		}
-		if h.Name != "" {
-			path += " " + strconv.Quote(h.Name)
-		}
-		errs = append(errs, checkHost(path, h)...)
-		if first, dup := names[h.Name]; dup && h.Name != "" {
-			errs = append(errs, fmt.Errorf("%s: name: already used by %s", path, first))
-		}
-		names[h.Name] = path
-		if h.Weight == 0 {
-			h.Weight = 1
-		}
-		f.Hosts = append(f.Hosts, h)
-	}
-	for i, raw := range top.DNS {
-		path := fmt.Sprintf("dns[%d]", i)
-		var d DNSSpec
-		if err := strictDecode(raw, &d); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", path, err))
-			continue
-		}
-		if d.Name != "" {
-			path += " " + strconv.Quote(d.Name)
-		}
-		errs = append(errs, checkDNS(path, &d)...)
-		f.DNS = append(f.DNS, d)
-	}
+	var errs, more []error
+	f.Hosts, errs = decodeList(top.Hosts, "hosts", func(h HostSpec) string { return h.Name }, true, func(path string, h *HostSpec) []error {
+		errs := checkHost(path, *h)
+		h.Weight = cmp.Or(h.Weight, 1)
+		return errs
+	})
+	f.DNS, more = decodeList(top.DNS, "dns", func(d DNSSpec) string { return d.Name }, false, checkDNS)
+	errs = append(errs, more...)
+	f.Models, more = decodeList(top.Models, "models", func(m ModelSpec) string { return m.Name }, true, checkModel)
+	errs = append(errs, more...)
 	if len(errs) == 0 && len(f.Hosts) == 0 && len(f.DNS) == 0 {
 		errs = append(errs, errors.New("hosts file: no hosts and no dns names: fleetd would have nowhere to route"))
 	}
@@ -212,13 +213,9 @@ func checkDNS(path string, d *DNSSpec) []error {
 	}
 	d.interval = DefaultDNSInterval
 	if d.Interval != "" {
-		v, err := time.ParseDuration(d.Interval)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("%s: interval: invalid duration %q", path, d.Interval))
-		case v < time.Second:
-			errs = append(errs, fmt.Errorf("%s: interval: %q is shorter than 1s", path, d.Interval))
-		default:
+		if v, err := seconds(path, "interval", d.Interval); err != nil {
+			errs = append(errs, err)
+		} else {
 			d.interval = v
 		}
 	}
@@ -226,6 +223,72 @@ func checkDNS(path string, d *DNSSpec) []error {
 		d.Weight = 1
 	}
 	return append(errs, checkCommon(path, d.Labels, d.Weight)...)
+}
+
+// decodeList decodes each entry of the list named list strictly, checks it
+// with check (which may complete it), and with unique reports a name used
+// twice. It returns the entries decoded and every problem, each naming its
+// JSON path: the list's name, the entry's index, and its name when it has
+// one.
+func decodeList[T any](raws []json.RawMessage, list string, name func(T) string, unique bool, check func(path string, v *T) []error) ([]T, []error) {
+	var out []T
+	var errs []error
+	names := make(map[string]string) // name → path of its first use
+	for i, raw := range raws {
+		path := fmt.Sprintf("%s[%d]", list, i)
+		var v T
+		if err := strictDecode(raw, &v); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		n := name(v)
+		if n != "" {
+			path += " " + strconv.Quote(n)
+		}
+		errs = append(errs, check(path, &v)...)
+		if first, dup := names[n]; !dup {
+			names[n] = path
+		} else if unique && n != "" {
+			errs = append(errs, fmt.Errorf("%s: name: already used by %s", path, first))
+		}
+		out = append(out, v)
+	}
+	return out, errs
+}
+
+func checkModel(path string, m *ModelSpec) []error {
+	var errs []error
+	if m.Name == "" {
+		errs = append(errs, fmt.Errorf("%s: name: required", path))
+	}
+	if m.MinCopies < 0 {
+		errs = append(errs, fmt.Errorf("%s: minCopies: must not be negative (zero means 1), not %d", path, m.MinCopies))
+	}
+	switch {
+	case m.MaxCopies < 0:
+		errs = append(errs, fmt.Errorf("%s: maxCopies: must not be negative (zero means no bound), not %d", path, m.MaxCopies))
+	case m.MaxCopies > 0 && m.MaxCopies < max(m.MinCopies, 1):
+		errs = append(errs, fmt.Errorf("%s: maxCopies: %d is below minCopies (%d)", path, m.MaxCopies, max(m.MinCopies, 1)))
+	}
+	if m.ScaleInWindow != "" {
+		var err error
+		if m.window, err = seconds(path, "scaleInWindow", m.ScaleInWindow); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// seconds parses field's value s, a Go duration of at least a second.
+func seconds(path, field, s string) (time.Duration, error) {
+	v, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%s: %s: invalid duration %q", path, field, s)
+	case v < time.Second:
+		return 0, fmt.Errorf("%s: %s: %q is shorter than 1s", path, field, s)
+	}
+	return v, nil
 }
 
 func checkCommon(path string, labels map[string]string, weight int) []error {

@@ -3,6 +3,7 @@ package fleet
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,10 @@ func TestParseFile(t *testing.T) {
 		"dns": [
 			{"name": "_poold._tcp.poold.llm.svc.cluster.local", "type": "srv", "interval": "10s"},
 			{"name": "poold.service.consul", "type": "a", "port": 8080, "scheme": "http"}
+		],
+		"models": [
+			{"name": "qwen-7b", "minCopies": 2, "maxCopies": 4, "scaleInWindow": "10m"},
+			{"name": "llama-8b"}
 		]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -27,6 +32,21 @@ func TestParseFile(t *testing.T) {
 	if len(f.DNS) != 2 || f.DNS[0].Every() != 10*time.Second || f.DNS[1].Every() != DefaultDNSInterval ||
 		f.DNS[0].Scheme != "http" || f.DNS[1].Scheme != "http" || f.DNS[0].Weight != 1 {
 		t.Fatalf("dns: %+v", f.DNS)
+	}
+	want := []ModelSpec{{Name: "qwen-7b", MinCopies: 2, MaxCopies: 4, ScaleInWindow: "10m", window: 10 * time.Minute}, {Name: "llama-8b"}}
+	if !slices.Equal(f.Models, want) {
+		t.Fatalf("models: %+v", f.Models)
+	}
+}
+
+// The example hosts file in profiles/ is valid, and bounds its model.
+func TestExampleHostsFile(t *testing.T) {
+	f, _, err := LoadFile(filepath.Join("..", "..", "profiles", "hosts-example.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Hosts) != 3 || len(f.DNS) != 1 || len(f.Models) != 1 || f.Models[0].MaxCopies != 3 || f.Models[0].window != 10*time.Minute {
+		t.Fatalf("example: %+v", f)
 	}
 }
 
@@ -71,6 +91,21 @@ func TestParseFileErrors(t *testing.T) {
 			`dns[2] "y": scheme: "https" is not supported: ` + noTLS,
 			`dns[2] "y": interval: invalid duration "soon"`,
 			`dns[3] "z": interval: "10ms" is shorter than 1s`,
+		}},
+		{"bad model bounds", `{"hosts": [{"name": "a", "url": "http://a"}], "models": [
+				{"name": "m", "minCopies": -1, "maxCopies": -2, "scaleInWindow": "500ms"},
+				{"minCopies": 3, "maxCopies": 2},
+				{"name": "m", "scaleInWindow": "later"},
+				{"name": "n", "copies": 2}
+			]}`, []string{
+			`models[0] "m": minCopies: must not be negative (zero means 1), not -1`,
+			`models[0] "m": maxCopies: must not be negative (zero means no bound), not -2`,
+			`models[0] "m": scaleInWindow: "500ms" is shorter than 1s`,
+			`models[1]: name: required`,
+			`models[1]: maxCopies: 2 is below minCopies (3)`,
+			`models[2] "m": scaleInWindow: invalid duration "later"`,
+			`models[2] "m": name: already used by models[0] "m"`,
+			`models[3]: json: unknown field "copies"`,
 		}},
 	}
 	for _, c := range cases {

@@ -15,6 +15,7 @@ type Metrics struct {
 	hostUp    *prometheus.GaugeVec
 	ejections *prometheus.CounterVec
 	claims    *prometheus.CounterVec
+	scaling   *prometheus.CounterVec
 	polls     *prometheus.HistogramVec
 	reload    prometheus.Gauge
 	// The tenants': no series without a tenants file.
@@ -45,6 +46,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetd_copy_claims_total", Help: "Claims of a model's new copy (cold load or scale-out), by result: won, followed (another request or replica had claimed it), lost-unroutable, error (the shared store failed).",
 		}, []string{"result"}),
+		scaling: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetd_scale_events_total", Help: "Scale-outs and scale-ins of a model's copies by this fleetd, by direction and result: out/claimed (every awake copy was saturated; a new copy was claimed), in/unloaded (an extra copy was unloaded after its window), in/failed (the unload failed; tried again a window later), in/gone (the extra copy left by itself), in/no-token (an extra copy is no longer needed, but fleetd has no admin token to unload it).",
+		}, []string{"direction", "result"}),
 		polls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "fleetd_poll_duration_seconds", Help: "Latency of one poll of a host's /status and /v1/models, by result.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
@@ -65,7 +69,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fleetd_tenants_file_last_reload_successful", Help: "1 when the last load of the tenants file succeeded; absent without one.",
 		}, nil),
 	}
-	reg.MustRegister(m.requests, m.decisions, m.retries, m.hostUp, m.ejections, m.claims, m.polls, m.reload,
+	reg.MustRegister(m.requests, m.decisions, m.retries, m.hostUp, m.ejections, m.claims, m.scaling, m.polls, m.reload,
 		m.tenantRequests, m.tenantTokens, m.unchecked, m.tenantsReload)
 	return m
 }
@@ -85,6 +89,13 @@ func (m *Metrics) request(host, model string, status int, cut bool) {
 func (m *Metrics) claim(result string) {
 	if m != nil {
 		m.claims.WithLabelValues(result).Inc()
+	}
+}
+
+// scale counts a scale-out or scale-in (direction "out" or "in") by result.
+func (m *Metrics) scale(direction, result string) {
+	if m != nil {
+		m.scaling.WithLabelValues(direction, result).Inc()
 	}
 }
 

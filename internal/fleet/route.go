@@ -12,7 +12,7 @@ import (
 
 // ReasonScaleOut is the reason of a decision that sends a request to an idle
 // or sleeping pool although the model is awake elsewhere, because every awake
-// copy's queue wait is over the scale-out threshold.
+// copy is saturated.
 const ReasonScaleOut = "scale-out"
 
 // PoolView is the routing input for one pool of a host, from its /status.
@@ -25,10 +25,24 @@ type PoolView struct {
 	// its loaded profile queue instead of being admitted.
 	GateClosed bool
 	InFlight   int
-	Waiting    int      // all waiting requests, whatever their profile
-	Queued     []string // the profiles requests wait for
-	Sleeping   []string // profiles asleep in the pool
+	Waiting    int            // all waiting requests, whatever their profile
+	Queued     map[string]int // the requests waiting in poold's queue, by profile
+	Sleeping   []string       // profiles asleep in the pool
 	LastUsed   time.Time
+	// Engine is what the pool's awake engine last said of its load (poold's
+	// engineStats); nil when the host sent none.
+	Engine *EngineLoad
+}
+
+// EngineLoad is an engine's own report of its load, as its host relays it.
+type EngineLoad struct {
+	// Running and Waiting are the requests in the engine's batch and in its
+	// own queue.
+	Running, Waiting int
+	// KVCacheUsage is the share of the engine's KV cache in use, 0 to 1.
+	KVCacheUsage float64
+	// SampledAt is when the engine was read, on fleetd's clock.
+	SampledAt time.Time
 }
 
 // Health is what fleetd's own forwards say of a model on a host.
@@ -77,9 +91,6 @@ type HostView struct {
 	// the poll counted have ended): the poll's counts plus Delta are the
 	// host's load now, as far as this fleetd knows.
 	Delta map[string]int
-	// Wait is the host's recent queue wait for the model as fleetd saw it
-	// (time to first byte); zero when unknown.
-	Wait time.Duration
 	// ITL is the recent mean gap between the chunks of the model's streams
 	// from the host, as fleetd measured it; zero when unknown.
 	ITL time.Duration
@@ -95,18 +106,54 @@ type Choice struct {
 	Host string
 	// Rank is the host's best pool's rank for the model.
 	Rank placement.Rank
-	// Load is in-flight plus waiting requests on the pool chosen within the host.
+	// Load is the requests on the pool chosen within the host: for an awake
+	// copy with a fresh engine sample, those its engine runs and queues (or
+	// poold's in flight, when more) plus those waiting for the model in
+	// poold's queue; else poold's in-flight plus waiting requests. Either way with this fleetd's requests since
+	// the host's poll.
 	Load int
+	// Saturated: the chosen pool is an awake copy past a saturation
+	// threshold (RouteOptions.Saturation).
+	Saturated bool
 	// Reason is Rank's name, or ReasonScaleOut.
 	Reason string
 }
 
+// Saturation holds the thresholds past which an awake copy of a model is
+// saturated: its engine's KV cache use above KVCacheUsage, or more than
+// Waiting requests for the model waiting there, in the engine's own queue
+// and in poold's together (poold keeps the requests past a profile's
+// admission ceiling in its own queue, where the engine does not see them).
+// A zero threshold is never passed.
+type Saturation struct {
+	KVCacheUsage float64
+	Waiting      int
+}
+
+// over reports whether an engine at kv KV cache use with waiting requests
+// queued is past a threshold.
+func (s Saturation) over(kv float64, waiting int) bool {
+	return s.KVCacheUsage > 0 && kv > s.KVCacheUsage || s.Waiting > 0 && waiting > s.Waiting
+}
+
 // RouteOptions are the routing settings. The zero value routes strictly by
-// load (ε = 0, no slack) and never scales out.
+// load (ε = 0, no slack) with every engine sample, counts no copy
+// saturated, and never scales out.
 type RouteOptions struct {
-	// ScaleOutWait, when positive, is the queue wait above which every awake
-	// copy counts as overloaded (see Route).
-	ScaleOutWait time.Duration
+	// Saturation says when an awake copy is saturated: it gets requests only
+	// when no unsaturated copy can take them.
+	Saturation Saturation
+	// StatsMaxAge, when positive, is the age at Now past which an engine's
+	// sample is ignored: that copy is weighed by poold's lease counts
+	// instead, and saturated only by poold's queue.
+	StatsMaxAge time.Duration
+	Now         time.Time
+	// ScaleOut: when every awake copy is saturated, a host that would load
+	// another goes first (see Route).
+	ScaleOut bool
+	// MaxCopies, when positive, is the most awake copies of the model
+	// scale-out brings it to.
+	MaxCopies int
 	// Epsilon bounds affinity by load: a host keeps its keys while its load,
 	// with this request, is within (1+Epsilon)× the mean of its group.
 	Epsilon float64
@@ -123,47 +170,53 @@ type RouteOptions struct {
 // host's success ratio, not its speed, decides between a failing host and a
 // healthy one), then by the placement rank of their best eligible pool (see
 // score), idle ones by their pool's last use (the least recently used
-// first). Within a group, affinity is consistent hashing with bounded loads:
-// each host's cost is its load scaled by how much slower its streams are
-// than the group's fastest (ITL), and a host whose cost with this request
-// stays within (1+Epsilon)× the group's mean (or within Slack of the least)
-// is "within bound". Hosts within bound come first, by weight (higher
-// first) and then by rendezvous hashing of the affinity key with the host's
-// name, so that a session stays on its host until that host is overloaded,
-// and only the keys of a host that leaves move. Hosts over the bound follow,
-// the least cost first.
+// first), and awake ones by saturation: a saturated copy comes after every
+// unsaturated one of its health, whatever its sessions. Within a group,
+// affinity is consistent hashing with bounded loads: each host's cost is
+// its load scaled by how much slower its streams are than the group's
+// fastest (ITL), and a host whose cost with this request stays within
+// (1+Epsilon)× the group's mean (or within Slack of the least) is "within
+// bound". Hosts within bound come first, by weight (higher first) and then
+// by rendezvous hashing of the affinity key with the host's name, so that a
+// session stays on its host until that host is overloaded, and only the
+// keys of a host that leaves move. Hosts over the bound follow, the least
+// cost first, then the least KV cache use, then the shortest queue for the
+// model in poold.
 //
-// Scale-out: when opts.ScaleOutWait is positive, the best host is awake, every
-// awake host's Wait exceeds it, no copy is loading already, and some host has
-// an asleep, empty or idle pool, the best such host goes first instead.
+// Scale-out: when opts.ScaleOut is set, the best host is awake, every awake
+// host is saturated, no copy is loading already, fewer than opts.MaxCopies
+// copies are awake (when it is positive), and some healthy host has an
+// asleep, empty or idle pool, the best such host goes first instead.
 func Route(hosts []HostView, key string, opts RouteOptions) []Choice {
 	type scored struct {
 		Choice
 		health   Health
 		lastUsed time.Time
+		kv       float64
+		queued   int
 		cost     float64 // load scaled by relative slowness
 		within   bool    // within the load bound: affinity decides
 		weight   int
 		hash     uint64
-		wait     time.Duration
 		itl      time.Duration
 	}
 	type group struct {
-		health Health
-		rank   placement.Rank
+		health    Health
+		rank      placement.Rank
+		saturated bool
 	}
 	all := make([]scored, 0, len(hosts))
 	for _, h := range hosts {
-		c, ok := score(h)
+		c, ok := score(h, opts)
 		if !ok {
 			continue
 		}
-		all = append(all, scored{Choice: Choice{Host: h.Name, Rank: c.Rank, Load: c.Load, Reason: c.Rank.String()},
-			health: h.Health, lastUsed: c.LastUsed, weight: h.Weight, hash: affinityHash(key, h.Name), wait: h.Wait, itl: h.ITL})
+		all = append(all, scored{Choice: Choice{Host: h.Name, Rank: c.Rank, Load: c.Load, Saturated: c.saturated, Reason: c.Rank.String()},
+			health: h.Health, lastUsed: c.LastUsed, kv: c.kv, queued: c.queued, weight: h.Weight, hash: affinityHash(key, h.Name), itl: h.ITL})
 	}
 	groups := make(map[group][]int)
 	for i, s := range all {
-		g := group{s.health, s.Rank}
+		g := group{s.health, s.Rank, s.Saturated}
 		groups[g] = append(groups[g], i)
 	}
 	for _, idx := range groups {
@@ -189,7 +242,8 @@ func Route(hosts []HostView, key string, opts RouteOptions) []Choice {
 		}
 	}
 	slices.SortFunc(all, func(a, b scored) int {
-		if c := cmp.Or(cmp.Compare(a.health.preference(), b.health.preference()), cmp.Compare(a.Rank, b.Rank)); c != 0 {
+		if c := cmp.Or(cmp.Compare(a.health.preference(), b.health.preference()), cmp.Compare(a.Rank, b.Rank),
+			falseFirst(a.Saturated, b.Saturated)); c != 0 {
 			return c
 		}
 		if a.Rank == placement.Idle {
@@ -197,33 +251,31 @@ func Route(hosts []HostView, key string, opts RouteOptions) []Choice {
 				return c
 			}
 		}
-		if a.within != b.within {
-			if a.within {
-				return -1
-			}
-			return 1
+		if c := falseFirst(!a.within, !b.within); c != 0 {
+			return c
 		}
-		cost := 0
+		byLoad := 0
 		if !a.within {
-			cost = cmp.Compare(a.cost, b.cost)
+			byLoad = cmp.Or(cmp.Compare(a.cost, b.cost), cmp.Compare(a.kv, b.kv), cmp.Compare(a.queued, b.queued))
 		}
-		return cmp.Or(cost, cmp.Compare(b.weight, a.weight), cmp.Compare(b.hash, a.hash), cmp.Compare(a.Host, b.Host))
+		return cmp.Or(byLoad, cmp.Compare(b.weight, a.weight), cmp.Compare(b.hash, a.hash), cmp.Compare(a.Host, b.Host))
 	})
-	if opts.ScaleOutWait > 0 && len(all) > 0 && all[0].Rank == placement.Awake {
-		overloaded, spare := true, -1
+	if opts.ScaleOut && len(all) > 0 && all[0].Rank == placement.Awake {
+		saturated, copies, spare := true, 0, -1
 		for i, s := range all {
 			switch s.Rank {
 			case placement.Awake:
-				overloaded = overloaded && s.wait > opts.ScaleOutWait
+				copies++
+				saturated = saturated && s.Saturated
 			case placement.Loading:
-				overloaded = false // a copy is coming up already
+				saturated = false // a copy is coming up already
 			case placement.Asleep, placement.Empty, placement.Idle:
 				if spare < 0 && s.health == Healthy {
 					spare = i
 				}
 			}
 		}
-		if overloaded && spare > 0 {
+		if saturated && spare > 0 && (opts.MaxCopies <= 0 || copies < opts.MaxCopies) {
 			s := all[spare]
 			s.Reason = ReasonScaleOut
 			copy(all[1:spare+1], all[:spare])
@@ -237,18 +289,40 @@ func Route(hosts []HostView, key string, opts RouteOptions) []Choice {
 	return out
 }
 
+// falseFirst orders false before true.
+func falseFirst(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// poolLoad is a pool's placement for a model, with what else Route weighs
+// it by.
+type poolLoad struct {
+	placement.Candidate
+	kv        float64 // the engine's KV cache use: an awake copy with a fresh sample only
+	queued    int     // requests for the model in poold's queue: an awake copy only
+	saturated bool
+}
+
 // score returns the placement of a host's best eligible pool for its model,
 // and false when no pool of the host may run the model.
 //
 // Each pool is ranked by placement.Of from what its /status says, with no
 // idle grace (fleetd does not know the host's), and with this fleetd's
 // requests since the poll (Delta) added to its loaded profile's in-flight
-// count. Requests for the model sent since the poll, or a claim of a new
-// copy there, turn an asleep, empty, idle or queueing host into a loading
-// one: they woke, started or queued for the model there, and the requests
-// that follow should join them (one load per cold burst).
-func score(h HostView) (placement.Candidate, bool) {
-	var best placement.Candidate
+// count; an awake copy is then weighed by weigh, and an unsaturated one
+// goes before a saturated one. Requests for the model sent since the poll,
+// or a claim of a new copy there, turn an asleep, empty, idle or queueing
+// host into a loading one: they woke, started or queued for the model
+// there, and the requests that follow should join them (one load per cold
+// burst).
+func score(h HostView, opts RouteOptions) (poolLoad, bool) {
+	var best poolLoad
 	found := false
 	for _, p := range h.Pools {
 		if len(h.Eligible) > 0 && !slices.Contains(h.Eligible, p.Name) {
@@ -259,7 +333,7 @@ func score(h HostView) (placement.Candidate, bool) {
 			Target:     p.SwitchingTo,
 			Swapping:   p.SwitchingTo != "" || p.State == "starting" || p.State == "stopping" || p.State == "sleeping",
 			GateClosed: p.GateClosed,
-			Queued:     slices.Contains(p.Queued, h.Root),
+			Queued:     p.Queued[h.Root] > 0,
 			Asleep:     slices.Contains(p.Sleeping, h.Root),
 			InFlight:   p.InFlight,
 			Waiting:    p.Waiting,
@@ -268,8 +342,11 @@ func score(h HostView) (placement.Candidate, bool) {
 		if p.Profile != "" {
 			in.InFlight = max(0, in.InFlight+h.Delta[p.Profile])
 		}
-		c := placement.Of(in, h.Root, time.Time{}, 0)
-		if !found || placement.Compare(c, best) < 0 {
+		c := poolLoad{Candidate: placement.Of(in, h.Root, time.Time{}, 0)}
+		if c.Rank == placement.Awake {
+			c.weigh(p, in.InFlight, h.Delta[p.Profile], opts)
+		}
+		if !found || c.compare(best) < 0 {
 			best, found = c, true
 		}
 	}
@@ -281,6 +358,36 @@ func score(h HostView) (placement.Candidate, bool) {
 		best.Load += max(0, sent)
 	}
 	return best, true
+}
+
+// weigh sets the load of awake copy p, with inFlight requests in poold now
+// (as far as this fleetd knows), to which this fleetd sent sent requests
+// since the poll (fewer when negative), and whether it is saturated. A
+// fresh engine sample counts the requests the engine runs and queues, or
+// poold's in flight when more (the sample may be a second older than the
+// poll), and those poold queues for the model in front of it; without one
+// the load stays poold's in flight plus waiting (placement.Of's), and only
+// poold's queue can saturate the copy.
+func (c *poolLoad) weigh(p PoolView, inFlight, sent int, opts RouteOptions) {
+	c.queued = p.Queued[p.Profile]
+	waiting := c.queued
+	if e := p.Engine; e != nil && (opts.StatsMaxAge <= 0 || opts.Now.Sub(e.SampledAt) <= opts.StatsMaxAge) {
+		c.Load = max(max(0, e.Running+sent)+e.Waiting, inFlight) + c.queued
+		c.kv = e.KVCacheUsage
+		waiting += e.Waiting
+	}
+	c.saturated = opts.Saturation.over(c.kv, waiting)
+}
+
+// compare orders two pools of a host, the better first: by placement, and
+// within a rank an unsaturated copy first.
+func (c poolLoad) compare(o poolLoad) int {
+	if c.Rank == o.Rank {
+		if s := falseFirst(c.saturated, o.saturated); s != 0 {
+			return s
+		}
+	}
+	return placement.Compare(c.Candidate, o.Candidate)
 }
 
 // affinityHash is the rendezvous weight of host for key: FNV-1a of both.

@@ -61,7 +61,7 @@ func TestScore(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			c.host.Root = "m"
-			got, ok := score(c.host)
+			got, ok := score(c.host, RouteOptions{})
 			if ok != c.eligible || ok && (got.Rank != c.rank || got.Load != c.load) {
 				t.Fatalf("score = %v, %d, %v; want %v, %d, %v", got.Rank, got.Load, ok, c.rank, c.load, c.eligible)
 			}
@@ -77,11 +77,43 @@ func hv(name string, pools ...PoolView) HostView {
 	return HostView{Name: name, Weight: 1, Root: "m", Pools: pools}
 }
 
-func withWait(h HostView, d time.Duration) HostView { h.Wait = d; return h }
+// t0 is the routing's now in the tests that give engines' samples.
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// withEngine is p with its engine's sample, taken at t0: running and
+// waiting requests, and KV cache use kv.
+func withEngine(p PoolView, running, waiting int, kv float64) PoolView {
+	p.Engine = &EngineLoad{Running: running, Waiting: waiting, KVCacheUsage: kv, SampledAt: t0}
+	return p
+}
+
+// withQueued is p with n requests for its profile in poold's queue.
+func withQueued(p PoolView, n int) PoolView {
+	p.Queued = map[string]int{p.Profile: n}
+	p.Waiting += n
+	return p
+}
+
+// stale is p with its engine's sample a minute older than t0.
+func stale(p PoolView) PoolView {
+	e := *p.Engine
+	e.SampledAt = t0.Add(-time.Minute)
+	p.Engine = &e
+	return p
+}
+
+// hot is an awake copy past the waiting threshold; kvFull one past the KV
+// cache threshold; backlog one whose poold queue is past the waiting
+// threshold while its engine queues nothing.
+var (
+	hot     = withEngine(awake, 4, 11, 0.5)
+	kvFull  = withEngine(awake, 2, 0, 0.9)
+	backlog = withQueued(withEngine(awake, 4, 0, 0.2), 11)
+)
 
 // withLastUsed is p last used ago before a fixed moment.
 func withLastUsed(p PoolView, ago time.Duration) PoolView {
-	p.LastUsed = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC).Add(-ago)
+	p.LastUsed = t0.Add(-ago)
 	return p
 }
 func withWeight(h HostView, w int) HostView          { h.Weight = w; return h }
@@ -95,93 +127,177 @@ func hostsOf(cs []Choice) (out []string) {
 }
 
 func TestRoute(t *testing.T) {
-	const threshold = time.Second
 	cases := []struct {
 		name  string
 		hosts []HostView
-		wait  time.Duration
+		scale bool // scale out
 		slack int
 		want  []string
 	}{
 		// Health before rank: a success ratio, not speed or warmth, decides.
 		{"a trial goes first, then healthy, degraded and key-refused hosts",
-			[]HostView{withHealth(hv("refused", awake), KeyRefused), withHealth(hv("degraded", awake), Degraded), hv("healthy", busyOther), withHealth(hv("trial", empty), Trial)}, 0, 0,
+			[]HostView{withHealth(hv("refused", awake), KeyRefused), withHealth(hv("degraded", awake), Degraded), hv("healthy", busyOther), withHealth(hv("trial", empty), Trial)}, false, 0,
 			[]string{"trial/empty", "healthy/queue", "degraded/awake", "refused/awake"}},
 		{"a degraded host does not take a scale-out",
-			[]HostView{withWait(hv("a", awake), 2*threshold), withHealth(hv("d", empty), Degraded)}, threshold, 0,
+			[]HostView{hv("a", hot), withHealth(hv("d", empty), Degraded)}, true, 0,
 			[]string{"a/awake", "d/empty"}},
 		// A slow host's load counts as many times over as it is slower.
 		{"a host 10x slower loses to a busier fast one",
-			[]HostView{withITL(hv("slow", awake), 200*time.Millisecond), withITL(hv("fast", awakeBusy), 20*time.Millisecond)}, 0, 0,
+			[]HostView{withITL(hv("slow", awake), 200*time.Millisecond), withITL(hv("fast", awakeBusy), 20*time.Millisecond)}, false, 0,
 			[]string{"fast/awake", "slow/awake"}},
 		{"a host 10x slower wins once the fast one is 10x busier",
-			[]HostView{withITL(hv("slow", awake), 200*time.Millisecond), withITL(hv("fast", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 12}), 20*time.Millisecond)}, 0, 0,
+			[]HostView{withITL(hv("slow", awake), 200*time.Millisecond), withITL(hv("fast", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 12}), 20*time.Millisecond)}, false, 0,
 			[]string{"slow/awake", "fast/awake"}},
 		{"an unknown speed counts as the fastest",
-			[]HostView{hv("unknown", awake), withITL(hv("fast", awakeBusy), 20*time.Millisecond)}, 0, 0,
+			[]HostView{hv("unknown", awake), withITL(hv("fast", awakeBusy), 20*time.Millisecond)}, false, 0,
 			[]string{"unknown/awake", "fast/awake"}},
-		{"no hosts", nil, threshold, 0, nil},
+		{"no hosts", nil, true, 0, nil},
 		{"ranks in order: awake, loading, asleep, empty, idle, queue",
-			[]HostView{hv("q", busyOther), hv("i", idleOther), hv("e", empty), hv("s", asleep), hv("l", loading), hv("a", awakeBusy)}, 0, 0,
+			[]HostView{hv("q", busyOther), hv("i", idleOther), hv("e", empty), hv("s", asleep), hv("l", loading), hv("a", awakeBusy)}, false, 0,
 			[]string{"a/awake", "l/loading", "s/asleep", "e/empty", "i/idle", "q/queue"}},
 		{"an empty pool before an idle loaded one, whatever the weight",
-			[]HostView{withWeight(hv("idle", idleOther), 2), hv("empty", empty)}, 0, 0,
+			[]HostView{withWeight(hv("idle", idleOther), 2), hv("empty", empty)}, false, 0,
 			[]string{"empty/empty", "idle/idle"}},
 		{"idle: the least recently used first",
-			[]HostView{hv("recent", withLastUsed(idleOther, time.Minute)), hv("old", withLastUsed(idleOther, time.Hour))}, 0, 0,
+			[]HostView{hv("recent", withLastUsed(idleOther, time.Minute)), hv("old", withLastUsed(idleOther, time.Hour))}, false, 0,
 			[]string{"old/idle", "recent/idle"}},
 		{"awake with the fewest in flight plus waiting first",
-			[]HostView{hv("busy", awakeBusy), hv("calm", awake)}, 0, 0,
+			[]HostView{hv("busy", awakeBusy), hv("calm", awake)}, false, 0,
 			[]string{"calm/awake", "busy/awake"}},
 		{"a model awake elsewhere does not load on an idle host",
-			[]HostView{hv("idle", empty), hv("awake", awakeBusy)}, 0, 0,
+			[]HostView{hv("idle", empty), hv("awake", awakeBusy)}, false, 0,
 			[]string{"awake/awake", "idle/empty"}},
 		{"an idle host before a busy one",
-			[]HostView{hv("busy", busyOther), hv("idle", idleOther)}, 0, 0,
+			[]HostView{hv("busy", busyOther), hv("idle", idleOther)}, false, 0,
 			[]string{"idle/idle", "busy/queue"}},
 		{"shortest queue first",
-			[]HostView{hv("long", busyOther), hv("short", PoolView{Name: "p0", State: "ready", Profile: "x", InFlight: 1})}, 0, 0,
+			[]HostView{hv("long", busyOther), hv("short", PoolView{Name: "p0", State: "ready", Profile: "x", InFlight: 1})}, false, 0,
 			[]string{"short/queue", "long/queue"}},
 		// "key" hashes b above a.
 		{"loads within the slack are equal: affinity decides",
-			[]HostView{hv("a", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 1}), hv("b", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 2}), hv("c", awakeBusy)}, 0, 1,
+			[]HostView{hv("a", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 1}), hv("b", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 2}), hv("c", awakeBusy)}, false, 1,
 			[]string{"b/awake", "a/awake", "c/awake"}},
 		{"without slack the lighter host wins",
-			[]HostView{hv("a", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 1}), hv("b", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 2})}, 0, 0,
+			[]HostView{hv("a", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 1}), hv("b", PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 2})}, false, 0,
 			[]string{"a/awake", "b/awake"}},
 		{"equal load: higher weight first",
-			[]HostView{hv("light", awake), withWeight(hv("heavy", awake), 5)}, 0, 0,
+			[]HostView{hv("light", awake), withWeight(hv("heavy", awake), 5)}, false, 0,
 			[]string{"heavy/awake", "light/awake"}},
-		{"scale-out: every awake copy waits too long, an idle pool goes first",
-			[]HostView{withWait(hv("a", awakeBusy), 2*threshold), withWait(hv("b", awake), 3*threshold), hv("c", empty), hv("d", busyOther)}, threshold, 0,
+		{"scale-out: every awake copy is saturated, an idle pool goes first",
+			[]HostView{hv("a", hot), hv("b", kvFull), hv("c", empty), hv("d", busyOther)}, true, 0,
 			[]string{"c/scale-out", "b/awake", "a/awake", "d/queue"}},
 		{"scale-out prefers waking an asleep copy over loading a cold one",
-			[]HostView{withWait(hv("a", awake), 2*threshold), hv("c", empty), hv("s", asleep)}, threshold, 0,
+			[]HostView{hv("a", hot), hv("c", empty), hv("s", asleep)}, true, 0,
 			[]string{"s/scale-out", "a/awake", "c/empty"}},
-		{"no scale-out while one awake copy is fast",
-			[]HostView{withWait(hv("a", awake), 2*threshold), withWait(hv("b", awakeBusy), threshold/2), hv("c", empty)}, threshold, 0,
-			[]string{"a/awake", "b/awake", "c/empty"}},
+		{"no scale-out while one awake copy is unsaturated",
+			[]HostView{hv("a", hot), hv("b", awakeBusy), hv("c", empty)}, true, 0,
+			[]string{"b/awake", "a/awake", "c/empty"}},
+		{"at the thresholds a copy is not saturated",
+			[]HostView{hv("a", withEngine(awake, 4, 10, 0.85)), hv("c", empty)}, true, 0,
+			[]string{"a/awake", "c/empty"}},
+		{"KV cache use just past the threshold saturates",
+			[]HostView{hv("a", withEngine(awake, 4, 0, 0.86)), hv("c", empty)}, true, 0,
+			[]string{"c/scale-out", "a/awake"}},
+		{"more than 10 in poold's queue saturates, the engine queueing nothing",
+			[]HostView{hv("a", backlog), hv("c", empty)}, true, 0,
+			[]string{"c/scale-out", "a/awake"}},
+		{"a stale engine sample says nothing",
+			[]HostView{hv("a", stale(hot)), hv("c", empty)}, true, 0,
+			[]string{"a/awake", "c/empty"}},
 		{"no scale-out while another copy is loading",
-			[]HostView{withWait(hv("a", awake), 2*threshold), hv("l", loading), hv("c", empty)}, threshold, 0,
+			[]HostView{hv("a", hot), hv("l", loading), hv("c", empty)}, true, 0,
 			[]string{"a/awake", "l/loading", "c/empty"}},
 		{"no scale-out without a spare pool",
-			[]HostView{withWait(hv("a", awake), 2*threshold), hv("q", busyOther)}, threshold, 0,
+			[]HostView{hv("a", hot), hv("q", busyOther)}, true, 0,
 			[]string{"a/awake", "q/queue"}},
 		{"no scale-out when it is off",
-			[]HostView{withWait(hv("a", awake), time.Hour), hv("c", empty)}, 0, 0,
+			[]HostView{hv("a", hot), hv("c", empty)}, false, 0,
 			[]string{"a/awake", "c/empty"}},
-		{"unknown wait is not overload",
-			[]HostView{hv("a", awake), hv("c", empty)}, threshold, 0,
+		{"no engine sample and a short queue is not saturation",
+			[]HostView{hv("a", awake), hv("c", empty)}, true, 0,
 			[]string{"a/awake", "c/empty"}},
+		// Engines' own load first, then KV cache use, then poold's queue.
+		{"fewest engine requests first, when more than poold's in flight",
+			[]HostView{hv("a", withEngine(PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 1}, 5, 1, 0.1)), hv("b", withEngine(PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 2}, 3, 0, 0.1))}, false, 0,
+			[]string{"b/awake", "a/awake"}},
+		{"poold's in flight when more than a lagging engine sample",
+			[]HostView{hv("a", withEngine(PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 6}, 1, 0, 0.1)), hv("b", withEngine(awake, 3, 0, 0.1))}, false, 0,
+			[]string{"b/awake", "a/awake"}},
+		{"equal engine load: the least KV cache use first",
+			[]HostView{hv("x", withEngine(awake, 10, 0, 0.5)), hv("y", withEngine(awake, 10, 0, 0.3)), hv("l", withEngine(awake, 0, 0, 0))}, false, 0,
+			[]string{"l/awake", "y/awake", "x/awake"}},
+		{"equal engine load and KV cache use: the shortest poold queue first",
+			[]HostView{hv("y", withQueued(withEngine(awake, 8, 0, 0.3), 2)), hv("x", withEngine(awake, 10, 0, 0.3)), hv("l", withEngine(awake, 0, 0, 0))}, false, 0,
+			[]string{"l/awake", "x/awake", "y/awake"}},
+		{"a stale engine sample weighs by poold's counts",
+			[]HostView{hv("a", stale(withEngine(awakeBusy, 0, 0, 0))), hv("b", withEngine(awake, 2, 0, 0))}, false, 0,
+			[]string{"b/awake", "a/awake"}},
+		{"a saturated copy after every unsaturated one, whatever its load",
+			[]HostView{hv("a", kvFull), hv("b", withEngine(awake, 8, 0, 0.5))}, false, 0,
+			[]string{"b/awake", "a/awake"}},
+		{"poold's queue saturates a copy that looks lighter",
+			[]HostView{hv("a", backlog), hv("b", withEngine(awake, 20, 0, 0.5))}, false, 0,
+			[]string{"b/awake", "a/awake"}},
+		{"saturated copies among themselves by load",
+			[]HostView{hv("a", hot), hv("b", kvFull)}, false, 0,
+			[]string{"b/awake", "a/awake"}},
+		{"a saturated healthy copy before a degraded one",
+			[]HostView{withHealth(hv("d", awake), Degraded), hv("a", hot)}, false, 0,
+			[]string{"a/awake", "d/awake"}},
 		{"a host that cannot run the model is left out",
-			[]HostView{hv("a", awake), {Name: "x", Root: "m", Eligible: []string{"gpu9"}, Pools: []PoolView{empty}}}, threshold, 0,
+			[]HostView{hv("a", awake), {Name: "x", Root: "m", Eligible: []string{"gpu9"}, Pools: []PoolView{empty}}}, true, 0,
 			[]string{"a/awake"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got := hostsOf(Route(c.hosts, "key", RouteOptions{ScaleOutWait: c.wait, Slack: c.slack, Epsilon: 0}))
+			got := hostsOf(Route(c.hosts, "key", RouteOptions{ScaleOut: c.scale, Saturation: DefaultSaturation, StatsMaxAge: DefaultEngineStatsMaxAge, Now: t0, Slack: c.slack}))
 			if !slices.Equal(got, c.want) {
 				t.Fatalf("Route = %v; want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// Scale-out stops at the model's maxCopies awake copies.
+func TestRouteMaxCopies(t *testing.T) {
+	hosts := []HostView{hv("a", hot), hv("b", kvFull), hv("c", empty)}
+	for _, c := range []struct {
+		max  int
+		want string
+	}{{0, "c/scale-out"}, {3, "c/scale-out"}, {2, "b/awake"}, {1, "b/awake"}} {
+		got := hostsOf(Route(hosts, "key", RouteOptions{ScaleOut: true, MaxCopies: c.max, Saturation: DefaultSaturation, Now: t0}))
+		if got[0] != c.want {
+			t.Errorf("maxCopies %d: Route = %v; want %s first", c.max, got, c.want)
+		}
+	}
+}
+
+// An awake copy's load and saturation come from its engine's fresh sample
+// and poold's queue for it.
+func TestScoreEngine(t *testing.T) {
+	opts := RouteOptions{Saturation: DefaultSaturation, StatsMaxAge: DefaultEngineStatsMaxAge, Now: t0}
+	cases := []struct {
+		name      string
+		host      HostView
+		load      int
+		saturated bool
+	}{
+		{"running plus waiting plus poold's queue", HostView{Pools: []PoolView{withQueued(withEngine(awake, 3, 1, 0.2), 2)}}, 6, false},
+		{"requests sent since the poll run", HostView{Delta: map[string]int{"m": 2}, Pools: []PoolView{withQueued(withEngine(awake, 3, 1, 0.2), 2)}}, 8, false},
+		{"requests ended since the poll: never fewer than none running", HostView{Delta: map[string]int{"m": -9}, Pools: []PoolView{withQueued(withEngine(awake, 3, 1, 0.2), 2)}}, 3, false},
+		{"poold's in flight when more than the sample", HostView{Pools: []PoolView{withQueued(withEngine(PoolView{Name: "p0", State: "ready", Profile: "m", InFlight: 7}, 3, 1, 0.2), 2)}}, 9, false},
+		{"a stale sample: poold's in flight plus waiting", HostView{Pools: []PoolView{stale(withEngine(awakeBusy, 9, 9, 1))}}, 4, false},
+		{"KV cache use past the threshold", HostView{Pools: []PoolView{kvFull}}, 2, true},
+		{"engine and poold waiting together past the threshold", HostView{Pools: []PoolView{withQueued(withEngine(awake, 4, 6, 0.2), 5)}}, 15, true},
+		{"a stale sample: poold's queue alone can saturate", HostView{Pools: []PoolView{stale(backlog)}}, 11, true},
+		{"an unsaturated pool before a saturated one of the same host", HostView{Pools: []PoolView{hot, named(withEngine(awake, 9, 0, 0.2), "p1")}}, 9, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.host.Root = "m"
+			got, ok := score(c.host, opts)
+			if !ok || got.Rank != placement.Awake || got.Load != c.load || got.saturated != c.saturated {
+				t.Fatalf("score = %v, load %d, saturated %v, %v; want awake, %d, %v", got.Rank, got.Load, got.saturated, ok, c.load, c.saturated)
 			}
 		})
 	}

@@ -183,6 +183,30 @@ func TestTenantsEnforcedBeforeHosts(t *testing.T) {
 		}
 	}
 
+	// So is GET /v1/models/{id}: another tenant's model is a 404 like one
+	// that does not exist; unknown routes and methods are OpenAI-shaped too.
+	for _, c := range []struct {
+		key, path string
+		status    int
+	}{{a, "/v1/models/chat", 200}, {a, "/v1/models/qwen", 404}, {b, "/v1/models/qwen", 200}, {a, "/v1/nope", 405}, {a, "/nope", 404}, {"", "/v1/models/chat", 401}} {
+		req, _ := http.NewRequest(http.MethodGet, tf.srv.URL+c.path, nil)
+		if c.key != "" {
+			req.Header.Set("Authorization", c.key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Errorf("GET %s as %q: %d %s, want %d", c.path, c.key, resp.StatusCode, body, c.status)
+		}
+		if c.status == 404 && !strings.Contains(string(body), `available models: chat"`) && !strings.Contains(string(body), "unknown_route") {
+			t.Errorf("GET %s as %q: the 404 %s names other models", c.path, c.key, body)
+		}
+	}
+
 	m := tf.fleet.metrics
 	for code, want := range map[string]float64{"200": 2, "404": 3, "400": 1, "429": 1} {
 		if got := testutil.ToFloat64(m.tenantRequests.WithLabelValues("team-a", code)); got != want {

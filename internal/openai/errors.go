@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -20,7 +21,7 @@ type apiError struct {
 // errorType maps a status to the OpenAI error type name.
 func errorType(status int) string {
 	switch status {
-	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusRequestHeaderFieldsTooLarge:
+	case http.StatusBadRequest, http.StatusMethodNotAllowed, http.StatusRequestEntityTooLarge, http.StatusRequestHeaderFieldsTooLarge:
 		return "invalid_request_error"
 	case http.StatusUnauthorized:
 		return "authentication_error"
@@ -48,9 +49,23 @@ func writeError(w http.ResponseWriter, status int, e apiError) {
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(struct {
-		Error apiError `json:"error"`
-	}{e})
+	_, _ = w.Write(append(marshal(errorBody{e}), '\n'))
+}
+
+// errorBody is the OpenAI error body.
+type errorBody struct {
+	Error apiError `json:"error"`
+}
+
+// marshal encodes v as JSON, without a newline at the end, and without
+// escaping <, > and &: messages quote what clients sent and name
+// placeholders such as <key>, which must read as written.
+func marshal(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // WriteUnavailable writes a 503 with Retry-After in whole seconds (at least 1).
@@ -84,9 +99,7 @@ func setRetryAfter(w http.ResponseWriter, retry time.Duration) {
 // OpenAI-shaped body is kept as it is (with the retry hint added to its
 // message); any other body becomes the message.
 func ErrorEvent(status int, retryAfter string, body []byte) []byte {
-	var e struct {
-		Error apiError `json:"error"`
-	}
+	var e errorBody
 	if err := json.Unmarshal(body, &e); err != nil || e.Error.Message == "" {
 		e.Error = apiError{
 			Message: fmt.Sprintf("engine answered %d: %s", status, strings.TrimSpace(string(body))),
@@ -97,6 +110,5 @@ func ErrorEvent(status int, retryAfter string, body []byte) []byte {
 	if retryAfter != "" {
 		e.Error.Message += fmt.Sprintf(" (retry after %ss)", retryAfter)
 	}
-	b, _ := json.Marshal(e)
-	return append(append([]byte("data: "), b...), "\n\n"...)
+	return append(append([]byte("data: "), marshal(e)...), "\n\n"...)
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -110,5 +111,28 @@ func TestWriteUnavailable(t *testing.T) {
 				t.Errorf("error = %v", e)
 			}
 		})
+	}
+}
+
+// Error JSON is not HTML-escaped: a message says <key> as written, in an
+// answer, in the error event that ends a stream and in one made of an
+// engine's answer.
+func TestErrorsNotHTMLEscaped(t *testing.T) {
+	const msg = `send Authorization: Bearer <key> & "x-api-key: <key>"`
+	rec := httptest.NewRecorder()
+	WriteError(rec, http.StatusUnauthorized, "invalid_api_key", "", msg)
+	if !strings.Contains(rec.Body.String(), `Bearer <key> & \"x-api-key: <key>\"`) || !strings.HasSuffix(rec.Body.String(), "}\n") {
+		t.Errorf("answer %q", rec.Body)
+	}
+	if e := decodeError(t, rec); e["message"] != msg {
+		t.Errorf("message %q", e["message"])
+	}
+	for name, ev := range map[string][]byte{
+		"stream error": streamError(&StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: msg}),
+		"engine error": ErrorEvent(http.StatusBadRequest, "", []byte("<html>bad & worse</html>")),
+	} {
+		if s := string(ev); strings.Contains(s, `\u003c`) || strings.Contains(s, `\u0026`) || !strings.Contains(s, "<") {
+			t.Errorf("%s event %q", name, ev)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"os"
 	"slices"
@@ -30,11 +31,14 @@ type Request struct {
 	// IncludeUsage reports that the client asked for usage in its stream:
 	// stream_options is an object whose include_usage is true or absent.
 	IncludeUsage bool
+	// Form reports a multipart/form-data body (an audio upload), whose
+	// model, stream and stream_include_usage are form fields.
+	Form bool
 	// OutputCaps are the bounds on generated tokens the request sets, in
 	// body order (see OutputCap); nil when it sets none.
 	OutputCaps []OutputCap
 
-	modelSpan span // the model value's bytes, quotes included
+	modelSpan span // the model value's bytes, quotes included (a form's: its content)
 	// opts is the stream_options value's span; zero when absent.
 	opts span
 }
@@ -63,8 +67,9 @@ func errParam(err error) string {
 }
 
 // ReadRequest reads an OpenAI request body once, bounded by limit, and
-// validates it. On failure it answers with the OpenAI error (400, 408 or 413)
-// and returns the status sent; otherwise the status is 0.
+// validates it: a JSON object, or a multipart/form-data form (by its
+// Content-Type). On failure it answers with the OpenAI error (400, 408 or
+// 413) and returns the status sent; otherwise the status is 0.
 func ReadRequest(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, Request, int) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	switch {
@@ -79,12 +84,21 @@ func ReadRequest(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, R
 		WriteError(w, http.StatusBadRequest, "invalid_body", "", "reading request body: "+err.Error())
 		return nil, Request{}, http.StatusBadRequest
 	}
-	req, err := parseRequest(body)
+	req, err := parseBody(body, r.Header.Get("Content-Type"))
 	if err != nil {
 		WriteError(w, http.StatusBadRequest, "invalid_body", errParam(err), err.Error())
 		return nil, Request{}, http.StatusBadRequest
 	}
 	return body, req, 0
+}
+
+// parseBody reads a body of media type contentType: a form for
+// multipart/form-data, else JSON.
+func parseBody(body []byte, contentType string) (Request, error) {
+	if mt, params, err := mime.ParseMediaType(contentType); err == nil && mt == "multipart/form-data" {
+		return parseForm(body, params["boundary"])
+	}
+	return parseRequest(body)
 }
 
 // parseRequest reads the top level of a JSON object body once, validating the
@@ -243,9 +257,11 @@ func valueEnd(b []byte, i int) int {
 }
 
 // Rewrite returns the body to send upstream: model replaced by id when it
-// differs, and, when injectUsage is set, stream_options changed so that the
-// engine reports usage in a final usage-only chunk (and only there). Everything
-// else is kept byte for byte. It returns body itself when nothing changes.
+// differs (in a form, the model field's content), and, when injectUsage is
+// set, stream_options changed so that the engine reports usage in a final
+// usage-only chunk (and only there); injectUsage is for JSON bodies, never
+// a form. Everything else is kept byte for byte. It returns body itself when
+// nothing changes.
 func Rewrite(body []byte, r Request, id string, injectUsage bool) []byte {
 	if r.Model == id && !injectUsage {
 		return body
@@ -261,7 +277,10 @@ func Rewrite(body []byte, r Request, id string, injectUsage bool) []byte {
 		patches = append(patches, patch{span{brace + 1, brace + 1}, []byte(`"stream_options":{"include_usage":true},`)})
 	}
 	if r.Model != id {
-		q, _ := json.Marshal(id)
+		q := []byte(id)
+		if !r.Form {
+			q, _ = json.Marshal(id)
+		}
 		patches = append(patches, patch{r.modelSpan, q})
 	}
 	if injectUsage && !r.opts.empty() {

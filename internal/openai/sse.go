@@ -199,8 +199,7 @@ func streamError(err error) []byte {
 	if se, ok := errors.AsType[*StreamError](err); ok {
 		e = apiError{Message: se.Message, Type: errorType(se.Status), Code: se.Code}
 	}
-	b, _ := json.Marshal(map[string]apiError{"error": e})
-	return append(append([]byte("data: "), b...), "\n\n"...)
+	return append(append([]byte("data: "), marshal(errorBody{e})...), "\n\n"...)
 }
 
 // StreamError is why a stream was ended early by the proxy rather than by

@@ -9,6 +9,16 @@ import (
 	"github.com/poold/poold/internal/shim"
 )
 
+// An engine's output reaches poold's log one line per record: the message
+// is EngineOutput and the line, as the engine printed it, is the string
+// attribute EngineLine, beside the pool, profile and pid of the engine. The
+// daemon's text format prints such records as the raw line after those
+// three (cmd/poold); its JSON format keeps the line a field of its own.
+const (
+	EngineOutput = "engine output"
+	EngineLine   = "line"
+)
+
 // Kinds of engine output line the pool acts on, as bits of engine.noted.
 const (
 	notePortTaken   uint32 = 1 << iota // the engine could not bind its port
@@ -62,7 +72,7 @@ func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
 		if line != "" || err == nil {
 			e.note(line)
 			e.logs.add(line)
-			log.Info(line, "stream", "engine")
+			log.Info(EngineOutput, EngineLine, line)
 		}
 		if err != nil {
 			if err != io.EOF {

@@ -228,6 +228,10 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	kind := KindCold
 	if sl != nil && p.wakeSleeper(ctx, sl, from, phases) {
 		kind = KindWake
+	} else if ctx.Err() != nil {
+		// No engine is started for a pool that stops.
+		p.failSwap(ctx, prof, from, phases, ctx.Err())
+		return
 	}
 	// An engine that could not bind its port (taken between freePort and the
 	// engine's bind), or that shares it with another process, is started

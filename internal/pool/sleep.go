@@ -57,7 +57,11 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	cancel()
 	if err != nil {
 		p.opts.host.release(need)
-		p.log.Warn("putting engine to sleep failed; stopping it", "profile", old.profile.ID, "err", err)
+		if ctx.Err() != nil { // poold is stopping, or the pool was removed: not a failure
+			p.log.Info("sleep abandoned: the pool is stopping; stopping the engine", "profile", old.profile.ID)
+		} else {
+			p.log.Warn("putting engine to sleep failed; stopping it", "profile", old.profile.ID, "err", err)
+		}
 		return false
 	}
 	if released != nil {
@@ -245,7 +249,8 @@ func (p *Pool) sleepStatusLocked() []statusapi.Sleeper {
 // wakeSleeper wakes sl, the sleeper of the profile the pool swaps to, as the
 // pool's engine, and reports whether it serves now. A wake that fails (or a
 // sleeper that died) is stopped, reported as a swap result "wake_failed",
-// and the caller starts the profile cold.
+// and the caller starts the profile cold; one cut short because the pool
+// stops (ctx ended) is stopped, and that is no failure.
 func (p *Pool) wakeSleeper(ctx context.Context, sl *sleeper, from string, phases map[string]time.Duration) bool {
 	e, t := sl.eng, p.opts.Now()
 	p.log.Info("waking engine", "profile", e.profile.ID, "level", sl.level, "asleep_for", t.Sub(sl.since))
@@ -255,7 +260,12 @@ func (p *Pool) wakeSleeper(ctx context.Context, sl *sleeper, from string, phases
 		p.opts.Ledger.asleep(e, 0)
 		return true
 	}
-	p.log.Warn("wake failed; starting cold instead", "profile", e.profile.ID, "err", err)
+	abandoned := ctx.Err() != nil // poold is stopping, or the pool was removed: not a failure
+	if abandoned {
+		p.log.Info("wake abandoned: the pool is stopping; stopping the engine", "profile", e.profile.ID)
+	} else {
+		p.log.Warn("wake failed; starting cold instead", "profile", e.profile.ID, "err", err)
+	}
 	if _, stopErr := p.stopGroup(e, e.profile.StopTimeout.Duration); stopErr != nil {
 		p.log.Error("stopping engine that failed to wake", "profile", e.profile.ID, "err", stopErr)
 	}
@@ -264,6 +274,10 @@ func (p *Pool) wakeSleeper(ctx context.Context, sl *sleeper, from string, phases
 		p.eng = nil
 	}
 	p.mu.Unlock()
+	if abandoned {
+		p.observeExit(e.profile.ID, "stopped")
+		return false
+	}
 	p.observeExit(e.profile.ID, "load_failed")
 	p.observeSwap(from, e.profile.ID, KindWake, "wake_failed", phases)
 	return false

@@ -104,6 +104,7 @@ func (p *Profile) Equal(q *Profile) bool {
 		p.MaxModelLen == q.MaxModelLen &&
 		slices.Equal(p.Args, q.Args) &&
 		maps.Equal(p.Env, q.Env) &&
+		slices.Equal(p.PassEnv, q.PassEnv) &&
 		slices.Equal(p.Command, q.Command) &&
 		p.StartupTimeout.Duration == q.StartupTimeout.Duration &&
 		p.StopTimeout.Duration == q.StopTimeout.Duration &&

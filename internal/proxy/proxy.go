@@ -148,6 +148,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", h.serveModels)
+	mux.HandleFunc("GET /v1/models/{id...}", h.serveModel)
 	mux.HandleFunc("GET /pools/{pool}/metrics", h.serveEngineMetrics)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", h.serveHealth)
@@ -169,13 +170,18 @@ func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pa
 
 // ServeHTTP serves every POST but the admin API's as an inference request,
 // which serveAPI routes by its path (routeOf), before the mux could clean or
-// redirect it; everything else goes through the mux.
+// redirect it; another method on an inference route is a 405; everything
+// else goes through the mux, whose 404 and 405 are OpenAI-shaped too.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost && !strings.HasPrefix(r.URL.Path, "/admin/") {
 		h.serveAPI(w, r)
 		return
 	}
-	h.mux.ServeHTTP(w, r)
+	if _, ok := routeOf(r.URL); ok {
+		openai.WriteMethodNotAllowed(w, r, http.MethodPost)
+		return
+	}
+	openai.ServeMux(h.mux, w, r)
 }
 
 // Close closes the idle connections to engines and stops their sweep. Call
@@ -303,6 +309,11 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, rec.Status, "unknown_route", "", fmt.Sprintf("POST %s is not an inference route that poold forwards", strconv.Quote(r.URL.EscapedPath())))
 		return
 	}
+	if rt.pool != "" && h.pools.Pool(rt.pool) == nil {
+		rec.Status = http.StatusNotFound
+		openai.WriteError(w, rec.Status, "pool_not_found", "", h.unknownPool(rt.pool))
+		return
+	}
 	r.SetPathValue("pool", rt.pool)
 	x.path = rt.path
 	if ok, why := forwardedHeaders(r.Header); !ok {
@@ -322,6 +333,11 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Model, rec.Stream = req.Model, req.Stream
+	if req.Form && !formRoutes[rt.path] {
+		rec.Status = http.StatusBadRequest
+		openai.WriteError(w, rec.Status, "invalid_body", "", fmt.Sprintf("a multipart/form-data body is for the audio routes; POST %s takes JSON", rt.path))
+		return
+	}
 	prof := h.cfg.Load().Lookup(req.Model)
 	if prof == nil || ten != nil && !ten.AllowsModel(req.Model, prof.ID) {
 		rec.Status = http.StatusNotFound
@@ -407,7 +423,11 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		openai.WriteError(w, http.StatusBadGateway, "engine_failed", "", err.Error())
 		return http.StatusBadGateway
 	case errors.Is(err, pool.ErrNoPool):
-		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool")))
+		msg := fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool"))
+		if h.pools.Pool(r.PathValue("pool")) == nil { // removed by a reload meanwhile
+			msg = h.unknownPool(r.PathValue("pool"))
+		}
+		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", msg)
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrShutdown):
 		w.Header().Set(openai.RefusedHeader, "shutting_down")
@@ -440,6 +460,16 @@ func (h *Handler) unknownModel(name string, ten *tenant.Tenant) string {
 		names = names[:maxListed]
 	}
 	return fmt.Sprintf("model %s does not exist; available models: %s%s", strconv.Quote(name), strings.Join(names, ", "), more)
+}
+
+// unknownPool says that pool name does not exist, listing those that do.
+func (h *Handler) unknownPool(name string) string {
+	ps := h.pools.Pools()
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.Name()
+	}
+	return fmt.Sprintf("pool %s does not exist; pools: %s", strconv.Quote(name), strings.Join(names, ", "))
 }
 
 // rewriteOut builds the upstream request: the engine's URL, the rewritten body,

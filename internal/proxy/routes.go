@@ -28,6 +28,13 @@ var inferenceRoutes = map[string]bool{
 	"/detokenize":              true,
 }
 
+// formRoutes are the inference routes whose body is a multipart/form-data
+// form (an audio upload); every other route takes JSON.
+var formRoutes = map[string]bool{
+	"/v1/audio/transcriptions": true,
+	"/v1/audio/translations":   true,
+}
+
 // route is where an inference request goes: the engine's path, and the pool
 // it pins ("" when any may serve it).
 type route struct {

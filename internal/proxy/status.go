@@ -37,7 +37,7 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("pool")
 	p := h.pools.Pool(name)
 	if p == nil {
-		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("no pool %q", name))
+		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", h.unknownPool(name))
 		return
 	}
 	eng := p.Status().Engine
@@ -106,31 +106,6 @@ func (h *Handler) serveHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]string{"status": "ok"})
 }
 
-// serveModels lists every servable name (ids and aliases), loaded or not.
-func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
-	state := make(map[string]string)
-	for _, st := range h.PoolStatus() {
-		if st.SwitchingTo != nil {
-			state[*st.SwitchingTo] = "loading"
-		}
-		if st.Profile != nil {
-			state[*st.Profile] = "ready"
-		}
-	}
-	cfg := h.cfg.Load()
-	names := h.visibleNames(tenant.FromContext(r.Context()))
-	data := make([]statusapi.Model, 0, len(names))
-	for _, name := range names {
-		prof := cfg.Lookup(name)
-		s := state[prof.ID]
-		if s == "" {
-			s = "available"
-		}
-		data = append(data, statusapi.Model{ModelObject: statusapi.ModelObject{ID: name, Object: "model", Created: h.created, OwnedBy: "poold", Root: prof.ID}, State: s, Pools: prof.Pools})
-	}
-	writeJSON(w, statusapi.ModelList[statusapi.Model]{Object: "list", Data: data})
-}
-
 // visibleNames are the model names (ids and aliases) there are for ten: all
 // of them for nil, those ten may use otherwise.
 func (h *Handler) visibleNames(ten *tenant.Tenant) []string {
@@ -145,6 +120,7 @@ func (h *Handler) visibleNames(ten *tenant.Tenant) []string {
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
 }

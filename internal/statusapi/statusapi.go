@@ -238,13 +238,17 @@ type GPUMemory struct {
 }
 
 // ModelObject is the OpenAI model object that begins every entry of
-// GET /v1/models. Root is the canonical profile id the name resolves to.
+// GET /v1/models and the answer of GET /v1/models/{id}. Root is the
+// canonical profile id the name resolves to.
 type ModelObject struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
 	Root    string `json:"root"`
+	// MaxModelLen is the model's context length, as vLLM lists it; zero
+	// (left out) when unknown.
+	MaxModelLen int `json:"max_model_len,omitempty"`
 }
 
 // Model is one entry of poold's GET /v1/models: the OpenAI model object plus

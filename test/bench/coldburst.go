@@ -53,7 +53,7 @@ func (b *bench) w1c(ctx context.Context) error {
 		poolds = append(poolds, p)
 		hosts[name] = p.base
 	}
-	f, err := startFleet(b.dir, "burst-fleetd", b.fleetBin, hosts, "--poll-interval", "100ms", "--scale-out-wait", "0")
+	f, err := startFleet(b.dir, "burst-fleetd", b.fleetBin, hosts, "--poll-interval", "100ms", "--scale-out=false")
 	if err != nil {
 		return err
 	}

@@ -90,7 +90,7 @@ func TestFleetFailingHost(t *testing.T) {
 	for _, p := range []string{"gpu0", "gpu1"} {
 		hosts[2].waitPool(p, 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	}
-	f := startFleetd(t, hosts, "--max-backoff", "10s", "--scale-out-wait", "0")
+	f := startFleetd(t, hosts, "--max-backoff", "10s", "--scale-out=false")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -288,7 +288,7 @@ func coldBurst(t *testing.T, hosts []*daemon, fs []*fleetd, n int) (float64, map
 // and the rest follow it.
 func TestFleetColdBurst(t *testing.T) {
 	hosts := busyFleet(t)
-	f := startFleetd(t, hosts, "--scale-out-wait", "0")
+	f := startFleetd(t, hosts, "--scale-out=false")
 	started, byHost := coldBurst(t, hosts, []*fleetd{f}, 30)
 	t.Logf("30 concurrent requests for a cold model, every pool busy: %v engine start(s) fleet-wide; answers by host %v", started, byHost)
 	if started != 1 || len(byHost) != 1 {
@@ -301,8 +301,8 @@ func TestFleetColdBurst(t *testing.T) {
 func TestFleetTwoReplicasRedis(t *testing.T) {
 	url := rdbtest.Start(t)
 	hosts := busyFleet(t)
-	f1 := startFleetd(t, hosts, "--scale-out-wait", "0", "--redis-url", url)
-	f2 := startFleetd(t, hosts, "--scale-out-wait", "0", "--redis-url", url)
+	f1 := startFleetd(t, hosts, "--scale-out=false", "--redis-url", url)
+	f2 := startFleetd(t, hosts, "--scale-out=false", "--redis-url", url)
 	started, byHost := coldBurst(t, hosts, []*fleetd{f1, f2}, 30)
 	followed := metricSum(t, f1.url, "fleetd_copy_claims_total", `result="followed"`) + metricSum(t, f2.url, "fleetd_copy_claims_total", `result="followed"`)
 	t.Logf("30 concurrent requests for a cold model through two replicas: %v engine start(s) fleet-wide; answers by host %v; claims followed %v", started, byHost, followed)
@@ -318,7 +318,7 @@ func TestFleetTwoReplicasRedis(t *testing.T) {
 func TestFleetSilentHost(t *testing.T) {
 	hosts := hostsWithA(t, 3, nil)
 	// fleetd's own defaults for silence (the harness polls faster).
-	f := startFleetd(t, hosts, "--poll-interval", "1s", "--poll-timeout", "750ms", "--silent-after", "2", "--scale-out-wait", "0")
+	f := startFleetd(t, hosts, "--poll-interval", "1s", "--poll-timeout", "750ms", "--silent-after", "2", "--scale-out=false")
 	victim := hosts[1]
 	defer victim.cmd.Process.Signal(syscall.SIGCONT) // whatever happens
 
@@ -450,7 +450,7 @@ trickle:
 func TestFleetDeltasBetweenPolls(t *testing.T) {
 	hosts := hostsWithA(t, 3, nil)
 	// Strictly by load (no affinity slack), and polls far apart.
-	f := startFleetd(t, hosts, "--poll-interval", "4s", "--affinity-epsilon", "0", "--load-slack", "0", "--scale-out-wait", "0")
+	f := startFleetd(t, hosts, "--poll-interval", "4s", "--affinity-epsilon", "0", "--load-slack", "0", "--scale-out=false")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
@@ -515,7 +515,7 @@ func TestFleetSlowHost(t *testing.T) {
 		}
 		return nil
 	})
-	f := startFleetd(t, hosts, "--scale-out-wait", "0")
+	f := startFleetd(t, hosts, "--scale-out=false")
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	stream := func(key string) string {
@@ -580,7 +580,7 @@ func TestFleetSlowHost(t *testing.T) {
 // above (14 against 8 and 8).
 func TestFleetAffinityBoundedLoad(t *testing.T) {
 	hosts := hostsWithA(t, 3, nil)
-	f := startFleetd(t, hosts, "--scale-out-wait", "0") // ε 0.25 and slack 1, the defaults
+	f := startFleetd(t, hosts, "--scale-out=false") // ε 0.25 and slack 1, the defaults
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	// A session whose host, among equals, is host1.
@@ -651,7 +651,7 @@ func TestFleetEmptyBeforeIdle(t *testing.T) {
 	h2 := startPoold(t, t.Name()+"-2", hostProfiles(t.Name()+"-2", "", models))
 	h1.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
 	// host1 weighs twice as much as host2.
-	f := startFleetdWeighted(t, []*daemon{h1, h2}, []int{2, 1}, "--scale-out-wait", "0")
+	f := startFleetdWeighted(t, []*daemon{h1, h2}, []int{2, 1}, "--scale-out=false")
 	f.waitHost("host1", 10*time.Second, "a ready", func(h fleetHost) bool { return len(h.Pools) == 1 && h.Pools[0].State == "ready" })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

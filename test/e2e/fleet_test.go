@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -401,127 +400,6 @@ func TestFleetFailover(t *testing.T) {
 	}
 }
 
-// A sustained overload of a model awake on one host brings up a second copy
-// on an idle host, and the queue wait drops.
-func TestFleetScaleOut(t *testing.T) {
-	// Two generation slots per engine: six closed-loop clients on one copy
-	// queue in the engine, as vLLM does past --max-num-seqs.
-	h1 := startPoold(t, t.Name()+"-1", hostProfiles(t.Name()+"-1", "a", []string{"a"}, "--max-num-seqs", "2"))
-	h2 := startPoold(t, t.Name()+"-2", hostProfiles(t.Name()+"-2", "", []string{"a"}, "--max-num-seqs", "2"))
-	h1.waitPool("gpu0", 20*time.Second, "a ready", func(p poolView) bool { return p.State == "ready" })
-	f := startFleetd(t, []*daemon{h1, h2}, "--scale-out-wait", "150ms")
-	f.waitHost("host1", 5*time.Second, "a ready", func(h fleetHost) bool { return len(h.Pools) == 1 && h.Pools[0].State == "ready" })
-
-	type sample struct {
-		host string
-		at   time.Time
-		wait time.Duration // time to first byte
-	}
-	var mu sync.Mutex // guards samples
-	var samples []sample
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	load, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	errs := make(chan error, 6)
-	for w := range 6 {
-		wg.Go(func() {
-			for load.Err() == nil {
-				body := fmt.Sprintf(`{"model": "a", "stream": true, "max_tokens": 10, "messages": [{"role": "user", "content": "client %d"}]}`, w)
-				req, _ := http.NewRequestWithContext(load, http.MethodPost, f.url+"/v1/chat/completions", strings.NewReader(body))
-				start := time.Now()
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					if load.Err() == nil {
-						errs <- err
-					}
-					return
-				}
-				rd := bufio.NewReader(resp.Body)
-				_, err = rd.ReadString('\n')
-				s := sample{host: resp.Header.Get("X-Fleet-Host"), at: time.Now(), wait: time.Since(start)}
-				_, _ = io.Copy(io.Discard, rd)
-				resp.Body.Close()
-				if err != nil || resp.StatusCode != http.StatusOK {
-					if load.Err() == nil {
-						errs <- fmt.Errorf("status %d: %v", resp.StatusCode, err)
-					}
-					return
-				}
-				mu.Lock()
-				samples = append(samples, s)
-				mu.Unlock()
-			}
-		})
-	}
-	// Run until host 2 has served a good number of requests.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		mu.Lock()
-		n2 := 0
-		for _, s := range samples {
-			if s.host == "host2" {
-				n2++
-			}
-		}
-		mu.Unlock()
-		if n2 >= 30 {
-			break
-		}
-		if time.Now().After(deadline) {
-			stop()
-			wg.Wait()
-			t.Fatalf("no second copy: host2 served %d requests in 30s\n%s", n2, tail(f.stdout.String(), 20))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	stop()
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("client error: %v", err)
-	}
-	if p := h2.pool("gpu0"); p.Profile != "a" {
-		t.Fatalf("host2 does not hold a second copy: %+v", p)
-	}
-	if !f.logged(map[string]any{"reason": "scale-out", "host": "host2"}) {
-		t.Fatal("no scale-out decision in the access log")
-	}
-
-	// The queue wait before the second copy (host1 alone) and over the last
-	// 40 requests (both copies).
-	var first2 time.Time
-	for _, s := range samples {
-		if s.host == "host2" {
-			first2 = s.at
-			break
-		}
-	}
-	mean := func(ss []sample) time.Duration {
-		var sum time.Duration
-		for _, s := range ss {
-			sum += s.wait
-		}
-		return sum / time.Duration(max(1, len(ss)))
-	}
-	var before []sample
-	for _, s := range samples {
-		if s.at.Before(first2) {
-			before = append(before, s)
-		}
-	}
-	after := samples[len(samples)-20:]
-	by := map[string]int{}
-	for _, s := range after {
-		by[s.host]++
-	}
-	t.Logf("queue wait (time to first byte): one copy %v over %d requests; two copies %v over the last %d (by host %v)",
-		mean(before).Round(time.Millisecond), len(before), mean(after).Round(time.Millisecond), len(after), by)
-	if by["host1"] == 0 || by["host2"] == 0 {
-		t.Fatalf("the load is not shared by both copies: %v", by)
-	}
-}
-
 // fleetd's own key list: without an accepted key a request ends at fleetd
 // with a 401 and no host sees it; with one, the client's Authorization goes
 // on to a poold that enforces the same key. fleetd polls that poold with its
@@ -552,7 +430,9 @@ func TestFleetAPIKeys(t *testing.T) {
 	if err != nil || code != http.StatusOK || host != "host1" {
 		t.Fatalf("with the key: %d host %q %s %v", code, host, body, err)
 	}
-	// poold logged exactly the one request that passed fleetd.
+	// poold logged exactly the one request that passed fleetd (its access
+	// log is written behind the answer).
+	poll(t, 10*time.Second, "poold's access-log line", func() bool { return strings.Contains(h.stdout.String(), `"msg":"request"`) })
 	if n := strings.Count(h.stdout.String(), `"msg":"request"`); n != 1 {
 		t.Fatalf("poold logged %d requests, want 1:\n%s", n, h.stdout.String())
 	}

@@ -58,7 +58,7 @@ func (d *daemon) adoption(pool string) []adoption {
 
 // engineStarts counts the engines that started under this poold, by their
 // own first output line, as poold logs it.
-func (d *daemon) engineStarts() int { return len(d.logLines("loading model")) }
+func (d *daemon) engineStarts() int { return len(d.engineLines("msg=\"loading model\"")) }
 
 // timedChat sends one request, fails the test unless it is answered, and
 // returns how long it took.

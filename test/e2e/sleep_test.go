@@ -85,6 +85,18 @@ func (d *daemon) logLines(msg string) []map[string]any {
 	return out
 }
 
+// engineLines returns the records of poold's JSON log that hold an engine
+// output line (its field "line") containing s.
+func (d *daemon) engineLines(s string) []map[string]any {
+	var out []map[string]any
+	for _, m := range d.logLines("engine output") {
+		if l, _ := m["line"].(string); strings.Contains(l, s) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // chat sends one non-streaming request and fails the test unless it gets 200.
 func (d *daemon) chat(model string) {
 	d.t.Helper()
@@ -151,16 +163,16 @@ func TestSleepAlternating(t *testing.T) {
 	}
 
 	// The simulator's own account: every /sleep found no request in flight.
-	sleeps := d.logLines("msg=sleeping")
+	sleeps := d.engineLines("msg=sleeping")
 	if len(sleeps) < len(took["wake"]) {
 		t.Errorf("%d /sleep calls logged by the engines, want at least one per wake (%d)", len(sleeps), len(took["wake"]))
 	}
 	for _, m := range sleeps {
-		if s := m["msg"].(string); !strings.Contains(s, "aborted=0") {
+		if s := m["line"].(string); !strings.Contains(s, "aborted=0") {
 			t.Errorf("a /sleep aborted requests in flight: %s", s)
 		}
 	}
-	if n := len(d.logLines("in-flight requests on sleep")); n > 0 {
+	if n := len(d.engineLines("in-flight requests on sleep")); n > 0 {
 		t.Errorf("the engines aborted in-flight requests on sleep %d times", n)
 	}
 }

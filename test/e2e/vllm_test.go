@@ -315,8 +315,8 @@ func TestRequestIDReachesTheEngineOnce(t *testing.T) {
 // log pump) containing text.
 func (d *daemon) engineLog(profile, text string) int {
 	n := 0
-	for _, m := range d.logLines(text) {
-		if m["profile"] == profile && m["stream"] == "engine" {
+	for _, m := range d.engineLines(text) {
+		if m["profile"] == profile {
 			n++
 		}
 	}
