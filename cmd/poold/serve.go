@@ -221,7 +221,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	gpuOn, _ := gpus.Available()
 	log.Info("poold listening", "addr", ln.Addr().String(), "version", version,
 		"settings", orNone(s.Loaded.File()), "profiles", s.Profiles, "profiles_sha256", hex.EncodeToString(sum[:]), "tenants", orNone(s.Tenants),
-		"api_keys", s.APIKeys != nil || s.Tenants != "", "admin_api", s.AdminToken != "", "gpu_telemetry", gpuOn)
+		"api_keys", s.APIKeys != nil || s.Tenants != "", "admin_api", s.AdminToken != "", "gpu_telemetry", gpuOn, "keep_engines_on_restart", keep)
 	notify.ready()
 	serving.Go(func() error {
 		notify.supervise(servingCtx, time.Second,

@@ -144,6 +144,12 @@ func TestRestartKeepsEngines(t *testing.T) {
 	}
 
 	d2 := startPoold(t, tag, profiles, args...)
+	if l := d2.logLines("poold listening"); len(l) != 1 || l[0]["keep_engines_on_restart"] != true {
+		t.Errorf("start-up line %v: want keep_engines_on_restart true", l)
+	}
+	if n := len(d2.logLines("adopted an engine left running by the previous poold")); n != 3 {
+		t.Errorf("%d engines adopted in the log, want 3", n)
+	}
 	if got := d2.serving("p0", "c"); got != cPID {
 		t.Errorf("p0 serves c from pid %d after the restart, want %d", got, cPID)
 	}
