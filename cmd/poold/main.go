@@ -6,6 +6,7 @@
 //	poold hash-key [KEY]                  print an API key's hash for a tenants file
 //	poold status [--addr ADDR] [--json]   print a running poold's pools
 //	poold usage [reconcile] [flags]       usage and cost from the usage ledger
+//	poold stop-engines [--state-dir DIR]  stop the engines a stopped poold left running
 //	poold engine-sim [MODEL] [flags]      run the bundled vLLM simulator
 //	poold version
 //	poold help [COMMAND]
@@ -20,6 +21,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/enginesim"
+	"github.com/poold/poold/internal/pool"
 )
 
 func main() {
@@ -41,8 +43,12 @@ func program() *cli.Program {
 				Run: func(args []string) int { return status(args, os.Stdout, os.Stderr) }},
 			{Name: "usage", Args: "[reconcile --access-log FILE] [flags]", Summary: "usage and cost per tenant, model, pool or day from the usage ledger; reconcile checks it against an access log",
 				Run: func(args []string) int { return usageCommand(args, os.Stdout, os.Stderr) }},
+			{Name: "stop-engines", Args: "[--state-dir DIR] [--grace D]", Summary: "stop every engine that a stopped poold left running for its successor (keep-engines-on-restart), to free the GPUs",
+				Run: func(args []string) int { return stopEngines(args, os.Stdout, os.Stderr) }},
 			{Name: "engine-sim", Args: "[MODEL] [flags]", Summary: "run the bundled vLLM simulator (the engine of the demo and the tests)",
 				Run: enginesim.Main},
+			{Name: "engine-shim", Args: "[flags] -- COMMAND", Summary: "an engine's supervisor, which poold runs itself", Hidden: true,
+				Run: func(args []string) int { return pool.ShimMain(args, os.Stdout, os.Stderr) }},
 		},
 		More: func(w io.Writer) {
 			fmt.Fprintf(w, "Flags of serve (each also POOLD_<FLAG> in the environment, FLAG: in the settings file):\n%s", serveFlags().FlagUsages())

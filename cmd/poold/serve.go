@@ -53,7 +53,8 @@ func serve(ctx context.Context, args []string) int {
 }
 
 // run wires the daemon together and serves until ctx ends, then drains requests
-// (bounded by the shutdown timeout) and stops every engine.
+// (bounded by the shutdown timeout) and stops every engine, or, with
+// keep-engines-on-restart, leaves them running for the next poold.
 func run(ctx context.Context, s settings, log *slog.Logger) error {
 	cfg, raw, err := profile.Load(s.Profiles)
 	if err != nil {
@@ -82,7 +83,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	ledger, err := openState(s.StateDir, contain, log)
+	ledger, err := openState(s.StateDir, log)
 	if err != nil {
 		return err
 	}
@@ -120,8 +121,16 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if health == 0 {
 		health = -1 // the setting's 0 is the pools' "never"
 	}
-	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain,
+	// With keep-engines-on-restart (and a ledger to find them by), engines
+	// run under supervisors that outlive poold (docs/architecture.md).
+	var shims *pool.Shims
+	keep := s.KeepEngines && ledger != nil
+	if keep {
+		shims = &pool.Shims{Dir: s.StateDir, AdoptTimeout: s.AdoptTimeout}
+	}
+	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain, Shims: shims,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, Activity: usageLedger.activity()})
+	takeOver(ctx, ledger, pools, keep, contain, log)
 	engineStats := newEngineStats(s, func() []statusapi.Pool { return h.PoolStatus() }, m, log)
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
@@ -212,7 +221,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	gpuOn, _ := gpus.Available()
 	log.Info("poold listening", "addr", ln.Addr().String(), "version", version,
 		"settings", orNone(s.Loaded.File()), "profiles", s.Profiles, "profiles_sha256", hex.EncodeToString(sum[:]), "tenants", orNone(s.Tenants),
-		"api_keys", s.APIKeys != nil || s.Tenants != "", "admin_api", s.AdminToken != "", "gpu_telemetry", gpuOn)
+		"api_keys", s.APIKeys != nil || s.Tenants != "", "admin_api", s.AdminToken != "", "gpu_telemetry", gpuOn, "keep_engines_on_restart", keep)
 	notify.ready()
 	serving.Go(func() error {
 		notify.supervise(servingCtx, time.Second,
@@ -249,7 +258,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		_ = srv.Close()
 	}
 	servErr := serving.Wait()
-	log.Info("stopping engines")
+	if keep {
+		log.Info("leaving the engines running for the next poold", "adopt_timeout", s.AdoptTimeout)
+		pools.Detach()
+	} else {
+		log.Info("stopping engines")
+	}
 	stopPools()
 	pools.Wait()
 	waitEngineStats()

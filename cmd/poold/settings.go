@@ -62,6 +62,12 @@ type settings struct {
 	// (a cgroup per engine where poold's cgroup is delegated to it, else
 	// process groups), "cgroup" (required) or "process-group".
 	Containment string
+	// KeepEngines starts each engine under a supervisor of its own
+	// (`poold engine-shim`), so that a restart keeps it: poold detaches at
+	// shutdown and the next poold adopts it. AdoptTimeout is how long a
+	// supervisor keeps its engine with no poold attached.
+	KeepEngines  bool
+	AdoptTimeout time.Duration
 	// Watch makes poold reload the profiles file when it changes; SIGHUP
 	// reloads either way.
 	Watch bool
@@ -129,6 +135,8 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("gpu-sim-dir", "", "read GPU telemetry from this simulated-GPU directory (engine-sim --sim-gpu-dir) instead of NVML: for the simulator and the demo")
 	_ = fl.MarkHidden("gpu-sim-dir")
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
+	fl.Bool("keep-engines-on-restart", true, "keep the engines running across a restart of poold, under supervisors that the next poold adopts them from (docs/operations.md, Upgrades); off, a shutdown stops them")
+	fl.Duration("adopt-timeout", time.Minute, "with keep-engines-on-restart, how long an engine runs on with no poold in front of it (after a crash, or a shutdown with no restart) before its supervisor stops it")
 	fl.String("containment", pool.ModeAuto, "how engines' processes are contained: auto (a cgroup per engine when poold's cgroup is delegated to it, else process groups), cgroup or process-group")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
@@ -174,6 +182,8 @@ func loadSettings(args []string) (settings, error) {
 	s.GPUSimDir = v.String("gpu-sim-dir")
 	s.StateDir = v.String("state-dir")
 	s.Containment = v.String("containment")
+	s.KeepEngines = v.Bool("keep-engines-on-restart")
+	s.AdoptTimeout = v.Duration("adopt-timeout")
 	s.Watch = v.Bool("watch")
 	s.ReloadDebounce = v.Duration("reload-debounce")
 	s.Metrics = v.Bool("metrics")
@@ -208,6 +218,9 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.AccessLogBuffer <= 0 {
 		errs = append(errs, fmt.Errorf("access-log-buffer: must be positive, not %d", s.AccessLogBuffer))
+	}
+	if s.AdoptTimeout <= 0 {
+		errs = append(errs, errors.New("adopt-timeout: must be positive"))
 	}
 	if s.StateDir == "" {
 		errs = append(errs, errors.New("state-dir: must not be empty"))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,28 +35,40 @@ func containment(mode string, log *slog.Logger) (*pool.Containment, error) {
 	return c, nil
 }
 
-// openState opens the state directory's engine ledger and stops what a
-// crashed predecessor left running, before any engine starts: the engines it
-// recorded, then (cgroup mode) any engine group left under the delegated
-// cgroup. A directory that another poold holds is an error; one that cannot
-// be created (poold run by a user outside systemd) only disables the crash
-// clean-up of the ledger, with a warning.
-func openState(dir string, contain *pool.Containment, log *slog.Logger) (*pool.Ledger, error) {
+// openState opens the state directory's engine ledger. A directory that
+// another poold holds is an error; one that cannot be created (poold run by
+// a user outside systemd) only disables the ledger, with a warning: no
+// crash clean-up, and no engine kept across a restart.
+func openState(dir string, log *slog.Logger) (*pool.Ledger, error) {
 	ledger, err := pool.OpenLedger(dir, log)
 	switch {
 	case errors.Is(err, syscall.EWOULDBLOCK):
 		return nil, fmt.Errorf("state-dir: %w", err)
 	case err != nil:
-		log.Warn("no state directory: engines left by a crash will not be cleaned up at the next start", "state-dir", dir, "err", err)
-		ledger = nil
+		log.Warn("no state directory: engines left by a crash will not be cleaned up at the next start, nor kept across a restart", "state-dir", dir, "err", err)
+		return nil, nil
 	}
-	reaped, err := ledger.Reap(leftoverGrace)
-	strays, serr := contain.Reap(leftoverGrace, log)
+	return ledger, nil
+}
+
+// takeOver deals with the engines that the previous poold left, before any
+// engine starts: with adopt, the pools adopt those that pass verification
+// (Set.Adopt); the ledger then stops what is left of the others, and (cgroup
+// mode) any engine group left under the delegated cgroup but the adopted.
+func takeOver(ctx context.Context, ledger *pool.Ledger, pools *pool.Set, adopt bool, contain *pool.Containment, log *slog.Logger) {
+	left, err := ledger.Recorded()
+	if err != nil {
+		log.Error("reading the engines left by a previous run", "err", err)
+	}
+	if adopt {
+		left = pools.Adopt(ctx, left)
+	}
+	reaped, err := ledger.ReapEngines(left, leftoverGrace)
+	strays, serr := contain.Reap(leftoverGrace, ledger.Cgroups(), log)
 	reaped = append(reaped, strays...)
 	if err := errors.Join(err, serr); err != nil {
 		log.Error("stopping engines left by a previous run", "err", err)
 	} else if len(reaped) > 0 {
 		log.Warn("stopped engine processes left by a previous run", "pids", reaped)
 	}
-	return ledger, nil
 }

@@ -37,6 +37,9 @@ type Command struct {
 	// Run runs the command with the words after its name and returns the
 	// exit code; "--help" among them prints the command's own usage.
 	Run func(args []string) int
+	// Hidden leaves the command out of the help: one that poold runs
+	// itself, not an operator.
+	Hidden bool
 }
 
 // A Program is a binary made of subcommands. Besides its Commands it answers
@@ -115,6 +118,9 @@ func (p *Program) help(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 	line := func(args, summary string) { fmt.Fprintf(tw, "  %s %s\t%s\n", p.Name, args, summary) }
 	for i, c := range p.Commands {
+		if c.Hidden {
+			continue
+		}
 		args := c.Name + " " + c.Args
 		if i == 0 {
 			args = "[" + c.Name + "] " + c.Args

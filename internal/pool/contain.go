@@ -85,15 +85,18 @@ func (c *Containment) Status() statusapi.Containment {
 // Reap ends every engine group left under the delegated cgroup (cgroup mode;
 // process-group mode has nothing to look at), each as a stop would, and
 // removes the groups. The ledger reaps what it recorded first; this finds
-// what a crash left before its record was written. It returns the processes
-// it ended.
-func (c *Containment) Reap(grace time.Duration, log *slog.Logger) ([]int, error) {
+// what a crash left before its record was written. It leaves the groups in
+// keep (the engines adopted) alone, and returns the processes it ended.
+func (c *Containment) Reap(grace time.Duration, keep map[string]bool, log *slog.Logger) ([]int, error) {
 	if c.Mode() != ModeCgroup {
 		return nil, nil
 	}
 	var pids []int
 	var errs []error
 	for _, dir := range engineGroups(c.base) {
+		if keep[dir] {
+			continue
+		}
 		left := cgroupProcs(dir)
 		if len(left) > 0 {
 			log.Warn("stopping an engine group left by a previous poold", "cgroup", dir, "pids", left)

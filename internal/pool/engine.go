@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/shim"
 )
 
 // logLines is how many of an engine's last output lines are kept for error reports.
@@ -43,6 +45,13 @@ type engine struct {
 	// cgroup is the directory of the engine's own cgroup in cgroup mode
 	// (Containment); "" in process-group mode.
 	cgroup string
+	// shimPath is the socket of the engine's supervisor and conn poold's
+	// attachment to it (shimmed.go); "" and nil for an engine that is
+	// poold's own child. detached is set once poold let go of it for the
+	// next poold to adopt.
+	shimPath string
+	conn     *shim.Conn
+	detached atomic.Bool
 
 	http clients // its probe and control clients
 	// idle is how long a connection to it may stay idle (idleTimeout).
@@ -64,10 +73,11 @@ type engine struct {
 }
 
 // startEngine starts prof's engine for the pool on a free loopback port, in
-// a cgroup of its own in contain's cgroup mode. self is poold's own
-// executable, substituted for {poold} in commands; hc are the clients of
+// a cgroup of its own in contain's cgroup mode, as poold's own child or,
+// with shims, under a supervisor of its own (shimmed.go). self is poold's
+// own executable, substituted for {poold} in commands; hc are the clients of
 // poold's calls to it; hurry, once closed, cuts its stop's grace short.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, contain *Containment, hc clients, hurry <-chan struct{}, log *slog.Logger) (*engine, error) {
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, contain *Containment, shims *Shims, hc clients, hurry <-chan struct{}, log *slog.Logger) (*engine, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
@@ -75,10 +85,18 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 	argv := prof.Argv(port, spec, self)
 	env := engineEnv(prof, spec)
 	token := rand.Text()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(slices.Clip(env), tokenEnv+"="+token)
-	if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
-		return nil, err
+	var cmd *exec.Cmd
+	var shimPath string
+	if shims == nil {
+		cmd = exec.Command(argv[0], argv[1:]...)
+		cmd.Env = append(slices.Clip(env), tokenEnv+"="+token)
+		if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
+			return nil, err
+		}
+	} else {
+		shimPath = shims.socket(token)
+		cmd = shims.command(self, shimPath, token, shim.Fingerprint(argv, env), prof.StopTimeout.Duration, argv)
+		cmd.Env = env
 	}
 	var cgroup string
 	if contain.Mode() == ModeCgroup {
@@ -90,54 +108,77 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		cgroup = dir
 		cgroupAttr(cmd.SysProcAttr, fd)
 	}
-	// The engine writes into a pipe that we read ourselves, so that cmd.Wait does
-	// not wait for grandchildren that inherited the pipe.
-	r, w, err := os.Pipe()
-	if err == nil {
-		cmd.Stdout, cmd.Stderr = w, w
-		if err = spawn.start(cmd); err != nil {
-			r.Close()
-			err = fmt.Errorf("running %q: %w", argv[0], err)
-		}
-		w.Close()
-	} else {
-		err = fmt.Errorf("creating log pipe: %w", err)
-	}
-	if err != nil {
-		if cgroup != "" {
-			_ = removeCgroup(cgroup)
-		}
-		return nil, err
-	}
 	e := &engine{
 		profile:   prof,
 		port:      port,
 		gpus:      slices.Clone(spec.GPUs),
 		target:    loopbackURL(port),
-		pid:       cmd.Process.Pid,
 		startedAt: time.Now(),
 		argv:      argv,
 		env:       env,
 		token:     token,
 		cgroup:    cgroup,
+		shimPath:  shimPath,
 		http:      hc,
-		idle:      idleTimeout(cmd.Env),
+		idle:      idleTimeout(env),
 		hurry:     hurry,
 		exited:    make(chan struct{}),
 		pumped:    make(chan struct{}),
 		logs:      &ring{max: logLines},
 	}
+	var out io.ReadCloser
+	var wait func() error
+	if shims == nil {
+		out, wait, err = startChild(cmd, spawn)
+		if err == nil {
+			e.pid = cmd.Process.Pid
+		}
+	} else if e.conn, err = shims.start(cmd, shimPath, spawn); err == nil {
+		e.pid = e.conn.Hello.PID
+		out, wait = e.follow()
+	}
+	if err != nil {
+		if cgroup != "" {
+			_ = removeCgroup(cgroup)
+		}
+		removeShimFiles(shimPath)
+		return nil, fmt.Errorf("running %q: %w", argv[0], err)
+	}
 	if st, err := procStat(e.pid); err == nil {
 		e.startTicks = st.start
 	}
 	log = log.With("profile", prof.ID, "pid", e.pid)
-	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", cgroup)
-	go e.pump(r, log)
+	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", cgroup, "shim", shimPath)
+	e.run(out, wait, log)
+	return e, nil
+}
+
+// startChild starts cmd as poold's own child, its output into a pipe that
+// poold reads itself (so that waiting for it does not wait for grandchildren
+// that inherited the pipe); wait waits for it to exit.
+func startChild(cmd *exec.Cmd, spawn spawner) (out io.ReadCloser, wait func() error, err error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating log pipe: %w", err)
+	}
+	cmd.Stdout, cmd.Stderr = w, w
+	err = spawn.start(cmd)
+	w.Close()
+	if err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	return r, cmd.Wait, nil
+}
+
+// run reads the engine's output from out and records its exit, which wait
+// waits for.
+func (e *engine) run(out io.ReadCloser, wait func() error, log *slog.Logger) {
+	go e.pump(out, log)
 	go func() {
-		e.exitErr = cmd.Wait()
+		e.exitErr = wait()
 		close(e.exited)
 	}()
-	return e, nil
 }
 
 // runs reports whether e runs prof on spec as prof would be started now: the
@@ -242,13 +283,19 @@ func (e *engine) tree() tree {
 		t.pgid = e.pid
 		return t
 	}
+	return groupTree(e.pid, e.token, e.startTicks)
+}
+
+// groupTree is the tree of an engine in process-group mode whose leader is
+// pid, started at start, marked with token (treeMembers).
+func groupTree(pid int, token string, start uint64) tree {
 	// What one scan found stays the engine's while it runs: a process whose
 	// parent died meanwhile (SIGTERMed first, say) is still known.
 	known := make(map[int]uint64)
 	return tree{
-		what:    fmt.Sprintf("process group %d", e.pid),
-		pgid:    e.pid,
-		members: func() []int { return treeMembers(e.pid, e.token, e.startTicks, true, known) },
+		what:    fmt.Sprintf("process group %d", pid),
+		pgid:    pid,
+		members: func() []int { return treeMembers(pid, token, start, true, known) },
 	}
 }
 

@@ -3,7 +3,11 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +28,7 @@ func exitedEngine(t *testing.T, script string) *engine {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, Options{})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.opts.Containment, p.http, nil, p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.opts.Containment, nil, p.http, nil, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +61,7 @@ func TestWaitReadySaysWhatWasListed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := startEngine(cfg.Lookup("x"), cfg.Pool("a"), self, nil, p.opts.Containment, p.http, nil, p.log)
+	e, err := startEngine(cfg.Lookup("x"), cfg.Pool("a"), self, nil, p.opts.Containment, nil, p.http, nil, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,5 +69,37 @@ func TestWaitReadySaysWhatWasListed(t *testing.T) {
 	err = e.waitReady(context.Background(), 3*time.Second)
 	if err == nil || !strings.Contains(err.Error(), `it lists ["other-name"], not "x"`) {
 		t.Fatalf("waitReady: %v; want it to say what /v1/models listed", err)
+	}
+}
+
+// A readiness probe cut by startupTimeout does not hide what the probes
+// before it found: the error still says what /v1/models listed.
+func TestWaitReadyKeepsWhatWasListedAtTheDeadline(t *testing.T) {
+	first := make(chan struct{})
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-first: // every probe after the first hangs until the deadline
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+			return
+		default:
+			close(first)
+		}
+		_, _ = io.WriteString(w, `{"data":[{"id":"other-name"}]}`)
+	}))
+	defer srv.Close()
+	defer close(release)
+	port, err := strconv.Atoi(srv.URL[strings.LastIndexByte(srv.URL, ':')+1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := reloadConfig(t, `{"name": "a", "gpus": [0]}`, simProfile("x", []string{"a"}))
+	e := &engine{profile: cfg.Lookup("x"), port: port, http: defaultClients(Options{}), exited: make(chan struct{}), logs: &ring{max: logLines}}
+	err = e.waitReady(context.Background(), 500*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), `it lists ["other-name"], not "x"`) {
+		t.Fatalf("waitReady: %v; want it to say what /v1/models listed before the deadline", err)
 	}
 }

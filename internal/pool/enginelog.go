@@ -2,12 +2,11 @@ package pool
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"log/slog"
 	"regexp"
-	"strconv"
-	"strings"
+
+	"github.com/poold/poold/internal/shim"
 )
 
 // An engine's output reaches poold's log one line per record: the message
@@ -58,23 +57,18 @@ func (e *engine) printed(bit uint32) bool {
 	return e.noted.Load()&bit != 0
 }
 
-// maxLogLine bounds the part of one engine output line that poold keeps and
-// logs; the rest of a longer line (a prompt logged by vLLM's
-// --enable-log-requests, say) is read and dropped.
-const maxLogLine = 16 * 1024
-
 // pump copies the engine's output lines into the log and the ring, noting
 // the kinds poold acts on, until every writer (the engine and its
 // descendants) has closed the pipe. It never stops reading before: an
 // engine writing into a pipe nobody reads would block, and one whose pipe
-// was closed would die of SIGPIPE. A line longer than maxLogLine is cut
+// was closed would die of SIGPIPE. A line longer than shim.MaxLine is cut
 // there and says how much was dropped.
 func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
 	defer close(e.pumped)
 	defer r.Close()
-	br := bufio.NewReaderSize(r, maxLogLine)
+	br := bufio.NewReaderSize(r, shim.MaxLine)
 	for {
-		line, err := readLine(br)
+		line, err := shim.ReadLine(br)
 		if line != "" || err == nil {
 			e.note(line)
 			e.logs.add(line)
@@ -87,27 +81,4 @@ func (e *engine) pump(r io.ReadCloser, log *slog.Logger) {
 			return
 		}
 	}
-}
-
-// readLine reads one line, without its line end (LF or CRLF), keeping at
-// most br's buffer size of it and marking a longer one truncated. At the
-// end of the input it returns the last, unterminated line, if any, with
-// io.EOF.
-func readLine(br *bufio.Reader) (string, error) {
-	b, err := br.ReadSlice('\n')
-	line := string(b)
-	dropped := 0
-	for err == bufio.ErrBufferFull {
-		b, err = br.ReadSlice('\n')
-		dropped += len(b)
-	}
-	if dropped == 0 {
-		line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
-	} else if err == nil { // the line end is the last of what was dropped
-		dropped -= len(b) - len(bytes.TrimSuffix(bytes.TrimSuffix(b, []byte("\n")), []byte("\r")))
-	}
-	if dropped > 0 {
-		line += " … [line truncated: " + strconv.Itoa(dropped) + " more bytes]"
-	}
-	return line, err
 }

@@ -1,11 +1,11 @@
 package pool
 
 import (
-	"bufio"
-	"io"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/poold/poold/internal/shim"
 )
 
 func TestNoteLines(t *testing.T) {
@@ -29,35 +29,13 @@ func TestNoteLines(t *testing.T) {
 	}
 }
 
-func TestReadLine(t *testing.T) {
-	long := strings.Repeat("p", 3*maxLogLine+5)
-	in := "short\r\n" + long + "\n" + "x" + long + "\r\n" + "\n" + "last, unterminated"
-	br := bufio.NewReaderSize(strings.NewReader(in), maxLogLine)
-	want := []string{
-		"short",
-		long[:maxLogLine] + " … [line truncated: " + strconv.Itoa(2*maxLogLine+5) + " more bytes]",
-		("x" + long)[:maxLogLine] + " … [line truncated: " + strconv.Itoa(2*maxLogLine+6) + " more bytes]",
-		"",
-		"last, unterminated",
-	}
-	for i, w := range want {
-		line, err := readLine(br)
-		if line != w || (err != nil) != (i == len(want)-1) {
-			t.Fatalf("line %d: %.60q… (%d bytes), %v; want %.60q… (%d bytes)", i, line, len(line), err, w, len(w))
-		}
-	}
-	if line, err := readLine(br); line != "" || err != io.EOF {
-		t.Fatalf("after the end: %q, %v", line, err)
-	}
-}
-
-// An engine printing a line far over maxLogLine, then more, keeps its
+// An engine printing a line far over shim.MaxLine, then more, keeps its
 // pipe: every line is read (the long one cut and marked), and the engine
 // exits on its own, not of SIGPIPE.
 func TestPumpSurvivesLongLines(t *testing.T) {
 	e := exitedEngine(t, "head -c 200000 /dev/zero | tr '\\0' x; echo; echo after; exit 7 # {port}")
 	msg := e.failure().Error()
-	if !strings.Contains(msg, "exit status 7") || !strings.Contains(msg, " … [line truncated: "+strconv.Itoa(200000-maxLogLine)+" more bytes] | after") {
+	if !strings.Contains(msg, "exit status 7") || !strings.Contains(msg, " … [line truncated: "+strconv.Itoa(200000-shim.MaxLine)+" more bytes] | after") {
 		t.Fatalf("failure %.300q…: want exit status 7 and the truncated line followed by the next", msg)
 	}
 }

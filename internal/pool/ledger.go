@@ -49,6 +49,12 @@ type LedgerEngine struct {
 	// Cgroup is the directory of the engine's own cgroup (cgroup mode):
 	// every process left in it is the engine's. Empty in process-group mode.
 	Cgroup string `json:"cgroup,omitempty"`
+	// Shim is the socket of the engine's supervisor (`poold engine-shim`),
+	// through which the next poold adopts it; empty for an engine started
+	// as poold's own child, which dies with it.
+	Shim string `json:"shim,omitempty"`
+	// Sleeping is the sleep level of an engine put to sleep; 0 when awake.
+	Sleeping int `json:"sleeping,omitempty"`
 }
 
 // ledgerFile is the JSON shape of engines.json.
@@ -89,15 +95,9 @@ func (l *Ledger) Close() error {
 	return l.lock.Close()
 }
 
-// Reap stops every process that an engine of a previous run, recorded in the
-// file, left behind: SIGTERM, up to grace for them to go, then SIGKILL. A
-// process counts only if it is still that engine's, on the same boot: in the
-// engine's recorded cgroup (cgroup mode, which is then removed), or else
-// (process-group mode) as leftovers finds it: started no earlier than the
-// engine, and in its process group, or carrying its token, or descending from
-// such a process. Reap returns the processes it stopped, or an error naming
-// those that survived SIGKILL. It then clears the file.
-func (l *Ledger) Reap(grace time.Duration) ([]int, error) {
+// Recorded returns the engines that the file records on this boot: those a
+// previous poold left, before this one records any.
+func (l *Ledger) Recorded() ([]LedgerEngine, error) {
 	if l == nil {
 		return nil, nil
 	}
@@ -111,25 +111,53 @@ func (l *Ledger) Reap(grace time.Duration) ([]int, error) {
 	var f ledgerFile
 	if err := json.Unmarshal(data, &f); err != nil {
 		l.log.Warn("ignoring an unreadable engines file", "path", l.path, "err", err)
-		return nil, l.write()
+		return nil, nil
+	}
+	if f.BootID != l.boot {
+		return nil, nil
+	}
+	return f.Engines, nil
+}
+
+// Reap stops every process that an engine of a previous run, recorded in the
+// file, left behind (ReapEngines of what Recorded returns).
+func (l *Ledger) Reap(grace time.Duration) ([]int, error) {
+	recorded, err := l.Recorded()
+	if err != nil {
+		return nil, err
+	}
+	return l.ReapEngines(recorded, grace)
+}
+
+// ReapEngines stops every process that the recorded engines (of this boot)
+// left behind: SIGTERM, up to grace for them to go, then SIGKILL. A process
+// counts only if it is still that engine's: in the engine's recorded cgroup
+// (cgroup mode, which is then removed), or else (process-group mode) as
+// leftovers finds it: started no earlier than the engine, and in its process
+// group, or carrying its token, or descending from such a process. An
+// engine's shim ends with it. ReapEngines returns the processes it stopped,
+// or an error naming those that survived SIGKILL. It then rewrites the file
+// with the engines recorded by this poold alone.
+func (l *Ledger) ReapEngines(engines []LedgerEngine, grace time.Duration) ([]int, error) {
+	if l == nil {
+		return nil, nil
 	}
 	var pids, loose []int // every process found; those of process-group mode
 	var groups []string
-	if f.BootID == l.boot {
-		for _, e := range f.Engines {
-			var left []int
-			if e.Cgroup != "" {
-				left = cgroupProcs(e.Cgroup)
-				groups = append(groups, e.Cgroup)
-			} else {
-				left = leftovers(e)
-				loose = append(loose, left...)
-			}
-			if len(left) > 0 {
-				l.log.Warn("stopping an engine left by a previous poold", "pool", e.Pool, "profile", e.Profile, "pgid", e.PGID, "cgroup", e.Cgroup, "port", e.Port, "pids", left)
-			}
-			pids = append(pids, left...)
+	for _, e := range engines {
+		var left []int
+		if e.Cgroup != "" {
+			left = cgroupProcs(e.Cgroup)
+			groups = append(groups, e.Cgroup)
+		} else {
+			left = leftovers(e)
+			loose = append(loose, left...)
 		}
+		if len(left) > 0 {
+			l.log.Warn("stopping an engine left by a previous poold", "pool", e.Pool, "profile", e.Profile, "pgid", e.PGID, "cgroup", e.Cgroup, "port", e.Port, "pids", left)
+		}
+		pids = append(pids, left...)
+		removeShimFiles(e.Shim)
 	}
 	for _, dir := range groups {
 		if err := cgroupTree(dir).end(grace, nil, l.log); err != nil {
@@ -158,9 +186,43 @@ func (l *Ledger) add(pool string, e *engine) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.engines[e.pid] = LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token, Cgroup: e.cgroup}
+	l.engines[e.pid] = LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token, Cgroup: e.cgroup, Shim: e.shimPath}
 	if err := l.writeLocked(); err != nil {
 		l.log.Warn("recording engine", "pid", e.pid, "err", err)
+	}
+}
+
+// Cgroups returns the cgroups of the engines recorded now (cgroup mode).
+func (l *Ledger) Cgroups() map[string]bool {
+	groups := make(map[string]bool)
+	if l == nil {
+		return groups
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.engines {
+		if e.Cgroup != "" {
+			groups[e.Cgroup] = true
+		}
+	}
+	return groups
+}
+
+// asleep records that e sleeps at level, or (0) is awake.
+func (l *Ledger) asleep(e *engine, level int) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.engines[e.pid]
+	if !ok {
+		return
+	}
+	r.Sleeping = level
+	l.engines[e.pid] = r
+	if err := l.writeLocked(); err != nil {
+		l.log.Warn("recording engine sleep", "pid", e.pid, "err", err)
 	}
 }
 
@@ -172,6 +234,7 @@ func (l *Ledger) remove(e *engine) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.engines, e.pid)
+	removeShimFiles(e.shimPath)
 	if err := l.writeLocked(); err != nil {
 		l.log.Warn("recording engine stop", "pid", e.pid, "err", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/poold/poold/internal/profile"
@@ -16,7 +17,7 @@ func (p *Pool) run(ctx context.Context) {
 	defer p.endActivity()
 	p.mu.Lock()
 	p.noteActivityLocked()
-	if def := p.cfg.Lookup(p.spec.Default); def != nil && p.sched.QueueLen() == 0 {
+	if def := p.cfg.Lookup(p.spec.Default); def != nil && p.eng == nil && p.sched.QueueLen() == 0 { // an adopted engine serves already
 		retired := p.beginLocked(def.ID)
 		p.mu.Unlock()
 		p.swap(ctx, def, retired)
@@ -241,7 +242,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
-		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.opts.Containment, p.http, p.opts.hurry, p.log)
+		e, err := startEngine(prof, spec, p.opts.Self, p.opts.spawn, p.opts.Containment, p.opts.Shims, p.http, p.opts.hurry, p.log)
 		if err != nil {
 			p.failSwap(ctx, prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
@@ -420,6 +421,9 @@ func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration,
 // context has ended. In-flight leases are the caller's to drain before that.
 func (p *Pool) shutdown() {
 	p.refuse(ErrShutdown)
+	if p.opts.detach != nil && p.opts.detach.Load() {
+		p.detachAll()
+	}
 	defer p.stopSleepers()
 	p.mu.Lock()
 	e := p.eng
@@ -437,4 +441,24 @@ func (p *Pool) shutdown() {
 	p.sched.Lost()
 	p.setStateLocked(StateEmpty)
 	p.mu.Unlock()
+}
+
+// detachAll lets go of the pool's engines that run under shims, awake or
+// asleep, for the next poold to adopt (Set.Detach); the ledger keeps them.
+// Those without a shim are left to shutdown to stop.
+func (p *Pool) detachAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e := p.eng; e != nil && e.detach() {
+		p.log.Info("engine left running for the next poold", "profile", e.profile.ID, "pid", e.pid)
+		p.eng = nil
+		p.sched.Lost()
+		p.setStateLocked(StateEmpty)
+	}
+	for _, sl := range slices.Clone(p.sleepers) {
+		if sl.eng.detach() {
+			p.log.Info("sleeping engine left running for the next poold", "profile", sl.eng.profile.ID, "pid", sl.eng.pid)
+			p.removeSleeperLocked(sl)
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/poold/poold/internal/profile"
@@ -113,6 +114,14 @@ type Options struct {
 	spawn spawner
 	// hurry is closed by Set.Hurry; set by NewSet (nil, outside a Set: never).
 	hurry chan struct{}
+	// detach is set by Set.Detach: at shutdown, the pools let go of their
+	// shimmed engines instead of stopping them. Set by NewSet (nil, outside
+	// a Set: never).
+	detach *atomic.Bool
+	// Shims, when set, starts each engine under a supervisor of its own,
+	// which it outlives poold by (shimmed.go); nil starts engines as
+	// poold's own children, which die with it.
+	Shims *Shims
 	// Host, when its functions are set, is what a cold start is checked
 	// against before anything is drained for it (the engine binary
 	// resolves, a local model path exists, no flag vLLM has removed): a
@@ -168,6 +177,9 @@ type Pool struct {
 	// failed is why the engine serving failed though its process lives
 	// (Lease.Fail), for the run loop to stop it; nil when it did not.
 	failed error
+	// adoption is what became of the engines the previous poold left
+	// (adopt.go), for /status.
+	adoption []statusapi.Adoption
 	// activity and activityProfile are what Options.Activity was last told.
 	activity        Activity
 	activityProfile string

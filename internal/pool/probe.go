@@ -58,9 +58,12 @@ func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
 			return ctx.Err()
 		case <-t.C:
 		}
-		var ok bool
-		if ok, seen = e.serves(ctx); ok {
+		ok, found := e.serves(ctx)
+		if ok {
 			return nil
+		}
+		if ctx.Err() == nil { // a probe cut by the deadline found nothing: keep what the last one did
+			seen = found
 		}
 		t.Reset(interval)
 		interval = min(interval*2, maxProbeInterval)

@@ -4,8 +4,12 @@ package pool
 
 import (
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"syscall"
+	"time"
 )
 
 // errNotLinux is why engines cannot run here.
@@ -55,3 +59,19 @@ func tcpListeners() ([]listener, error) { return nil, errNotLinux }
 
 // socketInodes finds none: no engine ran here.
 func socketInodes([]int) map[uint64]bool { return nil }
+
+// ShimConfig is Linux's; see errNotLinux.
+type ShimConfig struct {
+	Socket, Token, Fingerprint string
+	AdoptTimeout, Grace        time.Duration
+	Argv                       []string
+}
+
+// ShimMain refuses: see errNotLinux.
+func ShimMain(_ []string, _, stderr io.Writer) int {
+	fmt.Fprintln(stderr, "poold engine-shim:", errNotLinux)
+	return 1
+}
+
+// RunShim refuses: see errNotLinux.
+func RunShim(ShimConfig, *slog.Logger) error { return errNotLinux }

@@ -16,11 +16,15 @@ import (
 	"github.com/poold/poold/internal/statusapi"
 )
 
-// TestMain lets this test binary serve as an engine: profiles run
-// `{poold} engine-sim …`, and {poold} is the test binary itself.
+// TestMain lets this test binary serve as an engine, and as its shim:
+// profiles run `{poold} engine-sim …`, and {poold} is the test binary
+// itself.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "engine-sim" {
 		os.Exit(enginesim.Main(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "engine-shim" {
+		os.Exit(ShimMain(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }

@@ -44,6 +44,7 @@ func NewSet(cfg *profile.Config, opts Options) *Set {
 	opts.host = new(hostSleep)
 	opts.spawn = processSpawner()
 	opts.hurry = make(chan struct{})
+	opts.detach = new(atomic.Bool)
 	hc := defaultClients(opts) // shared by every pool of the set
 	opts.ProbeClient, opts.ControlClient = hc.probe, hc.control
 	s := &Set{opts: opts}
@@ -175,6 +176,11 @@ func (p *Pool) candidate(id string) placement.Candidate {
 func (s *Set) Hurry() {
 	s.hurryOnce.Do(func() { close(s.opts.hurry) })
 }
+
+// Detach makes the pools, when their context ends, let go of their engines
+// that run under shims instead of stopping them, for the next poold to
+// adopt (Adopt). Call it before ending the context of Run.
+func (s *Set) Detach() { s.opts.detach.Store(true) }
 
 // Refuse makes every pool answer new and queued requests with ErrShutdown;
 // leases already held run on. It is the first step of a graceful shutdown.

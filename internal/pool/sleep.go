@@ -75,21 +75,27 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 		}
 	}
 	sl := &sleeper{eng: old, level: level, since: p.opts.Now(), hostBytes: need, gone: make(chan struct{})}
+	p.opts.Ledger.asleep(old, level)
 	p.mu.Lock()
 	p.sleepers = append(p.sleepers, sl)
 	if p.eng == old {
 		p.eng = nil
 	}
+	p.watchSleeper(sl)
 	p.mu.Unlock()
-	go func() { // a sleeper that exits on its own is noticed by the run loop
+	p.log.Info("engine asleep", "profile", old.profile.ID, "level", level, "host_bytes", need)
+	return true
+}
+
+// watchSleeper wakes the run loop when sl exits on its own while asleep.
+func (p *Pool) watchSleeper(sl *sleeper) {
+	go func() {
 		select {
-		case <-old.exited:
+		case <-sl.eng.exited:
 			p.wake()
 		case <-sl.gone:
 		}
 	}()
-	p.log.Info("engine asleep", "profile", old.profile.ID, "level", level, "host_bytes", need)
-	return true
 }
 
 // sleepRoomAttempts bounds the decisions makeSleepRoom makes when other
@@ -251,6 +257,7 @@ func (p *Pool) wakeSleeper(ctx context.Context, sl *sleeper, from string, phases
 	err := e.wakeUp(ctx, sl.level, e.profile.StartupTimeout.Duration)
 	if err == nil {
 		phases["wake"] = p.opts.Now().Sub(t)
+		p.opts.Ledger.asleep(e, 0)
 		return true
 	}
 	abandoned := ctx.Err() != nil // poold is stopping, or the pool was removed: not a failure

@@ -1,6 +1,10 @@
 package pool
 
-import "github.com/poold/poold/internal/statusapi"
+import (
+	"slices"
+
+	"github.com/poold/poold/internal/statusapi"
+)
 
 // Status returns a consistent snapshot of the pool.
 func (p *Pool) Status() statusapi.Pool {
@@ -21,6 +25,7 @@ func (p *Pool) Status() statusapi.Pool {
 		Since:     p.since,
 		Sleeping:  p.sleepStatusLocked(),
 		GPUMemory: []statusapi.GPUMemory{},
+		Adoption:  slices.Clone(p.adoption),
 	}
 	if t := s.Target(); t != "" {
 		st.SwitchingTo = &t

@@ -153,6 +153,22 @@ type Pool struct {
 	// EngineStats is how loaded the awake engine says it is, from its own
 	// metrics; nil when there is no awake engine or no recent sample.
 	EngineStats *EngineStats `json:"engineStats"`
+	// Adoption is what this poold made, at its start, of each engine of the
+	// pool that the previous poold left running (keep-engines-on-restart);
+	// empty when there was none.
+	Adoption []Adoption `json:"adoption,omitempty"`
+}
+
+// Adoption is one engine that the previous poold left running: adopted (it
+// serves, or sleeps, without a load), or stopped for Reason, after which
+// the pool loaded afresh.
+type Adoption struct {
+	Profile string `json:"profile"`
+	PID     int    `json:"pid"`
+	// Sleeping is the sleep level it was recorded at; 0 when awake.
+	Sleeping int    `json:"sleeping,omitempty"`
+	Adopted  bool   `json:"adopted"`
+	Reason   string `json:"reason,omitempty"`
 }
 
 // EngineStats is what a pool's awake engine last reported on its own

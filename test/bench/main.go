@@ -28,7 +28,8 @@ type options struct {
 	streams4b int           // concurrent streams of workload 4b
 	swaps     int           // swaps timed in workload 5
 	swaps5w   int           // swaps of each kind (cold, wake) timed in workload 5w
-	load5w    time.Duration // workload 5w's simulated cold load; a wake takes a fifteenth
+	load5w    time.Duration // workload 5w's simulated cold load; a wake takes a fifteenth; also workload 5r's
+	pools5r   int           // loaded pools of workload 5r
 	requests6 int           // requests before the RSS figure of workload 6
 	idle6     int           // concurrent slow streams of workload 6
 	scale     bool          // run workload 7's Go benchmarks
@@ -38,13 +39,13 @@ type options struct {
 
 func defaults() options {
 	return options{rounds: 5, dur: 2 * time.Second, dur4b: 3 * time.Second, streams4b: 1000,
-		swaps: 10, swaps5w: 5, load5w: 3 * time.Second, requests6: 100_000, idle6: 5000, scale: true, benchtime: "200ms"}
+		swaps: 10, swaps5w: 5, load5w: 3 * time.Second, pools5r: 4, requests6: 100_000, idle6: 5000, scale: true, benchtime: "200ms"}
 }
 
 // smoke is a run of a few seconds that checks correctness, not speed.
 func smoke() options {
 	return options{rounds: 1, dur: 150 * time.Millisecond, dur4b: 300 * time.Millisecond, streams4b: 20,
-		swaps: 1, swaps5w: 1, load5w: 150 * time.Millisecond, requests6: 200, idle6: 20, scale: false, benchtime: "100x"}
+		swaps: 1, swaps5w: 1, load5w: 150 * time.Millisecond, pools5r: 2, requests6: 200, idle6: 20, scale: false, benchtime: "100x"}
 }
 
 func main() {
@@ -58,7 +59,7 @@ func main() {
 	flag.IntVar(&o.requests6, "requests", o.requests6, "requests before workload 6's RSS figure")
 	flag.IntVar(&o.idle6, "idle-streams", o.idle6, "concurrent slow streams of workload 6")
 	flag.BoolVar(&o.scale, "scale", o.scale, "run workload 7 (go test -bench in internal/pool and internal/profile)")
-	flag.StringVar(&o.only, "only", "", "run only these workloads, comma-separated (1,1f,1c,1t,2,2m,2u,2s,3,4,4b,5,5a,5w,6,7)")
+	flag.StringVar(&o.only, "only", "", "run only these workloads, comma-separated (1,1f,1c,1t,2,2m,2u,2s,3,4,4b,5,5a,5w,5r,6,7)")
 	flag.Parse()
 	if *isSmoke {
 		only := o.only

@@ -81,8 +81,9 @@ func startPoold(dir, name, bin string, profiles []byte, flags ...string) (*proc,
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
+	// Engines stop with their poold unless a workload keeps them (5r).
 	args := append([]string{"serve", "--listen", addr, "--profiles", path, "--log-level", "warn",
-		"--state-dir", filepath.Join(dir, name+"-state")}, flags...)
+		"--state-dir", filepath.Join(dir, name+"-state"), "--keep-engines-on-restart=false"}, flags...)
 	p, err := start(dir, name, bin, args...)
 	if err != nil {
 		return nil, err

@@ -144,6 +144,7 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 		{"5", "swap overhead", b.w5},
 		{"5a", "alternating swaps at default settings", b.w5a},
 		{"5w", "swap time cold vs wake (sleep mode)", b.w5w},
+		{"5r", "restart with loaded pools, engines adopted and not", b.w5r},
 		{"6", "memory", b.w6},
 		{"7", "scale", b.w7},
 	}

@@ -34,7 +34,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("usage not counted: %s", r.poold)
 		}
 	}
-	for _, w := range []string{"1", "1f", "1t", "2", "2m", "2u", "2s", "3", "4", "4b", "5", "5a", "5w", "6"} {
+	for _, w := range []string{"1", "1f", "1t", "2", "2m", "2u", "2s", "3", "4", "4b", "5", "5a", "5w", "5r", "6"} {
 		if !seen[w] {
 			t.Errorf("no rows for workload %s", w)
 		}

@@ -173,8 +173,11 @@ func launchWith(t *testing.T, tag string, profiles []byte, setup func(*exec.Cmd)
 	}
 	addr := freeAddr(t)
 	d := &daemon{t: t, url: "http://" + addr, tag: tag, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{}), profiles: path}
+	// Engines stop with poold unless a test keeps them
+	// (--keep-engines-on-restart, restart_test.go): the leftover check
+	// below counts on it.
 	all := append([]string{"serve", "--listen", addr, "--profiles", path, "--log-format", "json", "--log-level", "debug",
-		"--state-dir", filepath.Join(dir, "state")}, args...)
+		"--state-dir", filepath.Join(dir, "state"), "--keep-engines-on-restart=false"}, args...)
 	d.cmd = exec.Command(pooldBin, all...)
 	d.cmd.Stdout, d.cmd.Stderr = d.stdout, d.stderr
 	if setup != nil {

@@ -32,27 +32,42 @@ type sleepStatus struct {
 
 func (d *daemon) sleeping(pool string) []sleepStatus {
 	d.t.Helper()
+	var p struct {
+		Sleeping []sleepStatus `json:"sleeping"`
+	}
+	d.poolJSON(pool, &p)
+	return p.Sleeping
+}
+
+// poolJSON decodes the named pool's entry of GET /status into v.
+func (d *daemon) poolJSON(pool string, v any) {
+	d.t.Helper()
 	resp, err := http.Get(d.url + "/status")
 	if err != nil {
 		d.t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	var st struct {
-		Pools []struct {
-			Name     string        `json:"name"`
-			Sleeping []sleepStatus `json:"sleeping"`
-		} `json:"pools"`
+		Pools []json.RawMessage `json:"pools"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		d.t.Fatal(err)
 	}
-	for _, p := range st.Pools {
+	for _, raw := range st.Pools {
+		var p struct {
+			Name string `json:"name"`
+		}
+		if err := json.Unmarshal(raw, &p); err != nil {
+			d.t.Fatal(err)
+		}
 		if p.Name == pool {
-			return p.Sleeping
+			if err := json.Unmarshal(raw, v); err != nil {
+				d.t.Fatal(err)
+			}
+			return
 		}
 	}
 	d.t.Fatalf("no pool %q", pool)
-	return nil
 }
 
 // logLines returns poold's JSON log lines whose msg contains msg.

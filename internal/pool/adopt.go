@@ -1,0 +1,236 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/poold/poold/internal/shim"
+	"github.com/poold/poold/internal/statusapi"
+)
+
+// Adoption: a poold that starts takes over the engines that its
+// predecessor left running under their shims, once each passes
+// verification, instead of loading its models again.
+
+// errNotRecorded is the verification's finding that an engine's process is
+// not the one recorded: it exited, or its pid is another process's now.
+var errNotRecorded = errors.New("is gone, or is not the recorded process")
+
+// adoptTimeout bounds each engine's verification: the attach to its shim,
+// and each of the calls to the engine.
+const adoptTimeout = 5 * time.Second
+
+// Adopt takes over the engines that a previous poold recorded (as
+// Ledger.Recorded returns them), before Run. An engine is adopted when its
+// pool still serves its profile, its shim answers with the recorded pid,
+// the process is the recorded one, the profile in force would start it with
+// the same command and environment (its fingerprint), the engine itself
+// listens on its recorded loopback port and no other process does, and it
+// answers as recorded: /v1/models lists its profile, or /is_sleeping says
+// that it sleeps. An adopted engine serves (or sleeps) in its pool without
+// a load; one that fails is stopped under the stop contract and its pool
+// loads afresh, as at any start. Each outcome is logged and kept for the
+// pool's /status (Adoption). Adopt returns the records that no shim
+// answered for (an engine started without one, a shim gone, a pool
+// removed): the caller reaps what they left (Ledger.ReapEngines).
+func (s *Set) Adopt(ctx context.Context, recorded []LedgerEngine) (rest []LedgerEngine) {
+	for _, rec := range recorded {
+		p := s.Pool(rec.Pool)
+		if p == nil {
+			s.opts.Logger.Warn("an engine left by the previous poold is not adopted: its pool is gone", "pool", rec.Pool, "profile", rec.Profile, "pid", rec.PID)
+			rest = append(rest, rec)
+			continue
+		}
+		if !p.adopt(ctx, rec) {
+			rest = append(rest, rec)
+		}
+	}
+	return rest
+}
+
+// adopt verifies the engine that rec records and takes it into the pool,
+// or stops it. It reports whether it dealt with it: false when it could not
+// attach to its shim, and the engine's processes are the caller's to reap.
+func (p *Pool) adopt(ctx context.Context, rec LedgerEngine) bool {
+	e, err := p.attach(rec)
+	if err != nil {
+		p.noteAdoption(rec, err)
+		return false
+	}
+	if err := p.verify(ctx, e, rec); err != nil {
+		p.noteAdoption(rec, err)
+		// An engine whose process is not the recorded one is stopped by
+		// its shim, which alone knows its child: its pid and group may
+		// be another's now.
+		stop := e.stop
+		if errors.Is(err, errNotRecorded) {
+			stop = e.stopThroughShim
+		}
+		if stopErr := stop(e.profile.StopTimeout.Duration, p.log); stopErr != nil {
+			p.log.Error("stopping the engine not adopted", "profile", rec.Profile, "pid", rec.PID, "err", stopErr)
+		}
+		removeShimFiles(rec.Shim)
+		return true
+	}
+	p.take(e, rec.Sleeping)
+	p.noteAdoption(rec, nil)
+	return true
+}
+
+// attach attaches to the shim of the engine that rec records and returns
+// the engine, followed as one that poold started, or why it cannot.
+func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
+	p.mu.Lock()
+	prof, spec := p.cfg.Lookup(rec.Profile), p.spec
+	served := prof != nil && p.servesLocked(prof.ID)
+	p.mu.Unlock()
+	switch {
+	case rec.Shim == "":
+		return nil, errors.New("it was started without a supervisor (keep-engines-on-restart was off)")
+	case !served:
+		return nil, errors.New("its profile is no longer served by the pool")
+	}
+	c, err := shim.Attach(rec.Shim, adoptTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("its supervisor does not answer (it ends once its engine has exited): %w", err)
+	}
+	if c.Hello.PID != rec.PID {
+		c.Close()
+		return nil, fmt.Errorf("its supervisor runs pid %d, not the recorded %d", c.Hello.PID, rec.PID)
+	}
+	env := engineEnv(prof, spec)
+	e := &engine{
+		profile:    prof,
+		port:       rec.Port,
+		gpus:       slices.Clone(spec.GPUs),
+		target:     loopbackURL(rec.Port),
+		pid:        rec.PID,
+		startedAt:  time.Now(),
+		argv:       prof.Argv(rec.Port, spec, p.opts.Self),
+		env:        env,
+		token:      rec.Token,
+		startTicks: rec.StartTicks,
+		cgroup:     rec.Cgroup,
+		shimPath:   rec.Shim,
+		conn:       c,
+		http:       p.http,
+		idle:       idleTimeout(env),
+		hurry:      p.opts.hurry,
+		exited:     make(chan struct{}),
+		pumped:     make(chan struct{}),
+		logs:       &ring{max: logLines},
+	}
+	out, wait := e.follow()
+	e.run(out, wait, p.log.With("profile", prof.ID, "pid", e.pid))
+	return e, nil
+}
+
+// verify checks that e, attached, is the engine that rec records, as the
+// profile in force would run it, and that it answers as recorded.
+func (p *Pool) verify(ctx context.Context, e *engine, rec LedgerEngine) error {
+	if st, err := procStat(rec.PID); err != nil || st.start != rec.StartTicks || st.state == 'Z' || isClosed(e.exited) {
+		return fmt.Errorf("its process %d %w", rec.PID, errNotRecorded)
+	}
+	if e.conn.Hello.Fingerprint != shim.Fingerprint(e.argv, e.env) {
+		return errors.New("its profile changed while poold was down (another command or environment)")
+	}
+	p.mu.Lock()
+	busy, allowExposed := rec.Sleeping == 0 && p.eng != nil, p.spec.AllowNonLoopback
+	p.mu.Unlock()
+	if busy {
+		return errors.New("the pool already has an awake engine")
+	}
+	if _, err := p.checkSockets(e, allowExposed); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, adoptTimeout)
+	defer cancel()
+	if rec.Sleeping > 0 || e.profile.SleepLevel() > 0 {
+		asleep, err := e.isSleeping(ctx)
+		switch {
+		case err != nil:
+			return err
+		case asleep != (rec.Sleeping > 0):
+			return fmt.Errorf("it was recorded asleep at level %d, and GET /is_sleeping says %v", rec.Sleeping, asleep)
+		}
+	}
+	if rec.Sleeping == 0 {
+		if ok, seen := e.serves(ctx); !ok {
+			return fmt.Errorf("GET /v1/models: %s", seen)
+		}
+	}
+	return nil
+}
+
+// take makes e, verified, the pool's engine, ready, or (asleep at level) one
+// of its sleepers.
+func (p *Pool) take(e *engine, level int) {
+	p.opts.Ledger.add(p.name, e)
+	p.opts.Ledger.asleep(e, level)
+	now := p.opts.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if level > 0 {
+		var need int64
+		if level == 1 {
+			need = weightBytes(e.profile)
+		}
+		p.opts.host.reserve(need, 0) // the engine holds it, within budget or not
+		sl := &sleeper{eng: e, level: level, since: now, hostBytes: need, gone: make(chan struct{})}
+		p.sleepers = append(p.sleepers, sl)
+		p.watchSleeper(sl)
+		p.noteActivityLocked()
+		return
+	}
+	p.sched.Begin(e.profile.ID)
+	p.eng = e
+	e.startedAt = now
+	p.watchHealth(e)
+	p.readyAt = now
+	p.setStateLocked(StateReady)
+	p.answerLocked(p.sched.Ready(e.profile.ID, now), nil)
+	p.noteActivityLocked()
+}
+
+// noteAdoption logs what became of the engine that rec records, and keeps
+// it for /status; err is why it was not adopted, nil when it was.
+func (p *Pool) noteAdoption(rec LedgerEngine, err error) {
+	a := statusapi.Adoption{Profile: rec.Profile, PID: rec.PID, Adopted: err == nil, Sleeping: rec.Sleeping}
+	if err != nil {
+		a.Reason = err.Error()
+		p.log.Warn("an engine left running by the previous poold is not adopted; it is stopped, and the pool loads afresh", "profile", rec.Profile, "pid", rec.PID, "port", rec.Port, "why", err)
+	} else {
+		p.log.Info("adopted an engine left running by the previous poold", "profile", rec.Profile, "pid", rec.PID, "port", rec.Port, "sleeping", rec.Sleeping)
+	}
+	p.mu.Lock()
+	p.adoption = append(p.adoption, a)
+	p.mu.Unlock()
+}
+
+// stopThroughShim stops an engine that is not to be adopted through its
+// shim, with SIGTERM, which makes the shim stop the engine under the stop
+// contract (its own grace) and end; it waits for the shim's report of the
+// exit, at most grace and the SIGKILL wait.
+func (e *engine) stopThroughShim(grace time.Duration, log *slog.Logger) error {
+	pid := e.conn.Hello.ShimPID
+	if pid <= 0 {
+		return errors.New("the shim did not say its pid")
+	}
+	log.Info("stopping an engine through its shim", "profile", e.profile.ID, "pid", e.pid, "shim_pid", pid)
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !isClosed(e.exited) {
+		return fmt.Errorf("signalling the shim %d: %w", pid, err)
+	}
+	t := time.NewTimer(grace + killWait + outputWait)
+	defer t.Stop()
+	select {
+	case <-e.exited:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("the shim %d did not report its engine's exit within %s", pid, grace+killWait+outputWait)
+	}
+}

@@ -1,0 +1,189 @@
+package pool
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
+)
+
+// keptSet runs a Set whose engines run under shims, with its ledger in
+// dir, until stop is called: with detach, it lets go of its engines, as a
+// poold that stops with keep-engines-on-restart; without, it stops them.
+// Before Run, it adopts what the ledger recorded and returns what it did
+// not attach to.
+func keptSet(t *testing.T, dir string, cfg *profile.Config) (s *Set, rest []LedgerEngine, stop func(detach bool)) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger, err := OpenLedger(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = NewSet(cfg, Options{Self: self, Ledger: ledger, Shims: &Shims{Dir: dir, AdoptTimeout: time.Minute}})
+	recorded, err := ledger.Recorded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest = s.Adopt(context.Background(), recorded)
+	ctx, cancel := context.WithCancel(context.Background())
+	s.Run(ctx)
+	stopped := false
+	stop = func(detach bool) {
+		if stopped {
+			return
+		}
+		stopped = true
+		if detach {
+			s.Detach()
+		}
+		cancel()
+		s.Wait()
+		ledger.Close()
+	}
+	t.Cleanup(func() { stop(false) })
+	return s, rest, stop
+}
+
+// A Set that detaches leaves its engine running under its shim, and the
+// next Set adopts it: the same process serves, with no load.
+func TestAdoptKeepsTheEngine(t *testing.T) {
+	dir := t.TempDir()
+	cfg := reloadConfig(t, `{"name": "g", "gpus": [0], "default": "a"}`, simProfile("a", []string{"g"}))
+	s1, _, stop1 := keptSet(t, dir, cfg)
+	pid := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady && p.Engine != nil }).Engine.PID
+	stop1(true)
+	if !alive(pid) {
+		t.Fatalf("the engine %d did not outlive the detached Set", pid)
+	}
+
+	s2, rest, stop2 := keptSet(t, dir, cfg)
+	if len(rest) != 0 {
+		t.Fatalf("not attached: %+v", rest)
+	}
+	st := s2.Pool("g").Status()
+	if st.State != StateReady || st.Engine == nil || st.Engine.PID != pid || len(st.Adoption) != 1 || !st.Adoption[0].Adopted {
+		t.Fatalf("status after the adoption: %+v, want engine %d ready and adopted", st, pid)
+	}
+	stop2(false)
+	if !waitGone([]int{pid}, 10*time.Second) {
+		t.Fatalf("the adopted engine %d outlived the Set that stopped", pid)
+	}
+}
+
+// Each verification step refuses the engine it finds wrong: the engine is
+// stopped (its process gone) and /status says why.
+func TestAdoptRefuses(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// flags are the engine's flags before the restart.
+		flags []string
+		// between changes what the next Set finds: the profile it runs
+		// (flags of the engine after the restart), the record, the host.
+		between func(t *testing.T, port int, rec *LedgerEngine) (after []string)
+		want    string
+	}{
+		{
+			name: "changed profile",
+			between: func(*testing.T, int, *LedgerEngine) []string {
+				return []string{"--sim-ttft", "1ms"}
+			},
+			want: "profile changed",
+		},
+		{
+			name:  "port shared",
+			flags: []string{"--sim-reuseport"},
+			between: func(t *testing.T, port int, _ *LedgerEngine) []string {
+				lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+					var err error
+					if cerr := c.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) }); cerr != nil {
+						return cerr
+					}
+					return err
+				}}
+				ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:"+strconv.Itoa(port))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { ln.Close() })
+				return []string{"--sim-reuseport"}
+			},
+			want: "another process listens",
+		},
+		{
+			name: "recorded asleep",
+			between: func(_ *testing.T, _ int, rec *LedgerEngine) []string {
+				rec.Sleeping = 1
+				return nil
+			},
+			want: "GET /is_sleeping",
+		},
+		{
+			name: "other process",
+			between: func(_ *testing.T, _ int, rec *LedgerEngine) []string {
+				rec.StartTicks++
+				return nil
+			},
+			want: "is gone",
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			prof := func(flags []string) string {
+				return simProfile("a", []string{"g"}, append([]string{"--enable-sleep-mode"}, flags...)...)
+			}
+			sleepy := func(p string) string { // sleep mode on: /is_sleeping answers
+				return strings.Replace(p, `"id":"a"`, `"id":"a","sleep":{"level":1},"env":{"VLLM_SERVER_DEV_MODE":"1"}`, 1)
+			}
+			cfg := reloadConfig(t, `{"name": "g", "gpus": [0], "default": "a"}`, sleepy(prof(tt.flags)))
+			s1, _, stop1 := keptSet(t, dir, cfg)
+			eng := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady && p.Engine != nil }).Engine
+			stop1(true)
+
+			l, err := OpenLedger(dir, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs, err := l.Recorded()
+			if err != nil || len(recs) != 1 {
+				t.Fatalf("recorded: %+v, %v", recs, err)
+			}
+			after := tt.between(t, eng.Port, &recs[0])
+			for _, r := range recs {
+				l.engines[r.PID] = r
+			}
+			if err := l.write(); err != nil {
+				t.Fatal(err)
+			}
+			l.Close()
+
+			cfg2 := reloadConfig(t, `{"name": "g", "gpus": [0], "default": "a"}`, sleepy(prof(after)))
+			s2, rest, _ := keptSet(t, dir, cfg2)
+			if len(rest) != 0 {
+				t.Fatalf("not attached: %+v", rest)
+			}
+			ad := s2.Pool("g").Status().Adoption
+			if len(ad) != 1 || ad[0].Adopted || !strings.Contains(ad[0].Reason, tt.want) {
+				t.Fatalf("adoption %+v, want a refusal saying %q", ad, tt.want)
+			}
+			if alive(eng.PID) {
+				t.Fatalf("the refused engine %d still runs", eng.PID)
+			}
+			waitFor(t, s2, "g", "a fresh engine", func(p statusapi.Pool) bool {
+				return p.State == StateReady && p.Engine != nil && p.Engine.PID != eng.PID
+			})
+		})
+	}
+}
