@@ -30,8 +30,10 @@ tmp=$(mktemp -d /tmp/poold-guide.XXXXXX)
 root=$tmp/root
 state=$tmp/state # the stand-ins' own files: poold's pid and log
 cleanup() {
-  # poold, if a block left it running, stops its engines before it exits.
+  # poold, if a block left it running, stops; it leaves its engines running
+  # for the next poold (keep-engines-on-restart), and stop-engines stops them.
   [ -x "$tmp/bin/systemctl" ] && "$tmp/bin/systemctl" stop poold 2>/dev/null
+  [ -x "$root/usr/local/bin/poold" ] && "$root/usr/local/bin/poold" stop-engines --state-dir "$root/var/lib/poold" >/dev/null 2>&1
   rm -rf "$tmp"
 }
 trap cleanup EXIT
