@@ -168,7 +168,7 @@ func (t tree) sigkill() {
 func (t tree) waitEmpty(d time.Duration, again bool, hurry <-chan struct{}) bool {
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
-	interval := time.Millisecond
+	start := time.Now()
 	for {
 		if len(t.members()) == 0 {
 			return true
@@ -176,7 +176,7 @@ func (t tree) waitEmpty(d time.Duration, again bool, hurry <-chan struct{}) bool
 		if again {
 			t.sigkill()
 		}
-		tick := time.NewTimer(interval)
+		tick := time.NewTimer(pollInterval(time.Since(start), time.Millisecond, 50*time.Millisecond))
 		select {
 		case <-deadline.C:
 			tick.Stop()
@@ -186,7 +186,6 @@ func (t tree) waitEmpty(d time.Duration, again bool, hurry <-chan struct{}) bool
 			return len(t.members()) == 0
 		case <-tick.C:
 		}
-		interval = min(interval*2, 50*time.Millisecond)
 	}
 }
 

@@ -293,14 +293,12 @@ func signalAll(pids []int, sig syscall.Signal) {
 
 // waitGone polls until none of pids is live, or d passes.
 func waitGone(pids []int, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	interval := time.Millisecond
+	start := time.Now()
 	for len(liveOf(pids)) > 0 {
-		if time.Now().After(deadline) {
+		if time.Since(start) > d {
 			return false
 		}
-		time.Sleep(interval)
-		interval = min(interval*2, 50*time.Millisecond)
+		time.Sleep(pollInterval(time.Since(start), time.Millisecond, 50*time.Millisecond))
 	}
 	return true
 }

@@ -36,14 +36,21 @@ func defaultClients(o Options) clients {
 	return c
 }
 
-// waitReady polls /v1/models until the profile's id is listed: every few
-// milliseconds at first, backing off to maxProbeInterval. It fails at once if the
+// pollInterval is the wait before the next look at something that has
+// taken elapsed so far: a tenth of it, within [lo, hi]. A wait polled so
+// ends at most about a tenth (or lo) after what it waits for, where
+// intervals that double could add as much again.
+func pollInterval(elapsed, lo, hi time.Duration) time.Duration {
+	return min(max(elapsed/10, lo), hi)
+}
+
+// waitReady polls /v1/models until the profile's id is listed: every
+// pollInterval, 2 ms at first and at most 100 ms. It fails at once if the
 // engine exits, and after timeout.
 func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
-	const maxProbeInterval = 100 * time.Millisecond
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	interval := 2 * time.Millisecond
+	start := time.Now()
 	t := time.NewTimer(0)
 	defer t.Stop()
 	seen := "no answer yet" // what the last probe found
@@ -65,8 +72,7 @@ func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
 		if ctx.Err() == nil { // a probe cut by the deadline found nothing: keep what the last one did
 			seen = found
 		}
-		t.Reset(interval)
-		interval = min(interval*2, maxProbeInterval)
+		t.Reset(pollInterval(time.Since(start), 2*time.Millisecond, 100*time.Millisecond))
 	}
 }
 
