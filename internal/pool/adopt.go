@@ -170,6 +170,7 @@ func (p *Pool) verify(ctx context.Context, e *engine, rec LedgerEngine) error {
 // take makes e, verified, the pool's engine, ready, or (asleep at level) one
 // of its sleepers.
 func (p *Pool) take(e *engine, level int) {
+	e.served.Store(true)
 	p.opts.Ledger.add(p.name, e)
 	p.opts.Ledger.asleep(e, level)
 	now := p.opts.Now()

@@ -67,6 +67,10 @@ type engine struct {
 	// noted has a bit set for each kind of output line (noteLines) the log
 	// pump has seen.
 	noted atomic.Uint32
+	// served is set once the engine is ready (or adopted): only a start
+	// acts on the kinds of line noted, so the pump stops scanning its
+	// lines then (an engine logs a line per request).
+	served atomic.Bool
 	// unwatch ends the /health poller; nil while none runs. Only the
 	// pool's run loop uses it.
 	unwatch context.CancelFunc

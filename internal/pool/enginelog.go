@@ -35,8 +35,11 @@ var noteLines = []struct {
 	{noteMemoryShort, regexp.MustCompile(`(?i)` + regexp.QuoteMeta(memoryShortLine))},
 }
 
-// note records the kinds of line that line is.
+// note records the kinds of line that line is, until the engine served.
 func (e *engine) note(line string) {
+	if e.served.Load() {
+		return
+	}
 	for _, n := range noteLines {
 		if n.re.MatchString(line) {
 			e.noted.Or(n.bit)

@@ -26,6 +26,12 @@ func TestNoteLines(t *testing.T) {
 		if got := e.noted.Load(); got != tt.want {
 			t.Errorf("%q: noted %b, want %b", tt.line, got, tt.want)
 		}
+		// Once it served, an engine's lines are no longer scanned.
+		e = &engine{}
+		e.served.Store(true)
+		if e.note(tt.line); e.noted.Load() != 0 {
+			t.Errorf("%q, printed by an engine that served: noted %b", tt.line, e.noted.Load())
+		}
 	}
 }
 

@@ -267,6 +267,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		}
 		if err == nil {
 			phases["ready"] = p.opts.Now().Sub(t)
+			e.served.Store(true)
 			break
 		}
 		if _, stopErr := p.stopGroup(e, prof.StopTimeout.Duration); stopErr != nil {
