@@ -11,10 +11,20 @@ import (
 	"strings"
 )
 
-// tcpListeners reads every listening TCP socket of poold's network namespace
-// (which its engines share) from /proc/net/tcp and /proc/net/tcp6; a host
-// without IPv6 has no tcp6.
+// tcpListeners lists every listening TCP socket of poold's network
+// namespace (which its engines share): from the kernel's socket
+// diagnostics (diagListeners), or where they cannot be asked, from
+// /proc/net/tcp and /proc/net/tcp6 (a host without IPv6 has no tcp6).
 func tcpListeners() ([]listener, error) {
+	if ls, err := diagListeners(); err == nil {
+		return ls, nil
+	}
+	return procListeners()
+}
+
+// procListeners reads the listening TCP sockets from /proc/net/tcp and
+// /proc/net/tcp6.
+func procListeners() ([]listener, error) {
 	var all []listener
 	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		ls, err := readListeners(name)

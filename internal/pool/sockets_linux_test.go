@@ -28,21 +28,37 @@ func TestParseProcAddr(t *testing.T) {
 	}
 }
 
-// The listeners read from /proc include one this test opens, owned by this
-// process's socket inodes.
+// The listeners from the kernel's socket diagnostics and from /proc each
+// include those this test opens (IPv4 and, where the host has it, IPv6),
+// owned by this process's socket inodes, and no socket that only connects.
 func TestTCPListenersFindsOwnSocket(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	ls, err := tcpListeners()
-	if err != nil {
-		t.Fatal(err)
+	var want []netip.AddrPort
+	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Logf("%s: %v (no IPv6 here?)", addr, err)
+			continue
+		}
+		defer ln.Close()
+		want = append(want, netip.MustParseAddrPort(ln.Addr().String()))
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		want = append(want, netip.MustParseAddrPort(c.LocalAddr().String())) // must not be listed
 	}
 	own := socketInodes([]int{os.Getpid()})
-	want := netip.MustParseAddrPort(ln.Addr().String())
-	if !slices.ContainsFunc(ls, func(l listener) bool { return l.addr == want && own[l.inode] }) {
-		t.Fatalf("no listener %s among this process's sockets in %v", want, ls)
+	for name, list := range map[string]func() ([]listener, error){"sock_diag": diagListeners, "/proc": procListeners} {
+		ls, err := list()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for i, w := range want {
+			listening := i%2 == 0
+			if found := slices.ContainsFunc(ls, func(l listener) bool { return l.addr == w && own[l.inode] }); found != listening {
+				t.Errorf("%s: %s among this process's listeners: %v, want %v (%v)", name, w, found, listening, ls)
+			}
+		}
 	}
 }
