@@ -62,3 +62,39 @@ func TestTCPListenersFindsOwnSocket(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTCPListeners lists the listening sockets both ways on a host
+// with 6,000 sockets in TIME_WAIT, as after a busy spell:
+// go test -run '^$' -bench TCPListeners ./internal/pool/
+func BenchmarkTCPListeners(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	for range 6000 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+	}
+	for name, list := range map[string]func() ([]listener, error){"sock_diag": diagListeners, "proc": procListeners} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := list(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
