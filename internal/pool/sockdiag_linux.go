@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"syscall"
+	"time"
 )
 
 // Netlink's socket diagnostics (linux/sock_diag.h, linux/inet_diag.h).
@@ -18,6 +19,9 @@ const (
 	sockDiagBufLen   = 1 << 16 // one read of dump messages
 )
 
+// sockDiagTimeout bounds each read of the dump's answer.
+const sockDiagTimeout = 2 * time.Second
+
 // diagListeners asks the kernel, through NETLINK_SOCK_DIAG, for the
 // listening TCP sockets of each family. Unlike /proc/net/tcp, which lists
 // every socket of the namespace (thousands in TIME_WAIT on a busy host,
@@ -28,6 +32,11 @@ func diagListeners() ([]listener, error) {
 		return nil, fmt.Errorf("netlink socket: %w", err)
 	}
 	defer syscall.Close(fd)
+	// A kernel that never ends the dump fails the read instead of hanging it.
+	tv := syscall.NsecToTimeval(int64(sockDiagTimeout))
+	if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv); err != nil {
+		return nil, fmt.Errorf("netlink socket: %w", err)
+	}
 	var all []listener
 	for seq, family := range []uint8{syscall.AF_INET, syscall.AF_INET6} {
 		ls, err := diagDump(fd, uint32(seq+1), family)
