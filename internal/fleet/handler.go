@@ -319,14 +319,12 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		// engine, and the usage chunk withheld from the client.
 		meter = true
 		withhold = stream && !req.IncludeUsage && (r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions")
-		if withhold {
-			body = openai.Rewrite(body, req, name, true)
-		}
-		var ok bool
-		if body, ok = h.gate.Cap(w, ten, r.URL.Path, req, body); !ok {
+		bound, ok := h.gate.Cap(w, ten, r.URL.Path, req)
+		if !ok {
 			status = http.StatusBadRequest
 			return
 		}
+		body = openai.Rewrite(body, req, openai.Changes{InjectUsage: withhold, Bound: bound})
 	}
 	ropts := h.fleet.routeOptions(start)
 	ropts.Epsilon, ropts.Slack = h.opts.AffinityEpsilon, h.opts.LoadSlack

@@ -142,10 +142,10 @@ func TestRewriteForm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out := Rewrite(body, r, "whisper", false); &out[0] != &body[0] {
+	if out := Rewrite(body, r, Changes{Model: "whisper"}); &out[0] != &body[0] {
 		t.Fatal("a form naming the id was copied")
 	}
-	out := Rewrite(body, r, "org/whisper-large-v3", false)
+	out := Rewrite(body, r, Changes{Model: "org/whisper-large-v3"})
 	if !bytes.Equal(out, bytes.Replace(body, []byte("\r\n\r\nwhisper\r\n"), []byte("\r\n\r\norg/whisper-large-v3\r\n"), 1)) {
 		t.Fatalf("rewritten form:\n%q", out)
 	}
@@ -189,7 +189,7 @@ func FuzzParseForm(f *testing.F) {
 		if string(body[r.modelSpan.from:r.modelSpan.to]) != r.Model {
 			t.Fatalf("model %q, span %q", r.Model, body[r.modelSpan.from:r.modelSpan.to])
 		}
-		out := Rewrite(body, r, "id-"+r.Model, false)
+		out := Rewrite(body, r, Changes{Model: "id-" + r.Model})
 		r2, err := parseForm(out, boundary)
 		if err != nil || r2.Model != "id-"+r.Model {
 			t.Fatalf("rewritten form: %+v, %v", r2, err)

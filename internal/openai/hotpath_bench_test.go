@@ -56,6 +56,6 @@ func BenchmarkParseRequest(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_ = Rewrite(body, r, "qwen2.5-7b-instruct", true)
+		_ = Rewrite(body, r, Changes{Model: "qwen2.5-7b-instruct", InjectUsage: true})
 	}
 }

@@ -60,3 +60,28 @@ func FirstElement(arr []byte) []byte {
 	}
 	return arr[i:valueEnd(arr, i)]
 }
+
+// eachKey calls fn with each quoted key of the JSON object obj's top level,
+// in order, and returns fn's first error; obj not an object calls nothing.
+// Like Member, it expects valid JSON.
+func eachKey(obj []byte, fn func(key []byte) error) error {
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return nil
+	}
+	for i = skipSpace(obj, i+1); i < len(obj) && obj[i] != '}'; i = skipSpace(obj, i) {
+		if obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+		keyEnd := valueEnd(obj, i)
+		if err := fn(obj[i:keyEnd]); err != nil {
+			return err
+		}
+		from := skipSpace(obj, skipSpace(obj, keyEnd)+1) // past the colon
+		if from >= len(obj) {
+			break
+		}
+		i = valueEnd(obj, from)
+	}
+	return nil
+}

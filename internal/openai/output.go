@@ -3,6 +3,7 @@ package openai
 import (
 	"bytes"
 	"math"
+	"slices"
 	"strconv"
 )
 
@@ -17,22 +18,30 @@ type OutputCap struct {
 }
 
 // outputParams are the request fields that bound generated tokens.
-var outputParams = map[string]bool{`"max_tokens"`: true, `"max_completion_tokens"`: true, `"max_output_tokens"`: true}
+var outputParams = map[string]bool{"max_tokens": true, "max_completion_tokens": true, "max_output_tokens": true}
 
-// outputCap reads the value of an output bound; null is no bound (ok false).
-func outputCap(key, raw []byte) (OutputCap, bool) {
+// outputCap reads the value of the output bound key; null is no bound (ok
+// false).
+func outputCap(key string, raw []byte) (OutputCap, bool) {
 	if string(raw) == "null" {
 		return OutputCap{}, false
 	}
-	c := OutputCap{Param: string(key[1 : len(key)-1]), N: -1}
+	return OutputCap{Param: key, N: count(raw)}, true
+}
+
+// count reads a JSON value that should be a whole number of at least zero
+// as the engine does (a string holding a number counts as that number, 1e3
+// as 1000); -1 when it is not one.
+func count(raw []byte) int64 {
 	s := raw
 	if len(s) >= 2 && s[0] == '"' {
 		s = bytes.TrimSpace(s[1 : len(s)-1])
 	}
-	if f, err := strconv.ParseFloat(string(s), 64); err == nil && f == math.Trunc(f) && f >= 0 {
-		c.N = int64(min(f, math.MaxInt64/2))
+	f, err := strconv.ParseFloat(string(s), 64)
+	if err != nil || f != math.Trunc(f) || f < 0 {
+		return -1
 	}
-	return c, true
+	return int64(min(f, math.MaxInt64/2))
 }
 
 // OutputParams are the fields that bound the tokens an inference route
@@ -51,16 +60,31 @@ func OutputParams(path string) []string {
 	return nil
 }
 
-// AddMember returns body, a JSON object, with "key": n as its first member.
-func AddMember(body []byte, key string, n int) []byte {
-	brace := bytes.IndexByte(body, '{')
-	out := make([]byte, 0, len(body)+len(key)+16)
-	out = append(out, body[:brace+1]...)
-	out = strconv.AppendQuote(out, key)
-	out = append(out, ':')
-	out = strconv.AppendInt(out, int64(n), 10)
-	if rest := bytes.TrimLeft(body[brace+1:], " \t\r\n"); len(rest) == 0 || rest[0] != '}' {
-		out = append(out, ',')
+// MaxOutput is the most tokens the request may make the engine generate on
+// route path: the largest of the route's bounds it sets, times Choices; ok
+// is false when it sets none of them (the engine's context is then the
+// only bound), or a bound or Choices is not a whole number.
+func (r Request) MaxOutput(path string) (n int64, ok bool) {
+	params := OutputParams(path)
+	for _, c := range r.OutputCaps {
+		if !slices.Contains(params, c.Param) {
+			continue
+		}
+		if c.N < 0 {
+			return 0, false
+		}
+		n, ok = max(n, c.N), true
 	}
-	return append(out, body[brace+1:]...)
+	if !ok || r.Choices < 1 {
+		return 0, false
+	}
+	return satMul(n, r.Choices), true
+}
+
+// satMul is a×b for a, b ≥ 0, saturated at math.MaxInt64/2.
+func satMul(a, b int64) int64 {
+	if b != 0 && a > math.MaxInt64/2/b {
+		return math.MaxInt64 / 2
+	}
+	return a * b
 }

@@ -5,15 +5,27 @@ import (
 	"testing"
 )
 
-func TestAddMember(t *testing.T) {
+// A Rewrite with a Bound leaves the body exactly one output bound, the one
+// given, whatever bounds, nulls and whitespace the body had, and keeps the
+// rest byte for byte.
+func TestRewriteBound(t *testing.T) {
+	bound := &OutputCap{"max_tokens", 7}
 	for in, want := range map[string]string{
-		`{"model":"m"}`:         `{"max_tokens":7,"model":"m"}`,
-		" \n{ \"model\":\"m\"}": " \n{\"max_tokens\":7, \"model\":\"m\"}",
-		`{ }`:                   `{"max_tokens":7 }`,
+		`{"model":"m"}`:                                             `{"max_tokens":7,"model":"m"}`,
+		" \n{ \"model\":\"m\"}":                                     " \n{\"max_tokens\":7, \"model\":\"m\"}",
+		`{"model":"m","max_tokens":null}`:                           `{"max_tokens":7,"model":"m"}`,
+		`{"max_tokens":null,"model":"m"}`:                           `{"max_tokens":7,"model":"m"}`,
+		`{"max_tokens":1, "max_completion_tokens":2, "model":"m"}`:  `{"max_tokens":7,"model":"m"}`,
+		`{"model":"m", "max_tokens":1 , "max_output_tokens":null }`: `{"max_tokens":7,"model":"m"  }`,
+		`{"model":"m","max_tokens":1,"x":[1,{"max_tokens":2}],"max_completion_tokens":3,"y":2}`: `{"max_tokens":7,"model":"m","x":[1,{"max_tokens":2}],"y":2}`,
+		`{"model":"m","max_tokens":7}`: `{"model":"m","max_tokens":7}`,
 	} {
-		got := AddMember([]byte(in), "max_tokens", 7)
+		got := Rewrite([]byte(in), mustParse(t, in), Changes{Bound: bound})
 		if string(got) != want || !json.Valid(got) {
-			t.Errorf("AddMember(%q) = %q, want %q", in, got, want)
+			t.Errorf("Rewrite(%q, bound 7) = %q, want %q", in, got, want)
+		}
+		if r := mustParse(t, string(got)); len(r.OutputCaps) != 1 || r.OutputCaps[0] != *bound {
+			t.Errorf("Rewrite(%q, bound 7) has bounds %+v", in, r.OutputCaps)
 		}
 	}
 }

@@ -7,6 +7,7 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,12 +36,22 @@ type Request struct {
 	// model, stream and stream_include_usage are form fields.
 	Form bool
 	// OutputCaps are the bounds on generated tokens the request sets, in
-	// body order (see OutputCap); nil when it sets none.
+	// body order (see OutputCap); nil when it sets none. A null bound is
+	// no bound and is not listed.
 	OutputCaps []OutputCap
+	// Choices is how many sequences the engine generates for the request:
+	// the larger of n and best_of, 1 when neither is set (or both are
+	// null); -1 when one is not a whole number of at least 1, and then
+	// ChoicesParam names it.
+	Choices      int64
+	ChoicesParam string
 
 	modelSpan span // the model value's bytes, quotes included (a form's: its content)
 	// opts is the stream_options value's span; zero when absent.
 	opts span
+	// bounds are the spans of the output bound members (key through
+	// value, null ones too), which a Rewrite with a Bound replaces.
+	bounds []memberSpan
 }
 
 // span is a half-open byte range [from, to) of a body.
@@ -106,7 +117,7 @@ func parseBody(body []byte, contentType string) (Request, error) {
 // with json.Valid and then walked by hand (only the top level's keys and value
 // spans), so that only the values poold reads are decoded.
 func parseRequest(body []byte) (Request, error) {
-	var r Request
+	r := Request{Choices: 1}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return r, fmt.Errorf("%w: the body is empty; expected a JSON object", errBadBody)
 	}
@@ -119,16 +130,23 @@ func parseRequest(body []byte) (Request, error) {
 	if body[i] != '{' {
 		return r, fmt.Errorf("%w: expected a JSON object", errBadBody)
 	}
+	var seen keySet
 	for i = skipSpace(body, i+1); body[i] != '}'; i = skipSpace(body, i) {
 		if body[i] == ',' {
 			i = skipSpace(body, i+1)
 		}
-		keyEnd := valueEnd(body, i)
-		key := body[i:keyEnd]
+		keyFrom, keyEnd := i, valueEnd(body, i)
+		key, err := seen.add(body[i:keyEnd], requestKeys, "")
+		if err != nil {
+			return r, err
+		}
 		from := skipSpace(body, skipSpace(body, keyEnd)+1) // past the colon
 		i = valueEnd(body, from)
 		if err := r.member(key, body[from:i], span{from, i}); err != nil {
 			return r, err
+		}
+		if outputParams[key] {
+			r.bounds = append(r.bounds, memberSpan{keyFrom, i})
 		}
 	}
 	if r.modelSpan.empty() || r.Model == "" {
@@ -137,30 +155,61 @@ func parseRequest(body []byte) (Request, error) {
 	return r, nil
 }
 
-// member records one top-level member of a valid body: key is its quoted key,
-// raw its value at sp.
-func (r *Request) member(key, raw []byte, sp span) error {
-	if bytes.IndexByte(key, '\\') >= 0 {
-		var k string
-		_ = json.Unmarshal(key, &k) // valid: the body is
-		key = []byte(`"` + k + `"`)
+// requestKeys are the top-level members poold acts on. Each may appear
+// once, spelt exactly so: a body that repeats one, or holds a case variant
+// of one, is refused, since engines differ on which copy they read (Python's
+// json keeps the last, Go's encoding/json matches keys without case), and
+// poold must read the request as the engine will.
+var requestKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of"}
+
+// streamOptionKeys are the members of stream_options that poold acts on.
+var streamOptionKeys = []string{"include_usage", "continuous_usage_stats"}
+
+// keySet is the watched keys an object has shown so far; the zero value is
+// empty.
+type keySet struct{ seen uint16 } // bit i: watched[i]
+
+// add reads the quoted key k of an object whose members poold acts on are
+// watched, and returns it decoded (escapes resolved). A watched key seen
+// before, or a case variant of one (as strings.EqualFold and Go's decoder
+// match: "MODEL", "Max_Tokens", "ſtream"), is an error naming it; within
+// is the enclosing member's name for the message ("" at the top level).
+func (s *keySet) add(k []byte, watched []string, within string) (string, error) {
+	key := string(k[1 : len(k)-1])
+	if bytes.IndexByte(k, '\\') >= 0 {
+		_ = json.Unmarshal(k, &key) // valid: the body is
 	}
-	if k := string(key[1 : len(key)-1]); k != "model" && strings.EqualFold(k, "model") {
-		// A case-insensitive decoder (Go's encoding/json, for one) would read
-		// it as the model: poold and the engine could disagree on which.
-		return &fieldError{k, fmt.Sprintf("%s is a case variant of \"model\": the model is ambiguous", strconv.Quote(k))}
+	for i, w := range watched {
+		// A rune folds to one of at most 3 bytes: a longer key cannot match.
+		if len(key) < len(w) || len(key) > 3*len(w) || !strings.EqualFold(key, w) {
+			continue
+		}
+		name := strconv.Quote(w)
+		if within != "" {
+			name = strconv.Quote(within + "." + w)
+		}
+		switch {
+		case key != w:
+			return "", &fieldError{key, fmt.Sprintf("%s is a case variant of %s, which engines read differently: the request is ambiguous", strconv.Quote(key), name)}
+		case s.seen&(1<<i) != 0:
+			return "", &fieldError{w, fmt.Sprintf("%s appears more than once, and engines differ on which one they read: the request is ambiguous", name)}
+		}
+		s.seen |= 1 << i
 	}
-	if outputParams[string(key)] {
+	return key, nil
+}
+
+// member records one top-level member of a valid body: key is its decoded
+// key, raw its value at sp.
+func (r *Request) member(key string, raw []byte, sp span) error {
+	if outputParams[key] {
 		if c, ok := outputCap(key, raw); ok {
 			r.OutputCaps = append(r.OutputCaps, c)
 		}
 		return nil
 	}
-	switch string(key) {
-	case `"model"`:
-		if !r.modelSpan.empty() {
-			return &fieldError{"model", `"model" appears more than once: the model is ambiguous`}
-		}
+	switch key {
+	case "model":
 		if raw[0] != '"' {
 			return &fieldError{"model", `"model" must be a string`}
 		}
@@ -170,22 +219,33 @@ func (r *Request) member(key, raw []byte, sp span) error {
 			return &fieldError{"model", fmt.Sprintf(`"model": %v`, err)}
 		}
 		r.modelSpan = sp
-	case `"stream"`:
+	case "stream":
 		switch string(raw) {
 		case "true":
 			r.Stream = true
 		case "false", "null":
 			r.Stream = false
 		default:
-			return fmt.Errorf("%w: \"stream\" must be a boolean", errBadBody)
+			return &fieldError{"stream", `"stream" must be a boolean`}
 		}
-	case `"stream_options"`:
+	case "stream_options":
 		usage, err := includeUsage(raw)
 		if err != nil {
 			return err
 		}
 		r.opts = sp
 		r.IncludeUsage = usage
+	case "n", "best_of":
+		if string(raw) == "null" {
+			return nil
+		}
+		n := count(raw)
+		switch {
+		case n < 1:
+			r.Choices, r.ChoicesParam = -1, key
+		case r.Choices >= 0 && n > r.Choices:
+			r.Choices, r.ChoicesParam = n, key
+		}
 	}
 	return nil
 }
@@ -198,6 +258,13 @@ func includeUsage(raw []byte) (bool, error) {
 	var o map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &o); err != nil {
 		return false, fmt.Errorf("%w: \"stream_options\" must be an object", errBadBody)
+	}
+	var seen keySet
+	if err := eachKey(raw, func(k []byte) error {
+		_, err := seen.add(k, streamOptionKeys, "stream_options")
+		return err
+	}); err != nil {
+		return false, err
 	}
 	v, set := o["include_usage"]
 	if o == nil || !set {
@@ -256,45 +323,96 @@ func valueEnd(b []byte, i int) int {
 	return i
 }
 
-// Rewrite returns the body to send upstream: model replaced by id when it
-// differs (in a form, the model field's content), and, when injectUsage is
-// set, stream_options changed so that the engine reports usage in a final
-// usage-only chunk (and only there); injectUsage is for JSON bodies, never
-// a form. Everything else is kept byte for byte. It returns body itself when
+// Changes are what Rewrite changes in a body; the zero value changes
+// nothing.
+type Changes struct {
+	// Model, when not "" and not the body's, replaces the body's model (in
+	// a form, the model field's content).
+	Model string
+	// InjectUsage changes stream_options so that the engine reports usage
+	// in a final usage-only chunk (and only there); for JSON bodies, never
+	// a form.
+	InjectUsage bool
+	// Bound, when not nil, becomes the body's only output bound: every
+	// output bound member it has (null ones too) gives way to it, so that
+	// the engine reads exactly the bound poold enforces. JSON bodies only.
+	Bound *OutputCap
+}
+
+// memberSpan is a member's bytes in a body: from its key's opening quote to
+// its value's end.
+type memberSpan span
+
+// Rewrite returns the body to send upstream, r's body changed as c says;
+// everything else is kept byte for byte. It returns body itself when
 // nothing changes.
-func Rewrite(body []byte, r Request, id string, injectUsage bool) []byte {
-	if r.Model == id && !injectUsage {
+func Rewrite(body []byte, r Request, c Changes) []byte {
+	model := c.Model != "" && c.Model != r.Model
+	bound := c.Bound != nil && !(len(r.bounds) == 1 && len(r.OutputCaps) == 1 && r.OutputCaps[0] == *c.Bound)
+	if !model && !c.InjectUsage && !bound {
 		return body
 	}
 	type patch struct {
 		at   span
 		with []byte
+		alt  *span // a removal's other span (see removal)
 	}
 	var patches []patch
-	if injectUsage && r.opts.empty() {
+	brace := bytes.IndexByte(body, '{')
+	if c.InjectUsage && r.opts.empty() {
 		// Insert a member right after the opening brace.
-		brace := bytes.IndexByte(body, '{')
-		patches = append(patches, patch{span{brace + 1, brace + 1}, []byte(`"stream_options":{"include_usage":true},`)})
+		patches = append(patches, patch{at: span{brace + 1, brace + 1}, with: []byte(`"stream_options":{"include_usage":true},`)})
 	}
-	if r.Model != id {
-		q := []byte(id)
-		if !r.Form {
-			q, _ = json.Marshal(id)
+	if bound {
+		m := strconv.AppendQuote(nil, c.Bound.Param)
+		m = append(strconv.AppendInt(append(m, ':'), c.Bound.N, 10), ',')
+		patches = append(patches, patch{at: span{brace + 1, brace + 1}, with: m})
+		for _, b := range r.bounds {
+			at, alt := removal(body, b)
+			patches = append(patches, patch{at: at, alt: alt})
 		}
-		patches = append(patches, patch{r.modelSpan, q})
 	}
-	if injectUsage && !r.opts.empty() {
-		patches = append(patches, patch{r.opts, usageOptions(body[r.opts.from:r.opts.to])})
+	if model {
+		q := []byte(c.Model)
+		if !r.Form {
+			q, _ = json.Marshal(c.Model)
+		}
+		patches = append(patches, patch{at: r.modelSpan, with: q})
 	}
-	slices.SortFunc(patches, func(a, b patch) int { return a.at.from - b.at.from })
+	if c.InjectUsage && !r.opts.empty() {
+		patches = append(patches, patch{at: r.opts, with: usageOptions(body[r.opts.from:r.opts.to])})
+	}
+	slices.SortStableFunc(patches, func(a, b patch) int { return cmp.Or(a.at.from-b.at.from, a.at.to-b.at.to) })
 	out := make([]byte, 0, len(body)+48)
 	prev := 0
 	for _, p := range patches {
+		if p.at.from < prev && p.alt != nil {
+			p.at = *p.alt // the comma before went with the member before
+		}
 		out = append(out, body[prev:p.at.from]...)
 		out = append(out, p.with...)
 		prev = p.at.to
 	}
 	return append(out, body[prev:]...)
+}
+
+// removal is the span to cut from body to remove the member at m with one
+// of the commas beside it: the one before it, or, for the object's first
+// member, the one after it; alt, when not nil, is the span that takes the
+// comma after it instead, for when the one before went with a neighbour.
+func removal(body []byte, m memberSpan) (at span, alt *span) {
+	after := span{m.from, m.to}
+	if j := skipSpace(body, m.to); j < len(body) && body[j] == ',' {
+		after.to = skipSpace(body, j+1)
+	}
+	k := m.from - 1
+	for k > 0 && (body[k] == ' ' || body[k] == '\t' || body[k] == '\n' || body[k] == '\r') {
+		k--
+	}
+	if body[k] != ',' {
+		return after, nil
+	}
+	return span{k, m.to}, &after
 }
 
 // usageOptions turns a client's stream_options into one asking for the final

@@ -2,8 +2,10 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,7 +29,6 @@ func TestParseRequestValid(t *testing.T) {
 		{"include_usage true", `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, "m", true, true, true},
 		{"include_usage false", `{"model":"m","stream":true,"stream_options":{"include_usage":false}}`, "m", true, true, false},
 		{"include_usage absent", `{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true}}`, "m", true, true, true},
-		{"include_usage in other letters", `{"model":"m","stream":true,"stream_options":{"Include_Usage":false}}`, "m", true, true, true},
 		{"include_usage null", `{"model":"m","stream":true,"stream_options":{"include_usage":null}}`, "m", true, true, false},
 		{"stream_options null", `{"model":"m","stream":true,"stream_options":null}`, "m", true, true, false},
 		{"stream_options empty", `{"model":"m","stream":true,"stream_options":{}}`, "m", true, true, true},
@@ -75,6 +76,97 @@ func TestParseRequestAmbiguousModel(t *testing.T) {
 	}
 }
 
+// Every key poold decides on (the model, the stream flag and its options,
+// the output bounds and the sequence counts) is refused with a 400 naming
+// it when it appears twice, or in another case that a case-insensitive
+// decoder (Go's, as in llm-d-inference-sim) reads as the same key: poold and
+// the engine must read one request. Values of the copies do not matter.
+func TestParseRequestAmbiguousKeys(t *testing.T) {
+	values := map[string]string{"stream": "true", "stream_options": `{"include_usage":false}`, "n": "2", "best_of": "2"}
+	// variants are case variants of k: as written in a body, and decoded.
+	variants := func(k string) map[string]string {
+		vs := map[string]string{strings.ToUpper(k): strings.ToUpper(k), strings.ToUpper(k[:1]) + k[1:]: strings.ToUpper(k[:1]) + k[1:]}
+		if i := strings.IndexByte(k, 's'); i >= 0 {
+			vs[k[:i]+"ſ"+k[i+1:]] = k[:i] + "ſ" + k[i+1:] // U+017F folds to s
+		}
+		if i := strings.IndexByte(k, 'k'); i >= 0 {
+			vs[k[:i]+`\u212a`+k[i+1:]] = k[:i] + "\u212a" + k[i+1:] // the Kelvin sign folds to k
+		}
+		return vs
+	}
+	for _, k := range requestKeys {
+		v := cmp.Or(values[k], "100")
+		base := `"model":"m"`
+		if k == "model" {
+			v, base = `"m"`, `"x":1`
+		}
+		bodies := map[string]string{
+			fmt.Sprintf(`{%s,"%s":%s,"%s":%s}`, base, k, v, k, v): k,
+			fmt.Sprintf(`{%s,"%s":null,"%s":%s}`, base, k, k, v):  k,
+			fmt.Sprintf(`{"%s":%s,%s,"%s":%s}`, k, v, base, k, v): k,
+		}
+		for written, decoded := range variants(k) {
+			bodies[fmt.Sprintf(`{%s,"%s":%s,"%s":%s}`, base, k, v, written, v)] = decoded
+			bodies[fmt.Sprintf(`{"%s":%s,%s,"%s":%s}`, written, v, base, k, v)] = decoded
+			bodies[fmt.Sprintf(`{%s,"%s":%s}`, base, written, v)] = decoded
+		}
+		for body, param := range bodies {
+			if !json.Valid([]byte(body)) {
+				t.Fatalf("test body %s is not JSON", body)
+			}
+			_, err := parseRequest([]byte(body))
+			if got := errParam(err); err == nil || got != param || !errors.Is(err, errBadBody) {
+				t.Errorf("%s: error %v with param %q, want a 400 naming %q", body, err, got, param)
+			}
+		}
+	}
+	for body, param := range map[string]string{
+		`{"model":"m","stream":true,"stream_options":{"include_usage":true,"Include_Usage":false}}`:                   "Include_Usage",
+		`{"model":"m","stream":true,"stream_options":{"include_usage":true,"include_usage":false}}`:                   "include_usage",
+		`{"model":"m","stream":true,"stream_options":{"INCLUDE_USAGE":false}}`:                                        "INCLUDE_USAGE",
+		`{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true,"continuous_usage_stats":false}}`: "continuous_usage_stats",
+	} {
+		if _, err := parseRequest([]byte(body)); errParam(err) != param {
+			t.Errorf("%s: error %v, want a 400 naming %q", body, err, param)
+		}
+	}
+	// Keys that only resemble them, and the same keys nested, are the
+	// engine's to judge.
+	for _, body := range []string{
+		`{"model":"m","max_tokens_x":1,"nn":2,"streams":true,"Max_Token":3}`,
+		`{"model":"m","messages":[{"role":"user","content":"x","max_tokens":1,"MAX_TOKENS":2}],"metadata":{"n":1,"N":2}}`,
+		`{"model":"m","stream_options":{"include_usage":true,"other":1,"Other":2}}`,
+	} {
+		if _, err := parseRequest([]byte(body)); err != nil {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+}
+
+// n and best_of set Choices, the larger of them; null is unset; a value
+// that is not a whole number of at least 1 makes it -1, naming the key.
+func TestParseRequestChoices(t *testing.T) {
+	for body, want := range map[string]struct {
+		n     int64
+		param string
+	}{
+		`{"model":"m"}`:                     {1, ""},
+		`{"model":"m","n":3}`:               {3, "n"},
+		`{"model":"m","n":"4"}`:             {4, "n"},
+		`{"model":"m","n":2,"best_of":5}`:   {5, "best_of"},
+		`{"model":"m","best_of":2,"n":5}`:   {5, "n"},
+		`{"model":"m","n":null}`:            {1, ""},
+		`{"model":"m","n":0}`:               {-1, "n"},
+		`{"model":"m","n":1.5,"best_of":9}`: {-1, "n"},
+		`{"model":"m","best_of":[1]}`:       {-1, "best_of"},
+	} {
+		r, err := parseRequest([]byte(body))
+		if err != nil || r.Choices != want.n || r.ChoicesParam != want.param {
+			t.Errorf("%s: Choices %d (%q), err %v; want %d (%q)", body, r.Choices, r.ChoicesParam, err, want.n, want.param)
+		}
+	}
+}
+
 func TestParseRequestSpansWithWhitespace(t *testing.T) {
 	body := "{ \"n\" : 12 , \"model\" :\n \"m\"\t, \"stream_options\" : {\"include_usage\" : false} \n, \"k\": 1e3 }"
 	r, err := parseRequest([]byte(body))
@@ -117,6 +209,7 @@ func TestParseRequestErrors(t *testing.T) {
 		{"stream_options number", `{"model":"m","stream_options":3}`},
 		{"stream_options array", `{"model":"m","stream_options":[]}`},
 		{"include_usage string", `{"model":"m","stream_options":{"include_usage":"yes"}}`},
+		{"include_usage in other letters", `{"model":"m","stream":true,"stream_options":{"Include_Usage":false}}`},
 		{"model case differs", `{"Model":"m"}`},
 		{"duplicate model", `{"model":"a","model":"b"}`},
 		{"duplicate model, same value", `{"model":"a","model":"a"}`},
@@ -194,7 +287,7 @@ func TestRewriteModelKeepsBytes(t *testing.T) {
 			if r.Model != "alias" {
 				t.Fatalf("model = %q", r.Model)
 			}
-			got := Rewrite([]byte(body), r, "org/Canonical-1", false)
+			got := Rewrite([]byte(body), r, Changes{Model: "org/Canonical-1"})
 			want := tt.prefix + `"org/Canonical-1"` + tt.suffix
 			if string(got) != want {
 				t.Fatalf("rewrite:\n got %s\nwant %s", got, want)
@@ -210,7 +303,7 @@ func TestRewriteUnchanged(t *testing.T) {
 		`{"stream":true,"stream_options":{"continuous_usage_stats":true},"model":"id"}`,
 	} {
 		b := []byte(body)
-		got := Rewrite(b, mustParse(t, body), "id", false)
+		got := Rewrite(b, mustParse(t, body), Changes{Model: "id"})
 		if len(got) != len(b) || &got[0] != &b[0] {
 			t.Errorf("Rewrite(%s) returned a copy %s, want the body itself", b, got)
 		}
@@ -224,7 +317,7 @@ func TestRewriteInjectAbsent(t *testing.T) {
 		`{"prompt":"{not a brace}","model":"id","stream":true}`,
 	} {
 		t.Run("", func(t *testing.T) {
-			got := Rewrite([]byte(body), mustParse(t, body), "id", true)
+			got := Rewrite([]byte(body), mustParse(t, body), Changes{Model: "id", InjectUsage: true})
 			if !json.Valid(got) {
 				t.Fatalf("invalid JSON: %s", got)
 			}
@@ -269,7 +362,7 @@ func TestRewriteInjectExisting(t *testing.T) {
 			prefix := "{\"model\":\"id\", \"stream\": true,\n\"stream_options\": "
 			suffix := ",\n\"messages\":[{\"content\":\"\\u00e9\"}]}"
 			body := prefix + tt.opts + suffix
-			got := Rewrite([]byte(body), mustParse(t, body), "id", true)
+			got := Rewrite([]byte(body), mustParse(t, body), Changes{Model: "id", InjectUsage: true})
 			if !bytes.HasPrefix(got, []byte(prefix)) || !bytes.HasSuffix(got, []byte(suffix)) {
 				t.Fatalf("bytes around stream_options changed: %s", got)
 			}
@@ -312,7 +405,7 @@ func TestRewriteModelAndOptions(t *testing.T) {
 			if tt.name == "longer id" {
 				id = "a-much-longer-canonical-id"
 			}
-			got := Rewrite([]byte(tt.body), mustParse(t, tt.body), id, true)
+			got := Rewrite([]byte(tt.body), mustParse(t, tt.body), Changes{Model: id, InjectUsage: true})
 			if string(got) != tt.want {
 				t.Fatalf("rewrite:\n got %s\nwant %s", got, tt.want)
 			}
@@ -342,7 +435,7 @@ func FuzzRewrite(f *testing.F) {
 			return
 		}
 		in := append([]byte(nil), body...)
-		got := Rewrite(body, r, "canonical-id", true)
+		got := Rewrite(body, r, Changes{Model: "canonical-id", InjectUsage: true})
 		if !bytes.Equal(body, in) {
 			t.Fatalf("rewrite modified its input")
 		}

@@ -346,12 +346,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Profile = prof.ID
 	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
-	x.body = openai.Rewrite(body, req, prof.ID, inject)
-	x.withhold = inject
-	if x.body, ok = h.opts.Tenants.Cap(w, ten, rt.path, req, x.body); !ok {
+	bound, ok := h.opts.Tenants.Cap(w, ten, rt.path, req)
+	if !ok {
 		rec.Status = http.StatusBadRequest
 		return
 	}
+	x.body = openai.Rewrite(body, req, openai.Changes{Model: prof.ID, InjectUsage: inject, Bound: bound})
+	x.withhold = inject
 
 	// A request that must wait holds its body against the host's budget.
 	hold, unqueue, done := h.bodies.request(int64(len(x.body)))

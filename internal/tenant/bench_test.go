@@ -70,11 +70,11 @@ func BenchmarkGate(b *testing.B) {
 				if !g.Admit(w, t) {
 					b.Fatal("refused")
 				}
-				out, ok := g.Cap(w, t, "/v1/chat/completions", parsed, body)
+				bound, ok := g.Cap(w, t, "/v1/chat/completions", parsed)
 				if !ok {
 					b.Fatal("capped")
 				}
-				sent += len(out)
+				sent += len(openai.Rewrite(body, parsed, openai.Changes{Bound: bound}))
 				g.Debit(t, 20)
 			}))
 			r := httptest.NewRequest("POST", "/v1/chat/completions", nil)

@@ -113,32 +113,50 @@ func (g *Gate) Admit(w http.ResponseWriter, t *Tenant) bool {
 	return false
 }
 
-// Cap applies t's output cap to a request for the inference route path
-// (req and body as read): a bound above the cap, or one that is not a
-// number, gets a 400 naming it (ok false); a request that sets no bound
-// gets the cap inserted into its body. Routes that generate no tokens, and
-// tenants without a cap, are left as they are. A nil gate returns body.
-func (g *Gate) Cap(w http.ResponseWriter, t *Tenant, path string, req openai.Request, body []byte) (_ []byte, ok bool) {
+// Cap applies t's output cap to a request for the inference route path, as
+// read: it returns the output bound the body must carry, which Rewrite
+// makes its only one (nil: the body's bounds stand as they are). The cap
+// bounds the request, not each of its sequences: with n or best_of, the
+// bound times their number. A bound that is not a whole number, one above
+// the cap, or one that times n passes it gets a 400 naming it (ok false);
+// a request that sets no bound gets the cap divided by n; one with more
+// sequences than the cap has tokens is refused. Routes that generate no
+// tokens, and tenants without a cap, are left as they are. A nil gate
+// returns nil.
+func (g *Gate) Cap(w http.ResponseWriter, t *Tenant, path string, req openai.Request) (_ *openai.OutputCap, ok bool) {
 	params := openai.OutputParams(path)
 	if g == nil || t == nil || t.MaxOutputTokens <= 0 || params == nil {
-		return body, true
+		return nil, true
 	}
-	set := false
+	limit, choices := int64(t.MaxOutputTokens), req.Choices
+	refuse := func(code, param, msg string) (*openai.OutputCap, bool) {
+		openai.WriteError(w, http.StatusBadRequest, code, param, msg)
+		return nil, false
+	}
+	switch {
+	case choices < 1:
+		return refuse("invalid_value", req.ChoicesParam, fmt.Sprintf("%s must be a whole number of sequences, from 1 to the cap of %d output tokens", req.ChoicesParam, limit))
+	case choices > limit:
+		return refuse("output_cap_exceeded", req.ChoicesParam, fmt.Sprintf("%s is %d: its sequences would generate more than the cap of %d output tokens of tenant %s", req.ChoicesParam, choices, limit, strconv.Quote(t.Name)))
+	}
+	var bound *openai.OutputCap
 	for _, c := range req.OutputCaps {
 		switch {
 		case c.N < 0:
-			openai.WriteError(w, http.StatusBadRequest, "invalid_value", c.Param, fmt.Sprintf("%s must be a whole number of tokens, at most %d", c.Param, t.MaxOutputTokens))
-			return nil, false
-		case c.N > int64(t.MaxOutputTokens):
-			openai.WriteError(w, http.StatusBadRequest, "output_cap_exceeded", c.Param, fmt.Sprintf("%s is %d, above the cap of %d output tokens of tenant %s", c.Param, c.N, t.MaxOutputTokens, strconv.Quote(t.Name)))
-			return nil, false
+			return refuse("invalid_value", c.Param, fmt.Sprintf("%s must be a whole number of tokens, at most %d", c.Param, limit))
+		case c.N > limit:
+			return refuse("output_cap_exceeded", c.Param, fmt.Sprintf("%s is %d, above the cap of %d output tokens of tenant %s", c.Param, c.N, limit, strconv.Quote(t.Name)))
+		case c.N > limit/choices:
+			return refuse("output_cap_exceeded", c.Param, fmt.Sprintf("%s × %s is %d × %d = %d output tokens, above the cap of %d of tenant %s: the cap bounds the request, not each sequence", c.Param, req.ChoicesParam, c.N, choices, c.N*choices, limit, strconv.Quote(t.Name)))
 		}
-		set = set || slices.Contains(params, c.Param)
+		if slices.Contains(params, c.Param) && (bound == nil || c.N < bound.N) {
+			bound = &openai.OutputCap{Param: c.Param, N: c.N}
+		}
 	}
-	if set {
-		return body, true
+	if bound == nil {
+		bound = &openai.OutputCap{Param: params[0], N: limit / choices}
 	}
-	return openai.AddMember(body, params[0], t.MaxOutputTokens), true
+	return bound, true
 }
 
 // Debit takes the tokens a request of t used from its token bucket; a nil

@@ -157,17 +157,32 @@ func TestCap(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"m","max_completion_tokens":"500"}`, 400, "max_completion_tokens"},
 		{"/v1/chat/completions", `{"model":"m","max_tokens":"lots"}`, 400, "max_tokens"},
 		{"/v1/chat/completions", `{"model":"m","max_tokens":50}`, 0, `{"model":"m","max_tokens":50}`},
-		{"/v1/chat/completions", `{"model":"m","max_tokens":null}`, 0, `{"max_completion_tokens":50,"model":"m","max_tokens":null}`},
+		// An explicit null is no bound: the cap applies, and the body keeps
+		// exactly one bound, the cap (the engine keeps a duplicate's last).
+		{"/v1/chat/completions", `{"model":"m","max_tokens":null}`, 0, `{"max_completion_tokens":50,"model":"m"}`},
+		{"/v1/chat/completions", `{"max_completion_tokens":null,"model":"m"}`, 0, `{"max_completion_tokens":50,"model":"m"}`},
+		{"/v1/chat/completions", `{"model":"m","max_tokens":40,"max_completion_tokens":30}`, 0, `{"max_completion_tokens":30,"model":"m"}`},
 		{"/v1/completions", `{"model":"m"}`, 0, `{"max_tokens":50,"model":"m"}`},
-		{"/v1/responses", `{"model":"m","max_tokens":10}`, 0, `{"max_output_tokens":50,"model":"m","max_tokens":10}`},
+		{"/v1/responses", `{"model":"m","max_tokens":10}`, 0, `{"max_output_tokens":50,"model":"m"}`},
+		{"/v1/responses", `{"model":"m","max_output_tokens":null}`, 0, `{"max_output_tokens":50,"model":"m"}`},
 		{"/v1/embeddings", `{"model":"m","max_tokens":5000}`, 0, `{"model":"m","max_tokens":5000}`},
+		// The cap bounds the request, not each sequence: n and best_of
+		// multiply the bound.
+		{"/v1/chat/completions", `{"model":"m","n":3,"max_tokens":20}`, 400, "max_tokens"},
+		{"/v1/chat/completions", `{"model":"m","n":2,"max_tokens":25}`, 0, `{"model":"m","n":2,"max_tokens":25}`},
+		{"/v1/chat/completions", `{"model":"m","n":3}`, 0, `{"max_completion_tokens":16,"model":"m","n":3}`},
+		{"/v1/completions", `{"model":"m","n":1,"best_of":5}`, 0, `{"max_tokens":10,"model":"m","n":1,"best_of":5}`},
+		{"/v1/chat/completions", `{"model":"m","n":3000,"max_tokens":50}`, 400, "n"},
+		{"/v1/chat/completions", `{"model":"m","n":0}`, 400, "n"},
+		{"/v1/completions", `{"model":"m","best_of":"x"}`, 400, "best_of"},
+		{"/v1/chat/completions", `{"model":"m","n":null}`, 0, `{"max_completion_tokens":50,"model":"m","n":null}`},
 	} {
 		body, req, status := readBody(t, tc.body)
 		if status != 0 {
 			t.Fatalf("%s: read %d", tc.body, status)
 		}
 		rec := httptest.NewRecorder()
-		out, ok := g.Cap(rec, a, tc.path, req, body)
+		bound, ok := g.Cap(rec, a, tc.path, req)
 		if tc.status != 0 {
 			_, _, param, msg := errorOf(t, rec)
 			if ok || rec.Code != tc.status || param != tc.want || !strings.Contains(msg, "50") {
@@ -175,13 +190,13 @@ func TestCap(t *testing.T) {
 			}
 			continue
 		}
-		if !ok || string(out) != tc.want {
+		if out := openai.Rewrite(body, req, openai.Changes{Bound: bound}); !ok || string(out) != tc.want {
 			t.Fatalf("%s %s: ok %v, sent %s, want %s", tc.path, tc.body, ok, out, tc.want)
 		}
 	}
 	b := g.Config().Tenant("team-b")
-	body, req, _ := readBody(t, `{"model":"m","max_tokens":100000}`)
-	if out, ok := g.Cap(httptest.NewRecorder(), b, "/v1/chat/completions", req, body); !ok || string(out) != string(body) {
+	_, req, _ := readBody(t, `{"model":"m","max_tokens":100000}`)
+	if bound, ok := g.Cap(httptest.NewRecorder(), b, "/v1/chat/completions", req); !ok || bound != nil {
 		t.Fatal("a tenant without a cap was capped")
 	}
 }
