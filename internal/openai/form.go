@@ -97,6 +97,14 @@ func (r *Request) formField(headers, content []byte, sp span) error {
 		}
 		r.Model, r.modelSpan = string(content), sp
 	case "stream", "stream_include_usage":
+		bit := uint16(1)
+		if name == "stream" {
+			bit = 2
+		}
+		if r.formSeen&bit != 0 {
+			return &fieldError{name, fmt.Sprintf("the form field %q appears more than once: the request is ambiguous", name)}
+		}
+		r.formSeen |= bit
 		b, ok := formBool(string(content))
 		if !ok {
 			return &fieldError{name, fmt.Sprintf("the form field %q must be a boolean", name)}

@@ -108,6 +108,8 @@ func TestParseFormErrors(t *testing.T) {
 		{"no model", string(must(form(t, "file", "x"))), "", "model", `the form field "model" is required`},
 		{"empty model", string(must(form(t, "model", "", "file", "x"))), "", "model", `the form field "model" is required`},
 		{"model twice", string(must(form(t, "model", "a", "file", "x", "model", "b"))), "", "model", "appears more than once"},
+		{"stream twice", string(must(form(t, "model", "a", "stream", "false", "stream", "true"))), "", "stream", "appears more than once"},
+		{"stream_include_usage twice", string(must(form(t, "model", "a", "stream_include_usage", "1", "stream_include_usage", "0"))), "", "stream_include_usage", "appears more than once"},
 		{"stream not a boolean", string(must(form(t, "model", "a", "stream", "maybe"))), "", "stream", `"stream" must be a boolean`},
 		{"no boundary", string(valid), "multipart/form-data", "", "needs a boundary"},
 		{"another boundary", string(valid), "multipart/form-data; boundary=other", "", "without its boundary"},

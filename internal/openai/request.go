@@ -52,6 +52,9 @@ type Request struct {
 	// bounds are the spans of the output bound members (key through
 	// value, null ones too), which a Rewrite with a Bound replaces.
 	bounds []memberSpan
+	// formSeen is a form's stream fields seen (bit 1:
+	// stream_include_usage, 2: stream).
+	formSeen uint16
 }
 
 // span is a half-open byte range [from, to) of a body.
