@@ -21,6 +21,7 @@ type UsageReader struct {
 	onFirst func()
 	err     error // src's error other than io.EOF
 	ended   bool  // src returned io.EOF
+	drain   int64 // see SetDrain
 	scan    usageScanner
 }
 
@@ -48,7 +49,18 @@ func (u *UsageReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (u *UsageReader) Close() error { return u.src.Close() }
+// SetDrain makes Close read up to n more bytes of a body not read to its
+// end (its client left), so that its usage is still found; n ≤ 0, the
+// default: none.
+func (u *UsageReader) SetDrain(n int64) { u.drain = n }
+
+// Close closes the body, after reading what is left of it as SetDrain says.
+func (u *UsageReader) Close() error {
+	if u.drain > 0 && !u.ended && u.err == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(u, u.drain))
+	}
+	return u.src.Close()
+}
 
 // Err is the error that ended the body before its end (an engine that
 // promised more bytes than it sent, say), or nil.

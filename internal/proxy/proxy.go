@@ -106,6 +106,9 @@ type Handler struct {
 	// shutdown's drain (cause errShutdownCut).
 	cut    context.Context
 	cutAll context.CancelFunc
+	// tokenTimes are each profile's time per token, for the estimate of
+	// an answer abandoned before its usage.
+	tokenTimes tokenTimes
 }
 
 // errShutdownCut is the cause of the end of a request still running when a
@@ -163,7 +166,10 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 // SetConfig makes cfg the profiles that requests resolve against. A reload
 // calls it after applying cfg to the pools, so that a name resolved here is
 // one the pools know.
-func (h *Handler) SetConfig(cfg *profile.Config) { h.cfg.Store(cfg) }
+func (h *Handler) SetConfig(cfg *profile.Config) {
+	h.cfg.Store(cfg)
+	h.tokenTimes.forget(func(id string) bool { return cfg.Lookup(id) != nil })
+}
 
 // Handle adds another route (such as /metrics) to the handler's mux.
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
@@ -217,6 +223,18 @@ type exchange struct {
 	tail     *openai.UsageReader
 	status   int
 	client   string // the request's client class
+	// prompt is poold's estimate of the prompt tokens, choices the
+	// sequences asked for (n, best_of) and maxOutput the request's output
+	// bound (0: none), for the estimate of an answer abandoned before
+	// its usage (bill).
+	prompt    int
+	choices   int
+	maxOutput int64
+	sent      time.Time // when the request went to the engine; zero before
+	// plain is set once a plain (not streamed) answer's headers came:
+	// the engine made it whole, so the client's leaving no longer cancels
+	// the exchange, and the rest is read for its usage.
+	plain atomic.Bool
 	// timing and timed time a stream's chunks of generated text (TTFT,
 	// ITL); kept here so that a stream costs no allocation for them.
 	timing metrics.StreamTiming
@@ -244,6 +262,42 @@ func (x *exchange) outcome(status int, clientGone bool) string {
 		return metrics.OutcomeUpstreamAborted
 	}
 	return metrics.OutcomeCompleted
+}
+
+// bill puts the request's tokens in rec, whose Outcome and Profile are
+// set: the engine's usage when the answer carried it (learning from a
+// completed one the engine's time per token), else, for an answer that
+// went to the engine and did not complete (abandoned, cut, broken off),
+// poold's estimate of what the engine did up to the cut, flagged
+// TokensEstimated: the prompt from the body's size, and the completion
+// from the chunks of text the client got (a stream) or from the time the
+// engine worked at the profile's time per token, within the request's
+// output bound (a plain answer).
+func (x *exchange) bill(rec *metrics.Record, times *tokenTimes) {
+	if u, ok := x.usage(); ok {
+		rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
+		if rec.Outcome == metrics.OutcomeCompleted && rec.Status == http.StatusOK {
+			end := time.Now()
+			if x.tail != nil && !x.first.IsZero() {
+				end = x.first // a plain answer comes once made
+			}
+			times.observe(rec.Profile, end.Sub(x.sent), u.CompletionTokens/max(1, x.choices))
+		}
+		return
+	}
+	if x.sent.IsZero() || rec.Outcome == metrics.OutcomeCompleted {
+		return
+	}
+	rec.TokensEstimated, rec.PromptTokens = true, x.prompt
+	if x.sse != nil {
+		rec.CompletionTokens = x.sse.ContentChunks()
+		return
+	}
+	n := times.estimate(rec.Profile, time.Since(x.sent)) * int64(max(1, x.choices))
+	if x.maxOutput > 0 {
+		n = min(n, x.maxOutput)
+	}
+	rec.CompletionTokens = int(n)
 }
 
 func (x *exchange) usage() (openai.Usage, bool) {
@@ -290,12 +344,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != metrics.OutcomeCompleted || x.sse == nil && x.tail == nil) {
 			rec.Outcome = metrics.OutcomeShutdownCut
 		}
-		if u, ok := x.usage(); ok {
-			rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
-		} else if x.sse != nil && rec.Outcome != metrics.OutcomeCompleted {
-			// Cut or abandoned before the usage chunk: what the client got.
-			rec.TokensEstimated, rec.CompletionTokens = true, x.sse.ContentChunks()
-		}
+		x.bill(rec, &h.tokenTimes)
 		if x.lease != nil {
 			rec.CausedSwap = x.lease.CausedSwap
 		}
@@ -353,6 +402,12 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	x.body = openai.Rewrite(body, req, openai.Changes{Model: prof.ID, InjectUsage: inject, Bound: bound})
 	x.withhold = inject
+	x.prompt, x.choices = openai.EstimatePromptTokens(x.body, req), int(max(1, req.Choices))
+	if bound != nil {
+		x.maxOutput = bound.N * int64(x.choices)
+	} else if n, ok := req.MaxOutput(rt.path); ok {
+		x.maxOutput = n
+	}
 
 	// A request that must wait holds its body against the host's budget.
 	hold, unqueue, done := h.bodies.request(int64(len(x.body)))
@@ -376,11 +431,19 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	rec.Pool, rec.QueueWait = lease.Pool, lease.Waited
 
 	x.lease = lease
-	// The exchange ends with the client, or with a shutdown's cut.
-	ctx, cancel := context.WithCancelCause(r.Context())
+	// The exchange ends with a shutdown's cut, or when the client leaves,
+	// which makes the engine stop working on it (vLLM aborts a request
+	// whose connection closes); but not once a plain answer's headers
+	// came: the engine made it whole, and the rest is read for its usage.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
 	defer cancel(nil)
 	defer context.AfterFunc(h.cut, func() { cancel(errShutdownCut) })()
-	x.ctx = ctx
+	defer context.AfterFunc(r.Context(), func() {
+		if !x.plain.Load() {
+			cancel(context.Cause(r.Context()))
+		}
+	})()
+	x.ctx, x.sent = ctx, time.Now()
 	fwd := upstream.WithIdleTimeout(context.WithValue(ctx, exchangeKey{}, x), lease.IdleTimeout)
 	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(fwd))
 }
@@ -507,10 +570,17 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		resp.Header.Del("Content-Length")
 		return nil
 	}
+	x.plain.Store(true)
 	x.tail = openai.NewUsageReader(resp.Body, x.markFirst)
+	x.tail.SetDrain(maxDrain)
 	resp.Body = x.tail
 	return nil
 }
+
+// maxDrain bounds what is read of a plain answer after its client left, for
+// its usage: vLLM puts the usage before prompt_logprobs and the prompt's
+// token ids, which can run to megabytes.
+const maxDrain = 8 << 20
 
 // upstreamError answers a request whose engine could not be reached or failed
 // before sending a response.

@@ -45,6 +45,9 @@ func helperSim(tag, id, mode string, args ...string) sim {
 //     dropped unanswered with its connection;
 //   - "reuseport" FILE: waits (at most a minute) for FILE to exist, then
 //     listens with SO_REUSEPORT;
+//   - "slow-tail": a POST is answered with a completion whose first 64 KiB
+//     (the headers with them) leave at once and whose rest, its usage of 7
+//     prompt and 900 completion tokens among it, a second later;
 //
 // and otherwise a POST is answered {"served_by":"engine"}.
 func runHelperEngine(mode string, args []string) int {
@@ -99,6 +102,19 @@ func runHelperEngine(mode string, args []string) int {
 			}
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprint(w, `{"served_by":"engine"}`)
+		case "slow-tail":
+			head := `{"id":"cmpl-1","object":"text_completion","model":"` + model + `","choices":[{"index":0,"text":"` + strings.Repeat("t", 64<<10)
+			rest := `","finish_reason":"length"}],"usage":{"prompt_tokens":7,"total_tokens":907,"completion_tokens":900}}`
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", strconv.Itoa(len(head)+len(rest)))
+			fmt.Fprint(w, head)
+			http.NewResponseController(w).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(time.Second):
+			}
+			fmt.Fprint(w, rest)
 		case "early-413":
 			c, _, err := http.NewResponseController(w).Hijack()
 			if err != nil {
