@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # govulncheck against a vulnerability database built locally from the
 # golang.org/x/vulndb module (the only network here is the Go module proxy, so
-# vuln.go.dev cannot be reached). Fails when a required module's vulnerable
-# function is called; standard-library findings are warnings (see
-# scripts/vulncheck/main.go).
+# vuln.go.dev cannot be reached). Fails when a vulnerable function of a
+# required module or of the standard library is called (see
+# scripts/vulncheck/main.go); go.mod's toolchain line names the Go release
+# whose standard library is checked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
