@@ -221,6 +221,10 @@ type exchange struct {
 	// ITL); kept here so that a stream costs no allocation for them.
 	timing metrics.StreamTiming
 	timed  timedStream
+	// prompt is poold's estimate of the body's prompt tokens
+	// (openai.EstimatePromptTokens), recorded for a 2xx answer whose usage
+	// poold cannot read; 0 on a route that runs no model.
+	prompt int
 }
 
 type exchangeKey struct{}
@@ -290,11 +294,20 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != metrics.OutcomeCompleted || x.sse == nil && x.tail == nil) {
 			rec.Outcome = metrics.OutcomeShutdownCut
 		}
-		if u, ok := x.usage(); ok {
+		switch u, ok := x.usage(); {
+		case ok:
 			rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
-		} else if x.sse != nil && rec.Outcome != metrics.OutcomeCompleted {
+		case x.sse != nil && rec.Outcome != metrics.OutcomeCompleted:
 			// Cut or abandoned before the usage chunk: what the client got.
 			rec.TokensEstimated, rec.CompletionTokens = true, x.sse.ContentChunks()
+		case (x.sse != nil || x.tail != nil) && rec.Status/100 == 2 && x.prompt > 0:
+			// An answer without usage poold can read is estimated, never
+			// billed 0: the prompt from its size, the completion from the
+			// chunks of text a stream carried (0 for a plain body).
+			rec.TokensEstimated, rec.PromptTokens = true, x.prompt
+			if x.sse != nil {
+				rec.CompletionTokens = x.sse.ContentChunks()
+			}
 		}
 		if x.lease != nil {
 			rec.CausedSwap = x.lease.CausedSwap
@@ -351,6 +364,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if x.body, ok = h.opts.Tenants.Cap(w, ten, rt.path, req, x.body); !ok {
 		rec.Status = http.StatusBadRequest
 		return
+	}
+	if !untokened[rt.path] {
+		x.prompt = openai.EstimatePromptTokens(x.body, req)
 	}
 
 	// A request that must wait holds its body against the host's budget.
