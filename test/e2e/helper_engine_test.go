@@ -45,6 +45,8 @@ func helperSim(tag, id, mode string, args ...string) sim {
 //     dropped unanswered with its connection;
 //   - "reuseport" FILE: waits (at most a minute) for FILE to exist, then
 //     listens with SO_REUSEPORT;
+//   - "stream-no-usage": a POST is answered with a chat stream of three
+//     chunks of text and no usage, whatever the request asked for;
 //
 // and otherwise a POST is answered {"served_by":"engine"}.
 func runHelperEngine(mode string, args []string) int {
@@ -99,6 +101,12 @@ func runHelperEngine(mode string, args []string) int {
 			}
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprint(w, `{"served_by":"engine"}`)
+		case "stream-no-usage":
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, text := range []string{"one", "two", "three"} {
+				fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", text)
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
 		case "early-413":
 			c, _, err := http.NewResponseController(w).Hijack()
 			if err != nil {
