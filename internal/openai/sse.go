@@ -29,6 +29,10 @@ type usageJSON struct {
 	TotalTokens      int `json:"total_tokens"`
 }
 
+// counts reports whether u holds a token count: a transcription's usage
+// may give its audio's duration instead, which is no usage at all.
+func (u *usageJSON) counts() bool { return u != nil && *u != usageJSON{} }
+
 // usage reads u as a Usage: total_tokens alone counts as prompt tokens.
 func (u *usageJSON) usage() Usage {
 	completion := cmp.Or(u.CompletionTokens, u.OutputTokens)
@@ -322,15 +326,15 @@ func (s *SSEReader) keep(ev []byte) bool {
 		return true
 	}
 	switch {
-	case e.Usage != nil:
+	case e.Usage.counts():
 		u := e.Usage.usage()
 		if u.PromptTokens == 0 {
 			u.PromptTokens = s.usage.PromptTokens // a message_delta with output tokens only
 		}
 		s.usage, s.counted = u, true
-	case e.Response != nil && e.Response.Usage != nil:
+	case e.Response != nil && e.Response.Usage.counts():
 		s.usage, s.counted = e.Response.Usage.usage(), true
-	case e.Message != nil && e.Message.Usage != nil && !s.counted:
+	case e.Message != nil && e.Message.Usage.counts() && !s.counted:
 		// message_start: the prompt's tokens, before any are generated.
 		s.usage.PromptTokens = e.Message.Usage.usage().PromptTokens
 	}

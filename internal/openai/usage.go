@@ -59,8 +59,8 @@ func (u *UsageReader) Ended() bool { return u.ended }
 
 // Usage is the top-level usage the body held (in any of the shapes vLLM
 // reports it in: chat's, the Responses and Messages APIs', the pooling
-// routes'), and whether it held one (an object, not null). Call it once the
-// body has been read.
+// routes'), and whether it held one (an object with a token count, not
+// null). Call it once the body has been read.
 func (u *UsageReader) Usage() (Usage, bool) { return u.scan.usage, u.scan.found }
 
 // usageScanner follows the structure of a JSON text fed to it in pieces,
@@ -167,7 +167,7 @@ func (s *usageScanner) keep(c byte) {
 func (s *usageScanner) finish() {
 	s.capturing = false
 	var u *usageJSON
-	if json.Unmarshal(bytes.TrimSpace(s.value), &u) == nil && u != nil {
+	if json.Unmarshal(bytes.TrimSpace(s.value), &u) == nil && u.counts() {
 		s.usage, s.found = u.usage(), true
 	}
 }

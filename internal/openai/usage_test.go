@@ -82,6 +82,7 @@ func TestUsageReader(t *testing.T) {
 		{"rerank", []byte(`{"id":"rerank-1","model":"r","usage":{"prompt_tokens":12,"total_tokens":12},"results":[{"index":0,"document":{"text":"a"},"relevance_score":0.5}]}`),
 			Usage{PromptTokens: 12}, true},
 		{"rerank, total tokens only (older vLLM)", []byte(`{"id":"rerank-1","model":"r","usage":{"total_tokens":12},"results":[]}`), Usage{PromptTokens: 12}, true},
+		{"a transcription's duration", []byte(`{"text":"hello","usage":{"type":"duration","seconds":3}}`), Usage{}, false},
 		{"a top-level array", []byte(`[{"usage":{"prompt_tokens":8}}]`), Usage{}, false},
 		{"not JSON", []byte(`Internal Server Error: "usage": {`), Usage{}, false},
 		{"cut short", []byte(`{"usage":{"prompt_tokens":8}`), Usage{}, false},
