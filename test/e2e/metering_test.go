@@ -85,7 +85,8 @@ func untilRefused(t *testing.T, max int, calls []apiCall, send func(apiCall) (in
 // Plain and streamed Responses and Messages answers are recorded on poold
 // with the engine's exact counts, in the access log, the usage ledger and
 // `poold usage`, and debited from the tenant's tokens per minute: a tenant
-// at tpm 50 is refused once its answers' tokens reach it.
+// at tpm 50 is refused once its answers' tokens reach it. A tenant's output
+// cap bounds /v1/messages.
 func TestResponsesAndMessagesMetered(t *testing.T) {
 	tag := t.Name()
 	state := filepath.Join(t.TempDir(), "state")
@@ -94,6 +95,7 @@ func TestResponsesAndMessagesMetered(t *testing.T) {
 		tenantSpec{Name: "team-a", Key: "sk-a", TPM: 1_000_000},
 		tenantSpec{Name: "team-r", Key: "sk-r", TPM: 50},
 		tenantSpec{Name: "team-m", Key: "sk-m", TPM: 50},
+		tenantSpec{Name: "team-c", Key: "sk-c", MaxOutputTokens: 3},
 	)))
 	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -133,6 +135,17 @@ func TestResponsesAndMessagesMetered(t *testing.T) {
 		if c, typ, _ := errorCode(t, body); c != "rate_limit_exceeded" || typ != "tokens" {
 			t.Errorf("%s: the refusal is %s %s, want rate_limit_exceeded on tokens", tt.path, c, typ)
 		}
+	}
+
+	// An output cap bounds /v1/messages' max_tokens, inserted when absent.
+	capped := `{"model":"m","messages":[{"role":"user","content":"tell me a story"}]%s}`
+	if code, _, body := d.send(ctx, "/v1/messages", fmt.Sprintf(capped, ""), bearer("sk-c")); code != http.StatusOK {
+		t.Errorf("messages without max_tokens, capped at 3: %d %s", code, body)
+	} else if _, n := apiUsage(t, body, false); n != 3 {
+		t.Errorf("messages without max_tokens, capped at 3: %d tokens generated", n)
+	}
+	if code, _, body := d.send(ctx, "/v1/messages", fmt.Sprintf(capped, `,"max_tokens":50`), bearer("sk-c")); code != http.StatusBadRequest {
+		t.Errorf("messages with max_tokens 50, capped at 3: %d %s", code, body)
 	}
 
 	d.stop()
