@@ -156,6 +156,23 @@ func TestMessages(t *testing.T) {
 	}
 }
 
+// Named events end their lines as every event does (--sim-sse-newline).
+func TestNamedEventLineEnds(t *testing.T) {
+	for newline, end := range map[string]string{"lf": "\n", "crlf": "\r\n", "cr": "\r"} {
+		_, ts := newTestServer(t, "--sim-sse-newline", newline)
+		for path, body := range map[string]string{
+			"/v1/messages":  `{"model":"m1","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"a"}]}`,
+			"/v1/responses": `{"model":"m1","max_output_tokens":1,"stream":true,"input":"a"}`,
+		} {
+			b := string(post(t, ts.URL+path, body, http.StatusOK))
+			if !strings.HasPrefix(b, "event: ") || strings.Count(b, "event: ") != strings.Count(b, end+"data: ") ||
+				strings.Count(b, "data: ") != strings.Count(b, "}"+end+end) || !strings.HasSuffix(b, end+end) {
+				t.Errorf("%s, %s: %q", newline, path, b)
+			}
+		}
+	}
+}
+
 // A pooling model serves neither.
 func TestResponsesAndMessagesGenerativeOnly(t *testing.T) {
 	_, ts := newTestServer(t, "--runner", "pooling")

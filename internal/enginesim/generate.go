@@ -192,10 +192,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 	} else {
 		p.id = "cmpl-" + info.id
 	}
-	if s.cfg.EnableLogRequests {
-		s.logger.Info("Received request "+p.id, "prompt", p.text,
-			"params", fmt.Sprintf("SamplingParams(n=%d, max_tokens=%d)", p.n, p.completion), "prompt_tokens", len(p.ids))
-	}
+	s.logRequest(&p)
 
 	q, ok := s.admit(w, r, info, p.ids)
 	if !ok {
@@ -206,6 +203,14 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 		s.stream(w, q, &p, info)
 	} else {
 		s.complete(w, q, &p, info)
+	}
+}
+
+// logRequest logs p's prompt with --enable-log-requests, as vLLM does.
+func (s *Server) logRequest(p *plan) {
+	if s.cfg.EnableLogRequests {
+		s.logger.Info("Received request "+p.id, "prompt", p.text,
+			"params", fmt.Sprintf("SamplingParams(n=%d, max_tokens=%d)", p.n, p.completion), "prompt_tokens", len(p.ids))
 	}
 }
 

@@ -64,6 +64,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request, info *re
 	if !s.resolveModel(w, info, req.Model) || !s.bound(w, info, &p, "max_tokens", req.MaxTokens) {
 		return
 	}
+	s.logRequest(&p)
 	q, ok := s.admit(w, r, info, p.ids)
 	if !ok {
 		return

@@ -71,6 +71,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request, info *r
 	if !s.resolveModel(w, info, req.Model) || !s.bound(w, info, &p, "max_output_tokens", req.MaxOutputTokens) {
 		return
 	}
+	s.logRequest(&p)
 	q, ok := s.admit(w, r, info, p.ids)
 	if !ok {
 		return

@@ -170,8 +170,9 @@ func (s *SSEReader) tooLarge() error {
 	return fmt.Errorf("%w: over the %d-byte limit (setting %s)", errEventTooLarge, s.limit(), MaxEventSetting)
 }
 
-// Usage is the token usage the stream reported, and whether it reported any.
-// Call it once the stream has been read.
+// Usage is the token usage the stream reported, and whether it reported its
+// final usage (a Messages stream cut after message_start has not: that holds
+// the prompt only). Call it once the stream has been read.
 func (s *SSEReader) Usage() (Usage, bool) { return s.usage, s.counted }
 
 // ContentChunks counts the chunks passed to the client that carried
