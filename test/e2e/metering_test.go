@@ -277,3 +277,37 @@ func TestAnswersWithoutUsageAreEstimated(t *testing.T) {
 		}
 	}
 }
+
+// The pooling routes bill their prompt tokens, as the engine reported them
+// (rerank's usage holds total_tokens alone, read as prompt tokens); the
+// tokenizer routes, which run no model, bill nothing and estimate nothing.
+func TestPoolingRoutesMetered(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag, []pool{{Name: "p0", GPUs: []int{0}, Default: "bge-m3"}}, []sim{{ID: "bge-m3"}}, nil))
+	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rerank := `{"model":"bge-m3","query":"a b","documents":["c d","e"]}`
+	for _, tt := range []struct{ path, body string }{
+		{"/v1/embeddings", `{"model":"bge-m3","input":["a b c","d"]}`},
+		{"/v1/score", `{"model":"bge-m3","text_1":"a b","text_2":"c d"}`},
+		{"/rerank", rerank}, {"/v1/rerank", rerank},
+		{"/classify", `{"model":"bge-m3","input":"a b c"}`},
+		{"/pooling", `{"model":"bge-m3","input":"a b c"}`},
+		{"/tokenize", `{"model":"bge-m3","prompt":"a b c"}`},
+	} {
+		code, id, body := d.send(ctx, tt.path, tt.body, nil)
+		var u struct{ Usage map[string]int }
+		if code != http.StatusOK || json.Unmarshal(body, &u) != nil {
+			t.Fatalf("%s: %d %s", tt.path, code, body)
+		}
+		prompt := u.Usage["prompt_tokens"]
+		if prompt == 0 {
+			prompt = u.Usage["total_tokens"]
+		}
+		if tt.path != "/tokenize" && prompt == 0 {
+			t.Fatalf("%s: no usage in %s", tt.path, body)
+		}
+		checkLogged(t, d, id, prompt, 0)
+	}
+}
