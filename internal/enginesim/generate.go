@@ -178,23 +178,8 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 	if chat && req.MaxCompletionTokens != nil {
 		maxTokens = req.MaxCompletionTokens
 	}
-	limit, prompt := s.cfg.MaxModelLen, len(p.ids)
-	switch {
-	case prompt >= limit:
-		badRequest(w, info, fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", limit, prompt))
+	if !s.bound(w, info, &p, "max_tokens", maxTokens) {
 		return
-	case maxTokens != nil && *maxTokens < 1:
-		badRequest(w, info, fmt.Sprintf("max_tokens must be at least 1, got %d.", *maxTokens))
-		return
-	case maxTokens != nil && prompt+*maxTokens > limit:
-		badRequest(w, info, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", limit, prompt+*maxTokens, prompt, *maxTokens))
-		return
-	case maxTokens != nil:
-		p.completion, p.finish = *maxTokens, "length"
-	case prompt+s.cfg.Tokens > limit:
-		p.completion, p.finish = limit-prompt, "length"
-	default:
-		p.completion, p.finish = s.cfg.Tokens, "stop"
 	}
 	if p.tool != nil {
 		p.finish = "tool_calls"
@@ -207,10 +192,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 	} else {
 		p.id = "cmpl-" + info.id
 	}
-	if s.cfg.EnableLogRequests {
-		s.logger.Info("Received request "+p.id, "prompt", p.text,
-			"params", fmt.Sprintf("SamplingParams(n=%d, max_tokens=%d)", p.n, p.completion), "prompt_tokens", len(p.ids))
-	}
+	s.logRequest(&p)
 
 	q, ok := s.admit(w, r, info, p.ids)
 	if !ok {
@@ -222,6 +204,40 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 	} else {
 		s.complete(w, q, &p, info)
 	}
+}
+
+// logRequest logs p's prompt with --enable-log-requests, as vLLM does.
+func (s *Server) logRequest(p *plan) {
+	if s.cfg.EnableLogRequests {
+		s.logger.Info("Received request "+p.id, "prompt", p.text,
+			"params", fmt.Sprintf("SamplingParams(n=%d, max_tokens=%d)", p.n, p.completion), "prompt_tokens", len(p.ids))
+	}
+}
+
+// bound sets how many tokens p generates: maxTokens (the request's bound,
+// named param; nil when it sets none), else --sim-tokens, within the
+// context; it answers 400 and returns false when the prompt or the bound do
+// not fit.
+func (s *Server) bound(w http.ResponseWriter, info *reqInfo, p *plan, param string, maxTokens *int) bool {
+	limit, prompt := s.cfg.MaxModelLen, len(p.ids)
+	switch {
+	case prompt >= limit:
+		badRequest(w, info, fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", limit, prompt))
+		return false
+	case maxTokens != nil && *maxTokens < 1:
+		badRequest(w, info, fmt.Sprintf("%s must be at least 1, got %d.", param, *maxTokens))
+		return false
+	case maxTokens != nil && prompt+*maxTokens > limit:
+		badRequest(w, info, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", limit, prompt+*maxTokens, prompt, *maxTokens))
+		return false
+	case maxTokens != nil:
+		p.completion, p.finish = *maxTokens, "length"
+	case prompt+s.cfg.Tokens > limit:
+		p.completion, p.finish = limit-prompt, "length"
+	default:
+		p.completion, p.finish = s.cfg.Tokens, "stop"
+	}
+	return true
 }
 
 // chooseTool decides whether the answer is a tool call, as vLLM's

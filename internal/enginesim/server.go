@@ -134,6 +134,8 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 	case generative:
 		s.routes["/v1/chat/completions"] = s.handleChat
 		s.routes["/v1/completions"] = s.handleCompletion
+		s.routes["/v1/responses"] = s.handleResponses
+		s.routes["/v1/messages"] = s.handleMessages
 	case pooling:
 		s.routes["/v1/embeddings"] = s.handleEmbeddings
 		s.routes["/pooling"] = s.handlePooling

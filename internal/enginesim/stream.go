@@ -7,8 +7,9 @@ import (
 	"strconv"
 )
 
-// sse writes server-sent events, each "data: <payload>" and the server's
-// event end (--sim-sse-newline), flushing after each.
+// sse writes server-sent events, each "data: <payload>" (after an
+// "event: <name>" line for a named one) and the server's event end
+// (--sim-sse-newline), flushing after each.
 type sse struct {
 	w       http.ResponseWriter
 	flusher http.Flusher
@@ -42,6 +43,15 @@ func (e *sse) send(b []byte) bool {
 		e.flusher.Flush()
 	}
 	return true
+}
+
+// named writes an event named name (the Responses and Messages APIs name
+// each event by its type) whose data is data, and reports success.
+func (e *sse) named(name string, data []byte) bool {
+	nl := e.end[:len(e.end)/2]
+	b := make([]byte, 0, len("event: ")+len(name)+len(nl)+len("data: ")+len(data)+len(e.end))
+	b = append(append(append(append(append(b, "event: "...), name...), nl...), "data: "...), data...)
+	return e.send(b)
 }
 
 func (e *sse) done() { e.send([]byte("data: [DONE]")) }

@@ -64,7 +64,8 @@ type contentPart struct {
 }
 
 // contentText is the text of a chat message content: a string, null, or an
-// array of parts whose "text" parts count.
+// array of parts whose "text" parts count (and the Responses API's
+// "input_text" and "output_text").
 func contentText(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
@@ -81,7 +82,7 @@ func contentText(raw json.RawMessage) (string, error) {
 		}
 		var b strings.Builder
 		for _, p := range parts {
-			if p.Type == "text" {
+			if p.Type == "text" || p.Type == "input_text" || p.Type == "output_text" {
 				b.WriteString(p.Text)
 				b.WriteByte('\n')
 			}

@@ -220,6 +220,10 @@ type attempt struct {
 	// sse and tail read a metered answer's usage: a stream's or a JSON body's.
 	sse  *openai.SSEReader
 	tail *openai.UsageReader
+	// prompt is fleetd's estimate of a metered body's prompt tokens
+	// (openai.EstimatePromptTokens), debited for a 2xx answer whose usage
+	// fleetd cannot read.
+	prompt int
 }
 
 type attemptKey struct{}
@@ -312,7 +316,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	model = name
-	meter, withhold := false, false
+	meter, withhold, prompt := false, false, 0
 	if ten != nil {
 		// The tokens are debited when the answer ends, from its usage: a
 		// stream that did not ask for it is asked, as poold asks its
@@ -325,6 +329,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		body = openai.Rewrite(body, req, openai.Changes{InjectUsage: withhold, Bound: bound})
+		prompt = openai.EstimatePromptTokens(body, req)
 	}
 	ropts := h.fleet.routeOptions(start)
 	ropts.Epsilon, ropts.Slack = h.opts.AffinityEpsilon, h.opts.LoadSlack
@@ -360,7 +365,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		hs := hosts[c.Host]
 		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), cred: cred, client: r.Context(),
 			start: h.fleet.opts.Now(), now: h.fleet.opts.Now,
-			meter: meter, withhold: withhold, limited: meter && (ten.RPM > 0 || ten.TPM > 0),
+			meter: meter, withhold: withhold, limited: meter && (ten.RPM > 0 || ten.TPM > 0), prompt: prompt,
 			nextAny:  left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return !warmOnly || n.Rank <= placement.Loading }),
 			nextWarm: left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return n.Rank <= placement.Loading })}
 		tried = append(tried, c.Host)
@@ -557,23 +562,36 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// usage is what the attempt's answer used, as the host reported it, or for
-// a stream cut short the chunks the client got (estimated); zero for no
-// attempt, or one whose answer was not metered.
+// usage is what the attempt's answer used, as the host reported it; for a
+// stream cut short, the estimate of its prompt and the chunks the client
+// got (estimated); for another 2xx
+// answer without usage, the estimate of its prompt and the chunks of text a
+// stream carried (0 for a plain body); zero for no attempt, or one whose
+// answer was not metered.
 func (a *attempt) usage() (u openai.Usage, estimated bool) {
 	switch {
-	case a == nil:
+	case a == nil || a.sse == nil && a.tail == nil:
+		return u, false
 	case a.sse != nil:
 		if u, ok := a.sse.Usage(); ok {
 			return u, false
 		}
+		u.CompletionTokens = a.sse.ContentChunks()
 		if !a.sse.Ended() {
-			return openai.Usage{CompletionTokens: a.sse.ContentChunks()}, true
+			// Cut or abandoned: its prompt was made whatever the client got.
+			u.PromptTokens = a.prompt
+			return u, true
 		}
-	case a.tail != nil:
-		u, _ = a.tail.Usage()
+	default:
+		if u, ok := a.tail.Usage(); ok {
+			return u, false
+		}
 	}
-	return u, false
+	if a.status/100 != 2 {
+		return openai.Usage{}, false
+	}
+	u.PromptTokens = a.prompt
+	return u, true
 }
 
 // upstreamError handles an attempt that got no response: the host is

@@ -52,7 +52,7 @@ func OutputParams(path string) []string {
 	switch path {
 	case "/v1/chat/completions":
 		return []string{"max_completion_tokens", "max_tokens"}
-	case "/v1/completions":
+	case "/v1/completions", "/v1/messages":
 		return []string{"max_tokens"}
 	case "/v1/responses":
 		return []string{"max_output_tokens"}

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,28 @@ import (
 type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
+}
+
+// usageJSON is a usage object in any of the shapes vLLM reports it in:
+// prompt_tokens and completion_tokens (chat, completions, embeddings and the
+// pooling routes), input_tokens and output_tokens (the Responses and
+// Anthropic Messages APIs), or total_tokens alone (an older rerank).
+type usageJSON struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	InputTokens      int `json:"input_tokens"`
+	OutputTokens     int `json:"output_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// counts reports whether u holds a token count: a transcription's usage
+// may give its audio's duration instead, which is no usage at all.
+func (u *usageJSON) counts() bool { return u != nil && *u != usageJSON{} }
+
+// usage reads u as a Usage: total_tokens alone counts as prompt tokens.
+func (u *usageJSON) usage() Usage {
+	completion := cmp.Or(u.CompletionTokens, u.OutputTokens)
+	return Usage{PromptTokens: cmp.Or(u.PromptTokens, u.InputTokens, max(0, u.TotalTokens-completion)), CompletionTokens: completion}
 }
 
 // DefaultMaxEvent bounds, unless SetMaxEvent says otherwise, one SSE event
@@ -30,6 +53,10 @@ const MaxEventSetting = "max-sse-event-bytes"
 // SSEReader passes an upstream SSE stream through event by event, reading usage
 // from the events that carry it and, when withhold is set, dropping the final
 // usage-only chunk (`"choices": []`) that poold asked for on the client's behalf.
+// It reads the usage of chat and completion streams (the usage chunk), of
+// Responses streams (response.usage in response.completed) and of Anthropic
+// Messages streams (the input tokens in message_start's message.usage, both
+// counts in message_delta's usage).
 // Every other byte passes through unchanged and in order. Events are returned as
 // soon as they are complete; nothing else is held back.
 //
@@ -51,11 +78,13 @@ type SSEReader struct {
 	err     error // src's error, returned once the events before it are
 	errSent bool  // an error event for err was queued
 
+	// usage is the last usage the stream reported; counted reports that it
+	// was a final one (not message_start's, which holds the prompt only).
 	usage   Usage
-	counted bool // usage was seen
-	events  int  // data events passed to the client, [DONE] excluded
+	counted bool
+	events  int // data events passed to the client, [DONE] excluded
 	// content counts the events passed to the client that carry generated
-	// text (content, text or tool-call arguments): about one token each.
+	// text (see isContent): about one token each.
 	content int
 	ended   bool // Read returned io.EOF: everything reached the caller
 }
@@ -141,8 +170,9 @@ func (s *SSEReader) tooLarge() error {
 	return fmt.Errorf("%w: over the %d-byte limit (setting %s)", errEventTooLarge, s.limit(), MaxEventSetting)
 }
 
-// Usage is the token usage the stream reported, and whether it reported any.
-// Call it once the stream has been read.
+// Usage is the token usage the stream reported, and whether it reported its
+// final usage (a Messages stream cut after message_start has not: that holds
+// the prompt only). Call it once the stream has been read.
 func (s *SSEReader) Usage() (Usage, bool) { return s.usage, s.counted }
 
 // ContentChunks counts the chunks passed to the client that carried
@@ -259,33 +289,57 @@ func lineEnd(b []byte, i int) int {
 }
 
 var (
-	dataPrefix = []byte("data:")
-	usageKey   = []byte(`"usage"`)
-	doneData   = []byte("[DONE]")
+	dataPrefix  = []byte("data:")
+	eventPrefix = []byte("event:")
+	usageKey    = []byte(`"usage"`)
+	doneData    = []byte("[DONE]")
 )
+
+// usageEvent is what keep decodes of an event that may hold usage: a chat
+// usage chunk's or a message_delta's usage, response.completed's
+// response.usage, or message_start's message.usage.
+type usageEvent struct {
+	Choices  []json.RawMessage `json:"choices"`
+	Usage    *usageJSON        `json:"usage"`
+	Response *struct {
+		Usage *usageJSON `json:"usage"`
+	} `json:"response"`
+	Message *struct {
+		Usage *usageJSON `json:"usage"`
+	} `json:"message"`
+}
 
 // keep records usage from one event and reports whether it goes to the client.
 func (s *SSEReader) keep(ev []byte) bool {
-	data := eventData(ev)
+	name, data := eventFields(ev)
 	if data == nil || bytes.Equal(data, doneData) {
 		return true
 	}
 	s.events++
-	if hasContent(data) {
+	if isContent(name, data) {
 		s.content++
 	}
 	if !hasUsage(data) {
 		return true
 	}
-	var chunk struct {
-		Choices []json.RawMessage `json:"choices"`
-		Usage   *Usage            `json:"usage"`
-	}
-	if json.Unmarshal(data, &chunk) != nil || chunk.Usage == nil {
+	var e usageEvent
+	if json.Unmarshal(data, &e) != nil {
 		return true
 	}
-	s.usage, s.counted = *chunk.Usage, true
-	if s.withhold && chunk.Choices != nil && len(chunk.Choices) == 0 {
+	switch {
+	case e.Usage.counts():
+		u := e.Usage.usage()
+		if u.PromptTokens == 0 {
+			u.PromptTokens = s.usage.PromptTokens // a message_delta with output tokens only
+		}
+		s.usage, s.counted = u, true
+	case e.Response != nil && e.Response.Usage.counts():
+		s.usage, s.counted = e.Response.Usage.usage(), true
+	case e.Message != nil && e.Message.Usage.counts() && !s.counted:
+		// message_start: the prompt's tokens, before any are generated.
+		s.usage.PromptTokens = e.Message.Usage.usage().PromptTokens
+	}
+	if s.withhold && e.Usage != nil && e.Choices != nil && len(e.Choices) == 0 {
 		s.events--
 		return false
 	}
@@ -293,28 +347,47 @@ func (s *SSEReader) keep(ev []byte) bool {
 }
 
 // contentKeys are the JSON keys whose non-empty string value is generated
-// text in a chat or completion chunk.
-var contentKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"arguments"`)}
+// text in a chat or completion chunk or an Anthropic content_block_delta
+// (text, or a tool call's partial_json).
+var contentKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"arguments"`), []byte(`"partial_json"`)}
 
-// hasContent reports whether a chunk carries generated text: one of
-// contentKeys with a non-empty string value. A role-only or finish-only
-// chunk does not.
-func hasContent(data []byte) bool {
+var (
+	responsesEvent = []byte("response.")
+	deltaKey       = []byte(`"delta"`)
+)
+
+// isContent reports whether an event, named name (nil when unnamed), carries
+// generated text. The Responses API names each event by its type, and
+// repeats the whole text in its .done events and in response.completed: of
+// its events, only the text and tool-argument deltas count. Any other event
+// counts when it holds one of contentKeys with a non-empty string value; a
+// role-only or finish-only chunk does not.
+func isContent(name, data []byte) bool {
+	if typ, ok := bytes.CutPrefix(name, responsesEvent); ok {
+		return (string(typ) == "output_text.delta" || string(typ) == "function_call_arguments.delta") && hasString(data, deltaKey)
+	}
 	for _, key := range contentKeys {
-		for rest := data; ; {
-			i := bytes.Index(rest, key)
-			if i < 0 {
-				break
-			}
-			rest = rest[i+len(key):]
-			v, isKey := bytes.CutPrefix(bytes.TrimLeft(rest, " \t\r\n"), []byte(":"))
-			v = bytes.TrimLeft(v, " \t\r\n")
-			if isKey && len(v) > 1 && v[0] == '"' && v[1] != '"' {
-				return true
-			}
+		if hasString(data, key) {
+			return true
 		}
 	}
 	return false
+}
+
+// hasString reports whether data holds key with a non-empty string value.
+func hasString(data, key []byte) bool {
+	for rest := data; ; {
+		i := bytes.Index(rest, key)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(key):]
+		v, isKey := bytes.CutPrefix(bytes.TrimLeft(rest, " \t\r\n"), []byte(":"))
+		v = bytes.TrimLeft(v, " \t\r\n")
+		if isKey && len(v) > 1 && v[0] == '"' && v[1] != '"' {
+			return true
+		}
+	}
 }
 
 // hasUsage reports whether data may hold a usage object: a "usage" key whose
@@ -335,17 +408,23 @@ func hasUsage(data []byte) bool {
 	}
 }
 
-// eventData returns the payload of an event's data line, trimmed, or nil.
-func eventData(ev []byte) []byte {
+// eventFields returns an event's name (its event line's value) and the
+// payload of its data line, each trimmed, or nil where the event has none.
+// The name is read only from lines before the data line: every engine sends
+// it first.
+func eventFields(ev []byte) (name, data []byte) {
 	for len(ev) > 0 {
 		end := bytes.IndexAny(ev, "\r\n")
 		if end < 0 {
 			end = len(ev)
 		}
 		if rest, ok := bytes.CutPrefix(ev[:end], dataPrefix); ok {
-			return bytes.TrimSpace(rest)
+			return name, bytes.TrimSpace(rest)
+		}
+		if rest, ok := bytes.CutPrefix(ev[:end], eventPrefix); ok {
+			name = bytes.TrimSpace(rest)
 		}
 		ev = ev[min(end+1, len(ev)):]
 	}
-	return nil
+	return name, nil
 }

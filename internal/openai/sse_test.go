@@ -398,3 +398,87 @@ func TestSSEReaderStreamError(t *testing.T) {
 		t.Fatalf("last event %q (%v)", events[len(events)-1], err)
 	}
 }
+
+// A Responses stream as vLLM sends it: every event named by its type, the
+// text in output_text.delta events and again, whole, in the .done events and
+// in response.completed, whose response.usage is the usage.
+var responsesStream = `event: response.created
+data: {"response":{"id":"resp_1","created_at":1,"model":"m","object":"response","output":[],"max_output_tokens":16,"status":"in_progress","usage":null},"sequence_number":0,"type":"response.created"}
+
+event: response.output_item.added
+data: {"item":{"id":"msg_1","content":[],"role":"assistant","status":"in_progress","type":"message"},"output_index":0,"sequence_number":1,"type":"response.output_item.added"}
+
+event: response.content_part.added
+data: {"content_index":0,"item_id":"msg_1","output_index":0,"part":{"annotations":[],"text":"","type":"output_text"},"sequence_number":2,"type":"response.content_part.added"}
+
+event: response.output_text.delta
+data: {"content_index":0,"delta":"Hello","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":3,"type":"response.output_text.delta"}
+
+event: response.output_text.delta
+data: {"content_index":0,"delta":" \"usage\": {} world","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":4,"type":"response.output_text.delta"}
+
+event: response.output_text.done
+data: {"content_index":0,"item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":5,"text":"Hello \"usage\": {} world","type":"response.output_text.done"}
+
+event: response.content_part.done
+data: {"content_index":0,"item_id":"msg_1","output_index":0,"part":{"annotations":[],"text":"Hello \"usage\": {} world","type":"output_text"},"sequence_number":6,"type":"response.content_part.done"}
+
+event: response.output_item.done
+data: {"item":{"id":"msg_1","content":[{"annotations":[],"text":"Hello \"usage\": {} world","type":"output_text"}],"role":"assistant","status":"completed","type":"message"},"output_index":0,"sequence_number":7,"type":"response.output_item.done"}
+
+event: response.completed
+data: {"response":{"id":"resp_1","created_at":1,"model":"m","object":"response","output":[{"id":"msg_1","content":[{"annotations":[],"text":"Hello \"usage\": {} world","type":"output_text"}],"role":"assistant","status":"completed","type":"message"}],"max_output_tokens":16,"status":"completed","usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":0},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":11}},"sequence_number":8,"type":"response.completed"}
+
+`
+
+// messagesStart and messagesBody are an Anthropic Messages stream as vLLM
+// sends it, the input tokens in message_start and both counts in
+// message_delta.
+const (
+	messagesStart = "event: message_start\n" + `data: {"type":"message_start","message":{"id":"chatcmpl-1","type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":9,"output_tokens":0}}}` + "\n\n"
+	messagesBody  = "event: content_block_start\n" + `data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}` + "\n\n" +
+		"event: content_block_delta\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}` + "\n\n" +
+		"event: content_block_delta\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" world"}}` + "\n\n" +
+		"event: content_block_stop\n" + `data: {"type":"content_block_stop","index":0}` + "\n\n"
+	messagesDelta = "event: message_delta\n" + `data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":9,"output_tokens":2}}` + "\n\n"
+	messagesStop  = "event: message_stop\n" + `data: {"type":"message_stop"}` + "\n\n"
+)
+
+// The Responses and Anthropic Messages streams' usage is read from their
+// own events, however the stream is split across reads, and only their text
+// deltas count as generated text; a stream cut before its final usage has
+// none.
+func TestSSEReaderAPIs(t *testing.T) {
+	// Anthropic's own API puts only the output tokens in message_delta.
+	outputOnly := strings.Replace(messagesDelta, `"input_tokens":9,`, "", 1)
+	for _, tc := range []struct {
+		name    string
+		in      string
+		usage   Usage
+		counted bool
+		content int
+	}{
+		{"responses", responsesStream, Usage{9, 2}, true, 2},
+		{"responses cut before response.completed", responsesStream[:strings.Index(responsesStream, "event: response.completed")], Usage{}, false, 2},
+		{"responses with a tool call", strings.Replace(responsesStream, "event: response.output_text.delta\n"+`data: {"content_index":0,"delta":"Hello"`,
+			"event: response.function_call_arguments.delta\n"+`data: {"content_index":0,"delta":"{\"x\""`, 1), Usage{9, 2}, true, 2},
+		{"messages", messagesStart + messagesBody + messagesDelta + messagesStop, Usage{9, 2}, true, 2},
+		{"messages, output tokens only in message_delta", messagesStart + messagesBody + outputOnly + messagesStop, Usage{9, 2}, true, 2},
+		{"messages cut before message_delta", messagesStart + messagesBody, Usage{PromptTokens: 9}, false, 2},
+		{"messages with a tool call", messagesStart + "event: content_block_delta\n" +
+			`data: {"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"city\": "}}` + "\n\n" + messagesDelta, Usage{9, 2}, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for how, src := range chunkings([]byte(tc.in)) {
+				s := NewSSEReader(io.NopCloser(src()), false, nil)
+				got, err := readAll(s, 32*1024)
+				if err != io.EOF || string(got) != tc.in {
+					t.Fatalf("%s: err %v; the stream changed: %v", how, err, string(got) != tc.in)
+				}
+				if u, ok := s.Usage(); u != tc.usage || ok != tc.counted || s.ContentChunks() != tc.content {
+					t.Fatalf("%s: usage %+v %v, %d content chunks; want %+v %v, %d", how, u, ok, s.ContentChunks(), tc.usage, tc.counted, tc.content)
+				}
+			}
+		})
+	}
+}

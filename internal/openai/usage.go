@@ -69,8 +69,10 @@ func (u *UsageReader) Err() error { return u.err }
 // Ended reports whether the whole body was read.
 func (u *UsageReader) Ended() bool { return u.ended }
 
-// Usage is the top-level usage the body held, and whether it held one (an
-// object, not null). Call it once the body has been read.
+// Usage is the top-level usage the body held (in any of the shapes vLLM
+// reports it in: chat's, the Responses and Messages APIs', the pooling
+// routes'), and whether it held one (an object with a token count, not
+// null). Call it once the body has been read.
 func (u *UsageReader) Usage() (Usage, bool) { return u.scan.usage, u.scan.found }
 
 // usageScanner follows the structure of a JSON text fed to it in pieces,
@@ -176,8 +178,8 @@ func (s *usageScanner) keep(c byte) {
 // finish decodes the captured usage value; the last one wins.
 func (s *usageScanner) finish() {
 	s.capturing = false
-	var u *Usage
-	if json.Unmarshal(bytes.TrimSpace(s.value), &u) == nil && u != nil {
-		s.usage, s.found = *u, true
+	var u *usageJSON
+	if json.Unmarshal(bytes.TrimSpace(s.value), &u) == nil && u.counts() {
+		s.usage, s.found = u.usage(), true
 	}
 }

@@ -223,13 +223,14 @@ type exchange struct {
 	tail     *openai.UsageReader
 	status   int
 	client   string // the request's client class
-	// prompt is poold's estimate of the prompt tokens, choices the
-	// sequences asked for (n, best_of) and maxOutput the request's output
-	// bound (0: none), for the estimate of an answer abandoned before
-	// its usage (bill).
+	// prompt is poold's estimate of the prompt tokens (0 on a route that
+	// runs no model), choices the sequences asked for (n, best_of) and
+	// maxOutput the request's output bound (0: none), for the estimate of
+	// an answer whose usage poold could not read (bill).
 	prompt    int
 	choices   int
 	maxOutput int64
+	generates bool      // the route generates tokens (openai.OutputParams)
 	sent      time.Time // when the request went to the engine; zero before
 	// plain is set once a plain (not streamed) answer's headers came:
 	// the engine made it whole, so the client's leaving no longer cancels
@@ -264,15 +265,17 @@ func (x *exchange) outcome(status int, clientGone bool) string {
 	return metrics.OutcomeCompleted
 }
 
-// bill puts the request's tokens in rec, whose Outcome and Profile are
-// set: the engine's usage when the answer carried it (learning from a
-// completed one the engine's time per token), else, for an answer that
-// went to the engine and did not complete (abandoned, cut, broken off),
-// poold's estimate of what the engine did up to the cut, flagged
-// TokensEstimated: the prompt from the body's size, and the completion
-// from the chunks of text the client got (a stream) or from the time the
-// engine worked at the profile's time per token, within the request's
-// output bound (a plain answer).
+// bill puts the request's tokens in rec, whose Status, Outcome and Profile
+// are set: the engine's usage when the answer carried it (learning from a
+// completed one the engine's time per token); else, for an answer that
+// went to the engine on a route that runs a model, poold's estimate,
+// flagged TokensEstimated: the prompt from the body's size, and
+//   - for an answer that did not complete (abandoned, cut, broken off),
+//     what the engine made up to the cut: the chunks of text the client
+//     got (a stream), or the time the engine worked at the profile's time
+//     per token, within the request's output bound (a plain answer);
+//   - for a completed 2xx answer without usage poold can read, the chunks
+//     of text a stream carried (0 for a plain body).
 func (x *exchange) bill(rec *metrics.Record, times *tokenTimes) {
 	if u, ok := x.usage(); ok {
 		rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
@@ -285,19 +288,21 @@ func (x *exchange) bill(rec *metrics.Record, times *tokenTimes) {
 		}
 		return
 	}
-	if x.sent.IsZero() || rec.Outcome == metrics.OutcomeCompleted {
+	completed := rec.Outcome == metrics.OutcomeCompleted
+	if x.sent.IsZero() || x.prompt == 0 || completed && (rec.Status/100 != 2 || x.sse == nil && x.tail == nil) {
 		return
 	}
 	rec.TokensEstimated, rec.PromptTokens = true, x.prompt
-	if x.sse != nil {
+	switch {
+	case x.sse != nil:
 		rec.CompletionTokens = x.sse.ContentChunks()
-		return
+	case !completed && x.generates:
+		n := times.estimate(rec.Profile, time.Since(x.sent)) * int64(max(1, x.choices))
+		if x.maxOutput > 0 {
+			n = min(n, x.maxOutput)
+		}
+		rec.CompletionTokens = int(n)
 	}
-	n := times.estimate(rec.Profile, time.Since(x.sent)) * int64(max(1, x.choices))
-	if x.maxOutput > 0 {
-		n = min(n, x.maxOutput)
-	}
-	rec.CompletionTokens = int(n)
 }
 
 func (x *exchange) usage() (openai.Usage, bool) {
@@ -402,7 +407,10 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	x.body = openai.Rewrite(body, req, openai.Changes{Model: prof.ID, InjectUsage: inject, Bound: bound})
 	x.withhold = inject
-	x.prompt, x.choices = openai.EstimatePromptTokens(x.body, req), int(max(1, req.Choices))
+	x.choices, x.generates = int(max(1, req.Choices)), openai.OutputParams(rt.path) != nil
+	if !untokened[rt.path] {
+		x.prompt = openai.EstimatePromptTokens(x.body, req)
+	}
 	if bound != nil {
 		x.maxOutput = bound.N * int64(x.choices)
 	} else if n, ok := req.MaxOutput(rt.path); ok {

@@ -15,6 +15,7 @@ var inferenceRoutes = map[string]bool{
 	"/v1/completions":          true,
 	"/v1/embeddings":           true,
 	"/v1/responses":            true,
+	"/v1/messages":             true,
 	"/v1/audio/transcriptions": true,
 	"/v1/audio/translations":   true,
 	"/v1/score":                true,
@@ -26,6 +27,13 @@ var inferenceRoutes = map[string]bool{
 	"/pooling":                 true,
 	"/tokenize":                true,
 	"/detokenize":              true,
+}
+
+// untokened are the inference routes that run no model: their answers carry
+// no usage, and a tenant is billed nothing for them.
+var untokened = map[string]bool{
+	"/tokenize":   true,
+	"/detokenize": true,
 }
 
 // formRoutes are the inference routes whose body is a multipart/form-data

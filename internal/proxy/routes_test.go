@@ -19,6 +19,7 @@ func TestRouteOf(t *testing.T) {
 		{"/tokenize", route{"", "/tokenize"}, true},
 		{"/pools/gpu0/rerank", route{"gpu0", "/rerank"}, true},
 		{"/v2/rerank", route{"", "/v2/rerank"}, true},
+		{"/pools/gpu0/v1/messages", route{"gpu0", "/v1/messages"}, true},
 		{"/v1/%63hat/completions", route{"", "/v1/chat/completions"}, true}, // decoded once, no slash in it
 		// The attacks: dot-segments, encoded or not, and encoded slashes.
 		{"/v1/%2e%2e/sleep?level=1", route{}, false},

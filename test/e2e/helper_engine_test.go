@@ -48,6 +48,8 @@ func helperSim(tag, id, mode string, args ...string) sim {
 //   - "slow-tail": a POST is answered with a completion whose first 64 KiB
 //     (the headers with them) leave at once and whose rest, its usage of 7
 //     prompt and 900 completion tokens among it, a second later;
+//   - "stream-no-usage": a POST is answered with a chat stream of three
+//     chunks of text and no usage, whatever the request asked for;
 //
 // and otherwise a POST is answered {"served_by":"engine"}.
 func runHelperEngine(mode string, args []string) int {
@@ -115,6 +117,12 @@ func runHelperEngine(mode string, args []string) int {
 			case <-time.After(time.Second):
 			}
 			fmt.Fprint(w, rest)
+		case "stream-no-usage":
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, text := range []string{"one", "two", "three"} {
+				fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", text)
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
 		case "early-413":
 			c, _, err := http.NewResponseController(w).Hijack()
 			if err != nil {
