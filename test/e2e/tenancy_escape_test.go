@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -38,6 +39,10 @@ var capEscapes = []escape{
 	{"n times a bound under the cap", "/v1/chat/completions", `{"model":"m","n":3,"max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`, "max_tokens", 0},
 	{"n without a bound", "/v1/chat/completions", `{"model":"m","n":4,"messages":[{"role":"user","content":"hi"}]}`, "", 50},
 	{"best_of without a bound", "/v1/completions", `{"model":"m","n":1,"best_of":2,"prompt":"hi"}`, "", 50},
+	{"max_output_tokens null", "/v1/responses", `{"model":"m","max_output_tokens":null,"input":"hi"}`, "", 50},
+	{"a case variant on responses", "/v1/responses", `{"model":"m","Max_Output_Tokens":1000,"input":"hi"}`, "Max_Output_Tokens", 0},
+	{"max_tokens null on messages", "/v1/messages", `{"model":"m","max_tokens":null,"max_tokens":null,"messages":[{"role":"user","content":"hi"}]}`, "max_tokens", 0},
+	{"messages above the cap", "/v1/messages", `{"model":"m","max_tokens":51,"messages":[{"role":"user","content":"hi"}]}`, "max_tokens", 0},
 }
 
 // checkEscapes sends each of capEscapes with post, which returns the
@@ -60,7 +65,16 @@ func checkEscapes(t *testing.T, post func(path, body string) (int, []byte)) {
 			t.Errorf("%s: %d %.200s", e.what, code, body)
 			continue
 		}
-		if _, completion := usageOf(t, body, false); completion > e.maxCompletion || completion == 0 {
+		var u struct {
+			Usage struct {
+				CompletionTokens int `json:"completion_tokens"`
+				OutputTokens     int `json:"output_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(body, &u); err != nil {
+			t.Fatalf("%s: %v: %.200s", e.what, err, body)
+		}
+		if completion := u.Usage.CompletionTokens + u.Usage.OutputTokens; completion > e.maxCompletion || completion == 0 {
 			t.Errorf("%s: %d completion tokens under a cap of 50; want 1 to %d", e.what, completion, e.maxCompletion)
 		}
 	}
