@@ -7,6 +7,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -270,6 +271,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Request-Id", rec.RequestID)
 	x := &exchange{id: rec.RequestID, start: start, client: rec.Client}
+	reserved := 0 // the tokens reserved against the tenant's limit, settled at the end
 	defer func() {
 		if rec.Status == 0 {
 			// Forwarded (or aborted mid-stream, which unwinds through here).
@@ -299,7 +301,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if x.lease != nil {
 			rec.CausedSwap = x.lease.CausedSwap
 		}
-		h.opts.Tenants.Debit(ten, rec.PromptTokens+rec.CompletionTokens)
+		h.opts.Tenants.Settle(ten, reserved, rec.PromptTokens+rec.CompletionTokens)
 		h.finish(rec)
 	}()
 
@@ -351,6 +353,14 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if x.body, ok = h.opts.Tenants.Cap(w, ten, rt.path, req, x.body); !ok {
 		rec.Status = http.StatusBadRequest
 		return
+	}
+	if ten != nil && ten.TPM > 0 {
+		worst := tenant.WorstCase(rt.path, x.body, req, cmp.Or(ten.MaxOutputTokens, prof.MaxModelLen))
+		if !h.opts.Tenants.Reserve(w, ten, worst) {
+			rec.Status, rec.Outcome = http.StatusTooManyRequests, metrics.OutcomeRateLimited
+			return
+		}
+		reserved = worst
 	}
 
 	// A request that must wait holds its body against the host's budget.
