@@ -123,6 +123,31 @@ func TestLimitsTokenReservations(t *testing.T) {
 	}
 }
 
+// Two replicas sharing a Redis reserve from one token bucket: of 100
+// concurrent worst cases of 100 at 1,000 a minute, 10 are reserved (an
+// 11th would need 6 s of refill).
+func TestLimitsReservationsAcrossReplicas(t *testing.T) {
+	url := rdbtest.Start(t)
+	replicas := []*rdb.Limits{limits(t, url), limits(t, url)}
+	ten := &tenant.Tenant{Name: "team-s", TPM: 1000}
+	var reserved atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Go(func() {
+			d := replicas[i%2].Reserve(ten, time.Now(), 100)
+			if d.Allowed {
+				reserved.Add(1)
+			} else if d.Limit != "tpm" || d.RetryAfter <= 0 {
+				t.Errorf("refused with limit %q retry %v", d.Limit, d.RetryAfter)
+			}
+		})
+	}
+	wg.Wait()
+	if n := reserved.Load(); n != 10 {
+		t.Fatalf("%d of 100 worst cases of 100 reserved at 1,000 tpm across two replicas, want 10", n)
+	}
+}
+
 // A reload that changes a tenant's limit keeps its bucket (its key is the
 // tenant's name): what was reserved under the old limit stays reserved, and
 // settles in the new one.

@@ -99,7 +99,8 @@ func (b burst) check(t *testing.T, tpm int) {
 // 200 requests at once against tpm 1,000 on poold: each takes its worst
 // case (its prompt's estimate and its max_tokens) before it is forwarded,
 // so the tokens served stay within the limit and its error; debited only
-// at their end, 87 of them were served, 2× the limit.
+// at their end, 87 of them were served, 2× the limit. The refusals are
+// recorded as rate_limited.
 func TestTenantTokensReservedUpFront(t *testing.T) {
 	tag := t.Name()
 	const tpm, n, maxTokens = 1000, 200, 20
@@ -111,6 +112,15 @@ func TestTenantTokensReservedUpFront(t *testing.T) {
 		return code, raw, err
 	})
 	b.check(t, tpm)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n := metricSum(t, d.url, "poold_requests_total", `client="team-t"`, `code_class="4xx"`, `outcome="rate_limited"`)
+		if int(n) == b.refused {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v requests recorded rate_limited, want the %d refused", n, b.refused)
+		}
+	}
 }
 
 // The same on two fleetd replicas sharing the limit in one Redis, 100
