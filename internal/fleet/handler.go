@@ -249,7 +249,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	hostName, model, status, cut := "none", "", 0, false
 	var held []*host  // hosts tried, released once the request is counted
 	var cur *attempt  // the attempt under way; a broken stream unwinds from it with a panic
-	var last *attempt // the last attempt made: its answer's tokens are debited
+	var last *attempt // the last attempt made: its answer's tokens settle the reservation
 	reserved := 0     // the tokens reserved against the tenant's limit, settled at the end
 	defer func() {
 		if cur != nil {
