@@ -183,7 +183,7 @@ func loadTenants(s settings, rc *rdb.Client, m *fleet.Metrics, log *slog.Logger)
 		return nil, fmt.Errorf("loading tenants:\n%w", err)
 	}
 	if limits != nil {
-		limits.OnError, limits.OnDebitError, limits.OnRecover = ts.Unchecked, ts.DebitLost, ts.Recovered
+		limits.OnError, limits.OnReserveError, limits.OnSettleError, limits.OnRecover = ts.Unchecked, ts.ReserveUnchecked, ts.SettleLost, ts.Recovered
 	}
 	file, where := ts.Status()
 	log.Info("tenants file loaded", "path", file.Path, "sha256", file.SHA256, "limits", where.Store, "failClosed", where.FailClosed)

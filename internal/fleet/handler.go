@@ -253,7 +253,8 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	hostName, model, status, cut := "none", "", 0, false
 	var held []*host  // hosts tried, released once the request is counted
 	var cur *attempt  // the attempt under way; a broken stream unwinds from it with a panic
-	var last *attempt // the last attempt made: its answer's tokens are debited
+	var last *attempt // the last attempt made: its answer's tokens settle the reservation
+	reserved := 0     // the tokens reserved against the tenant's limit, settled at the end
 	defer func() {
 		if cur != nil {
 			hostName, status, cut = cur.host.name, cur.status, cur.cut
@@ -265,7 +266,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		h.fleet.metrics.request(hostName, model, status, cut)
 		if ten != nil {
 			u, estimated := last.usage()
-			h.gate.Debit(ten, u.PromptTokens+u.CompletionTokens)
+			h.gate.Settle(ten, reserved, u.PromptTokens+u.CompletionTokens)
 			h.fleet.metrics.tenantRequest(ten.Name, status, cut, u.PromptTokens, u.CompletionTokens)
 			if u != (openai.Usage{}) {
 				log = append(log, slog.Int("promptTokens", u.PromptTokens), slog.Int("completionTokens", u.CompletionTokens))
@@ -295,7 +296,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	// A tenant's request goes through its limits, its models and its output
 	// cap, in poold's order, before any host is asked: a refused request
 	// costs no host anything. The limits come first, before the body is
-	// read.
+	// read, and the reservation of its worst case in tokens last.
 	if !h.gate.Admit(w, ten) {
 		status = http.StatusTooManyRequests
 		return
@@ -318,9 +319,10 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	model = name
 	meter, withhold, prompt := false, false, 0
 	if ten != nil {
-		// The tokens are debited when the answer ends, from its usage: a
-		// stream that did not ask for it is asked, as poold asks its
-		// engine, and the usage chunk withheld from the client.
+		// The request's worst case is reserved from the tenant's tokens
+		// once it is capped, and settled with its usage when the answer
+		// ends: a stream that did not ask for usage is asked, as poold
+		// asks its engine, and the usage chunk withheld from the client.
 		meter = true
 		withhold = stream && !req.IncludeUsage && (r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions")
 		bound, ok := h.gate.Cap(w, ten, r.URL.Path, req)
@@ -330,6 +332,14 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		}
 		body = openai.Rewrite(body, req, openai.Changes{InjectUsage: withhold, Bound: bound})
 		prompt = openai.EstimatePromptTokens(body, req)
+		if ten.TPM > 0 {
+			worst := tenant.WorstCase(r.URL.Path, body, req, bound, 0)
+			if !h.gate.Reserve(w, ten, worst) {
+				status = http.StatusTooManyRequests
+				return
+			}
+			reserved = worst
+		}
 	}
 	ropts := h.fleet.routeOptions(start)
 	ropts.Epsilon, ropts.Slack = h.opts.AffinityEpsilon, h.opts.LoadSlack

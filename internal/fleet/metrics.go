@@ -63,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fleetd_tenant_tokens_total", Help: "Tokens debited from each tenant, by kind (prompt, completion): as the host reported them, or for a stream cut short the chunks the client got.",
 		}, []string{"tenant", "kind"}),
 		unchecked: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fleetd_tenant_limits_unchecked_total", Help: "Requests whose tenant limits the shared store (Redis) could not check, by step: admit (the request was let through, or refused with --redis-fail-closed), debit (its tokens were not taken).",
+			Name: "fleetd_tenant_limits_unchecked_total", Help: "Requests whose tenant limits the shared store (Redis) could not check, by step: admit (its admission) and reserve (its worst case in tokens: the request was let through, or refused with --redis-fail-closed), settle (its unused tokens were not given back, or those used beyond its reservation not taken).",
 		}, []string{"step"}),
 		tenantsReload: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fleetd_tenants_file_last_reload_successful", Help: "1 when the last load of the tenants file succeeded; absent without one.",
@@ -171,7 +171,7 @@ func (m *Metrics) tenantRequest(tenant string, status int, cut bool, prompt, com
 }
 
 // limitsUnchecked counts a request whose limits the shared store could not
-// check at step (admit or debit).
+// check at step (admit, reserve or settle).
 func (m *Metrics) limitsUnchecked(step string) {
 	if m != nil {
 		m.unchecked.WithLabelValues(step).Inc()

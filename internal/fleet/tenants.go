@@ -118,18 +118,27 @@ func (ts *Tenants) Status() (statusapi.File, statusapi.TenantLimits) {
 }
 
 // Unchecked is told of each request whose limits the shared store could not
-// check (rdb.Limits.OnError): it is counted, and the first of an outage
-// logged.
+// check at its admission (rdb.Limits.OnError): it is counted, and the first
+// of an outage logged.
 func (ts *Tenants) Unchecked(err error) {
 	ts.opts.Metrics.limitsUnchecked("admit")
 	ts.outage(err)
 }
 
-// DebitLost is told of each request whose tokens the shared store could not
-// take (rdb.Limits.OnDebitError): it is counted, and the first of an outage
-// logged.
-func (ts *Tenants) DebitLost(err error) {
-	ts.opts.Metrics.limitsUnchecked("debit")
+// ReserveUnchecked is told of each request whose worst case in tokens the
+// shared store could not reserve (rdb.Limits.OnReserveError): it is counted,
+// and the first of an outage logged.
+func (ts *Tenants) ReserveUnchecked(err error) {
+	ts.opts.Metrics.limitsUnchecked("reserve")
+	ts.outage(err)
+}
+
+// SettleLost is told of each request whose settlement (its unused tokens
+// given back, or those used beyond its reservation taken) the shared store
+// could not apply (rdb.Limits.OnSettleError): it is counted, and the first
+// of an outage logged.
+func (ts *Tenants) SettleLost(err error) {
+	ts.opts.Metrics.limitsUnchecked("settle")
 	ts.outage(err)
 }
 

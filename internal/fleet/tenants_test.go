@@ -218,10 +218,11 @@ func TestTenantsEnforcedBeforeHosts(t *testing.T) {
 	}
 }
 
-// The tokens of each answer are debited when it ends, from the usage the
-// host reported: a tenant in debt is refused on its tokens per minute. A
-// stream that did not ask for usage is asked for it, and the usage chunk is
-// withheld from the client; one cut short debits the chunks it got.
+// Each request's worst case is reserved, and settled when its answer ends
+// with the usage the host reported: tokens used beyond the reservation are
+// taken, and a tenant in debt is refused on its tokens per minute. A stream
+// that did not ask for usage is asked for it, and the usage chunk is
+// withheld from the client; one cut short is billed the chunks it got.
 func TestTenantTokensDebited(t *testing.T) {
 	var mu sync.Mutex // guards the fields below
 	var streamBody string
@@ -259,7 +260,7 @@ func TestTenantTokensDebited(t *testing.T) {
 	}
 
 	// A stream: the client sees no usage chunk, fleetd counts it.
-	resp, body := tf.post(`{"model": "qwen", "stream": true, "messages": []}`, key...)
+	resp, body := tf.post(`{"model": "qwen", "stream": true, "max_tokens": 5, "messages": []}`, key...)
 	mu.Lock()
 	asked := streamBody
 	mu.Unlock()
@@ -272,7 +273,7 @@ func TestTenantTokensDebited(t *testing.T) {
 	}
 
 	// A stream the host cuts: the three chunks the client got.
-	req, _ := http.NewRequest(http.MethodPost, tf.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model": "qwen", "stream": true, "user": "cut"}`))
+	req, _ := http.NewRequest(http.MethodPost, tf.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model": "qwen", "stream": true, "max_tokens": 5, "user": "cut"}`))
 	req.Header.Set(key[0], key[1])
 	cresp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -289,14 +290,15 @@ func TestTenantTokensDebited(t *testing.T) {
 	cresp.Body.Close()
 	waitFor(t, "the cut stream's chunks debited", func() bool { return tokens("completion") == 6 })
 
-	// 100 a minute: 8 and 3 taken, 70 more leave 19; 70 more put the
-	// tenant in debt, and the next request is refused.
+	// 100 a minute: 8 and 3 taken; a request whose worst case is 14 (33
+	// bytes, 5 tokens of output) uses 70, leaving 19; another takes 70 more
+	// and puts the tenant in debt, and the next request is refused.
 	for i := range 2 {
-		if resp, body := tf.post(`{"model": "qwen"}`, key...); resp.StatusCode != 200 || resp.Header.Get("X-Ratelimit-Limit-Tokens") != "100" {
+		if resp, body := tf.post(`{"model": "qwen", "max_tokens": 5}`, key...); resp.StatusCode != 200 || resp.Header.Get("X-Ratelimit-Limit-Tokens") != "100" {
 			t.Fatalf("request %d: %d %v %s", i, resp.StatusCode, resp.Header, body)
 		}
 	}
-	resp, body = tf.post(`{"model": "qwen"}`, key...)
+	resp, body = tf.post(`{"model": "qwen", "max_tokens": 5}`, key...)
 	if code, msg := apiErr(t, body); resp.StatusCode != 429 || code != "rate_limit_exceeded" || !strings.Contains(msg, "tokens per minute") ||
 		resp.Header.Get("X-Ratelimit-Remaining-Tokens") != "0" || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("in debt: %d %v %s", resp.StatusCode, resp.Header, body)
@@ -421,7 +423,7 @@ func TestTenantLimitsOutage(t *testing.T) {
 	limits.Timeout = 10 * time.Second // a busy machine must not time a check out
 	var logs lockedLog
 	tf, ts := startTenantFleet(t, path, TenantsOptions{Limiter: limits, Shared: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))}, h)
-	limits.OnError, limits.OnDebitError, limits.OnRecover = ts.Unchecked, ts.DebitLost, ts.Recovered
+	limits.OnError, limits.OnReserveError, limits.OnSettleError, limits.OnRecover = ts.Unchecked, ts.ReserveUnchecked, ts.SettleLost, ts.Recovered
 	key := []string{"Authorization", "Bearer key-team-a"}
 	m := tf.fleet.metrics
 	post := func(want int) {
@@ -436,8 +438,8 @@ func TestTenantLimitsOutage(t *testing.T) {
 	for range 5 {
 		post(200)
 	}
-	if n := testutil.ToFloat64(m.unchecked.WithLabelValues("admit")); n != 5 {
-		t.Fatalf("%v unchecked admissions counted, want 5", n)
+	if a, r := testutil.ToFloat64(m.unchecked.WithLabelValues("admit")), testutil.ToFloat64(m.unchecked.WithLabelValues("reserve")); a != 5 || r != 5 {
+		t.Fatalf("%v unchecked admissions and %v reservations counted, want 5 each", a, r)
 	}
 	const down, up = "tenant limits cannot be checked: the shared store is unreachable", "tenant limits are checked again"
 	if n := strings.Count(logs.String(), down); n != 1 || !strings.Contains(logs.String(), "fail-open") {

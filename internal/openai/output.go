@@ -61,10 +61,18 @@ func OutputParams(path string) []string {
 }
 
 // MaxOutput is the most tokens the request may make the engine generate on
-// route path: the largest of the route's bounds it sets, times Choices; ok
-// is false when it sets none of them (the engine's context is then the
-// only bound), or a bound or Choices is not a whole number.
-func (r Request) MaxOutput(path string) (n int64, ok bool) {
+// route path: bound times Choices when bound is not nil (the bound that
+// Rewrite makes the body's only one), else the largest of the route's
+// bounds the request sets, times Choices; ok is false when it sets none of
+// them (the engine's context is then the only bound), or a bound or
+// Choices is not a whole number.
+func (r Request) MaxOutput(path string, bound *OutputCap) (n int64, ok bool) {
+	if r.Choices < 1 {
+		return 0, false
+	}
+	if bound != nil {
+		return satMul(bound.N, r.Choices), true
+	}
 	params := OutputParams(path)
 	for _, c := range r.OutputCaps {
 		if !slices.Contains(params, c.Param) {
@@ -75,7 +83,7 @@ func (r Request) MaxOutput(path string) (n int64, ok bool) {
 		}
 		n, ok = max(n, c.N), true
 	}
-	if !ok || r.Choices < 1 {
+	if !ok {
 		return 0, false
 	}
 	return satMul(n, r.Choices), true

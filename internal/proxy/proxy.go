@@ -329,6 +329,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Request-Id", rec.RequestID)
 	x := &exchange{id: rec.RequestID, start: start, client: rec.Client}
+	reserved := 0 // the tokens reserved against the tenant's limit, settled at the end
 	defer func() {
 		if rec.Status == 0 {
 			// Forwarded (or aborted mid-stream, which unwinds through here).
@@ -353,7 +354,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if x.lease != nil {
 			rec.CausedSwap = x.lease.CausedSwap
 		}
-		h.opts.Tenants.Debit(ten, rec.PromptTokens+rec.CompletionTokens)
+		h.opts.Tenants.Settle(ten, reserved, rec.PromptTokens+rec.CompletionTokens)
 		h.finish(rec)
 	}()
 
@@ -411,10 +412,16 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if !untokened[rt.path] {
 		x.prompt = openai.EstimatePromptTokens(x.body, req)
 	}
-	if bound != nil {
-		x.maxOutput = bound.N * int64(x.choices)
-	} else if n, ok := req.MaxOutput(rt.path); ok {
+	if n, ok := req.MaxOutput(rt.path, bound); ok {
 		x.maxOutput = n
+	}
+	if ten != nil && ten.TPM > 0 {
+		worst := tenant.WorstCase(rt.path, x.body, req, bound, prof.MaxModelLen)
+		if !h.opts.Tenants.Reserve(w, ten, worst) {
+			rec.Status, rec.Outcome = http.StatusTooManyRequests, metrics.OutcomeRateLimited
+			return
+		}
+		reserved = worst
 	}
 
 	// A request that must wait holds its body against the host's budget.

@@ -15,14 +15,18 @@ import (
 // gcra is the generic cell rate algorithm over one key, in one atomic step
 // on the Redis server's clock (so that replicas with different clocks agree):
 // the key holds the theoretical arrival time (TAT, in microseconds); a rate
-// of one unit per interval T with a burst of tau worth of units.
+// of one unit per interval T with a burst of tau worth of units. The bucket
+// holds (tau - (TAT - now)) / T units: it is full at TAT <= now, in debt
+// past TAT - now > tau.
 //
 //	KEYS[1]  the bucket
 //	ARGV[1]  T, microseconds per unit
 //	ARGV[2]  tau, microseconds of burst (the burst in units times T)
 //	ARGV[3]  cost in units
-//	ARGV[4]  mode: "take" (take cost if it fits the burst), "check" (is the
-//	         bucket not in debt), "debit" (take cost whatever, debt allowed)
+//	ARGV[4]  mode: "take" (take cost if the bucket holds it, or, for a
+//	         cost above the burst, if it is full), "check" (is the bucket
+//	         not in debt), "settle" (take cost whatever, debt allowed; a
+//	         negative cost gives units back, never past full)
 //
 // It returns {allowed, retry after µs, remaining units, reset after µs}.
 var gcra = redis.NewScript(`
@@ -38,9 +42,9 @@ local allowed = 1
 local retry = 0
 if mode == 'take' then
   local new = tat + cost * T
-  if new - now > tau then
+  if new - now > tau and tat > now then
     allowed = 0
-    retry = new - now - tau
+    retry = math.max(1, math.min(new - now - tau, tat - now))
   else
     tat = new
   end
@@ -51,6 +55,7 @@ elseif mode == 'check' then
   end
 else
   tat = tat + cost * T
+  if tat < now then tat = now end
 end
 if mode ~= 'check' then
   redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now + tau) / 1000) + 1)
@@ -61,22 +66,25 @@ return {allowed, math.floor(retry), remaining, math.floor(tat - now)}
 `)
 
 // Limits is a tenant.Limiter whose buckets live in Redis, shared by every
-// fleetd replica: each check is one atomic script (gcra) on the server's
-// clock, so that N replicas together admit no more than a tenant's limit,
-// within one request per replica of burst. When Redis cannot be reached,
-// requests are let through (OnError is told, for the warning and the
-// metric), or refused with FailClosed. Set the fields before the first
+// fleetd replica: each check, reservation and settlement is one atomic
+// script (gcra) on the server's clock, so that N replicas together admit no
+// more than a tenant's limit, within one request per replica of burst. When
+// Redis cannot be reached, requests are let through (OnError is told, for
+// the warning and the metric), or refused with FailClosed; a settlement
+// that cannot reach it is lost (OnSettleError is told). Set the fields before the first
 // call.
 type Limits struct {
 	c *Client
 	// FailClosed refuses the requests that cannot be checked.
 	FailClosed bool
 	// OnError, if not nil, is called for every request that could not be
-	// checked (Admit), with why; it must not block.
-	OnError func(error)
-	// OnDebitError, if not nil, is called for every Debit that could not
-	// reach Redis (the tokens were not taken), with why; it must not block.
-	OnDebitError func(error)
+	// checked (Admit), with why; OnReserveError for every reservation
+	// (Reserve). They must not block.
+	OnError, OnReserveError func(error)
+	// OnSettleError, if not nil, is called for every Settle that could not
+	// reach Redis (the tokens were neither given back nor taken), with
+	// why; it must not block.
+	OnSettleError func(error)
 	// OnRecover, if not nil, is called when a call reaches Redis after one
 	// that could not (the outage is over); it must not block.
 	OnRecover func()
@@ -107,18 +115,21 @@ func (l *Limits) run(dim string, perMinute int, cost int, mode string) (allowed 
 	return res[0] == 1, time.Duration(res[1]) * time.Microsecond, int(res[2]), time.Duration(res[3]) * time.Microsecond, nil
 }
 
+// unchecked is the decision on a request that could not be checked, for
+// err, after telling hook: let through, or refused with FailClosed.
+func (l *Limits) unchecked(hook func(error), err error) tenant.Decision {
+	if hook != nil {
+		hook(err)
+	}
+	if l.FailClosed {
+		return tenant.Decision{Limit: "unchecked", RetryAfter: time.Second}
+	}
+	return tenant.Decision{Allowed: true}
+}
+
 // Admit implements tenant.Limiter.
 func (l *Limits) Admit(t *tenant.Tenant, now time.Time) tenant.Decision {
 	var d tenant.Decision
-	fail := func(err error) tenant.Decision {
-		if l.OnError != nil {
-			l.OnError(err)
-		}
-		if l.FailClosed {
-			return tenant.Decision{Limit: "unchecked", RetryAfter: time.Second}
-		}
-		return tenant.Decision{Allowed: true}
-	}
 	// Tokens first: a tenant in token debt takes no request from its bucket.
 	for _, dim := range []struct {
 		name, mode  string
@@ -133,7 +144,7 @@ func (l *Limits) Admit(t *tenant.Tenant, now time.Time) tenant.Decision {
 		}
 		ok, retry, left, reset, err := l.run(dim.name+":"+t.Name, dim.limit, dim.cost, dim.mode)
 		if err != nil {
-			return fail(err)
+			return l.unchecked(l.OnError, err)
 		}
 		*dim.bucket = tenant.Bucket{Limit: dim.limit, Remaining: left, Reset: reset}
 		if !ok {
@@ -145,12 +156,28 @@ func (l *Limits) Admit(t *tenant.Tenant, now time.Time) tenant.Decision {
 	return d
 }
 
-// Debit implements tenant.Limiter.
-func (l *Limits) Debit(t *tenant.Tenant, now time.Time, tokens int) {
-	if t.TPM <= 0 || tokens <= 0 {
+// Reserve implements tenant.Limiter.
+func (l *Limits) Reserve(t *tenant.Tenant, now time.Time, tokens int) tenant.Decision {
+	if t.TPM <= 0 {
+		return tenant.Decision{Allowed: true}
+	}
+	ok, retry, left, reset, err := l.run("tpm:"+t.Name, t.TPM, tokens, "take")
+	if err != nil {
+		return l.unchecked(l.OnReserveError, err)
+	}
+	d := tenant.Decision{Allowed: ok, Tokens: tenant.Bucket{Limit: t.TPM, Remaining: left, Reset: reset}}
+	if !ok {
+		d.Limit, d.RetryAfter = "tpm", retry
+	}
+	return d
+}
+
+// Settle implements tenant.Limiter.
+func (l *Limits) Settle(t *tenant.Tenant, now time.Time, reserved, used int) {
+	if t.TPM <= 0 || reserved == used {
 		return
 	}
-	if _, _, _, _, err := l.run("tpm:"+t.Name, t.TPM, tokens, "debit"); err != nil && l.OnDebitError != nil {
-		l.OnDebitError(err)
+	if _, _, _, _, err := l.run("tpm:"+t.Name, t.TPM, used-reserved, "settle"); err != nil && l.OnSettleError != nil {
+		l.OnSettleError(err)
 	}
 }

@@ -66,48 +66,123 @@ func TestLimitsAcrossReplicas(t *testing.T) {
 	}
 }
 
-// Tokens are debited after the fact and may put the bucket in debt; a
-// tenant in debt is refused on tpm until it is paid back, and the headers
-// say what remains.
-func TestLimitsTokenDebt(t *testing.T) {
+// A request's worst case is reserved from the shared token bucket, and
+// refused when the bucket does not hold it; what it did not use comes back
+// (never past full), what it used beyond is taken and may put the bucket
+// in debt, where Admit refuses on tpm until it is paid back. Counts allow a
+// token or two of refill while the test runs (1,000 a minute: one per 60 ms).
+func TestLimitsTokenReservations(t *testing.T) {
 	l := limits(t, rdbtest.Start(t))
 	ten := &tenant.Tenant{Name: "team-b", TPM: 1000}
+	near := func(got, want int) bool { return got >= want && got <= want+2 }
 	d := l.Admit(ten, time.Now())
 	if !d.Allowed || d.Tokens != (tenant.Bucket{Limit: 1000, Remaining: 1000}) || d.Requests != (tenant.Bucket{}) {
 		t.Fatalf("a fresh tenant: %+v", d)
 	}
-	l.Debit(ten, time.Now(), 400)
-	if d := l.Admit(ten, time.Now()); !d.Allowed || d.Tokens.Remaining != 600 && d.Tokens.Remaining != 599 {
-		t.Fatalf("after 400 tokens: %+v", d)
+	if d := l.Reserve(ten, time.Now(), 600); !d.Allowed || !near(d.Tokens.Remaining, 400) {
+		t.Fatalf("600 of 1,000: %+v", d)
 	}
-	l.Debit(ten, time.Now(), 1500) // 900 in debt
+	d = l.Reserve(ten, time.Now(), 500)
+	if d.Allowed || d.Limit != "tpm" || !near(d.Tokens.Remaining, 400) {
+		t.Fatalf("500 more of 400: %+v", d)
+	}
+	// 100 missing at 1,000 a minute: 6 s.
+	if d.RetryAfter < 5500*time.Millisecond || d.RetryAfter > 6*time.Second {
+		t.Fatalf("retry after %v, want about 6 s", d.RetryAfter)
+	}
+	if d := l.Admit(ten, time.Now()); !d.Allowed {
+		t.Fatalf("a bucket not in debt refused at admission: %+v", d)
+	}
+
+	l.Settle(ten, time.Now(), 600, 100) // 500 back: 900
+	if d := l.Reserve(ten, time.Now(), 500); !d.Allowed || !near(d.Tokens.Remaining, 400) {
+		t.Fatalf("after a refund of 500: %+v", d)
+	}
+	for range 3 {
+		l.Settle(ten, time.Now(), 500, 0) // never past full
+	}
+	if d := l.Reserve(ten, time.Now(), 0); !d.Allowed || d.Tokens.Remaining != 1000 {
+		t.Fatalf("refunds past full: %+v", d)
+	}
+
+	// Above the limit: only from a full bucket, which it puts in debt.
+	if d := l.Reserve(ten, time.Now(), 1500); !d.Allowed {
+		t.Fatalf("1,500 of a full bucket of 1,000: %+v", d)
+	}
+	if d := l.Reserve(ten, time.Now(), 1500); d.Allowed || d.Limit != "tpm" || d.RetryAfter < 89*time.Second {
+		t.Fatalf("1,500 again, of a bucket 500 in debt: %+v, want refused until full (90 s)", d)
+	}
+	l.Settle(ten, time.Now(), 1500, 1900) // 400 more: 900 in debt
 	d = l.Admit(ten, time.Now())
-	if d.Allowed || d.Limit != "tpm" {
-		t.Fatalf("a tenant in debt was admitted: %+v", d)
+	if d.Allowed || d.Limit != "tpm" || d.Tokens.Remaining != 0 {
+		t.Fatalf("a tenant 900 in debt was admitted: %+v", d)
 	}
 	// 900 tokens at 1000 a minute take 54 s to pay back.
 	if d.RetryAfter < 50*time.Second || d.RetryAfter > 55*time.Second {
 		t.Fatalf("retry after %v, want about 54s", d.RetryAfter)
 	}
-	if d.Tokens.Remaining != 0 {
-		t.Fatalf("remaining tokens in debt: %+v", d.Tokens)
+}
+
+// Two replicas sharing a Redis reserve from one token bucket: of 100
+// concurrent worst cases of 100 at 1,000 a minute, 10 are reserved (an
+// 11th would need 6 s of refill).
+func TestLimitsReservationsAcrossReplicas(t *testing.T) {
+	url := rdbtest.Start(t)
+	replicas := []*rdb.Limits{limits(t, url), limits(t, url)}
+	ten := &tenant.Tenant{Name: "team-s", TPM: 1000}
+	var reserved atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Go(func() {
+			d := replicas[i%2].Reserve(ten, time.Now(), 100)
+			if d.Allowed {
+				reserved.Add(1)
+			} else if d.Limit != "tpm" || d.RetryAfter <= 0 {
+				t.Errorf("refused with limit %q retry %v", d.Limit, d.RetryAfter)
+			}
+		})
+	}
+	wg.Wait()
+	if n := reserved.Load(); n != 10 {
+		t.Fatalf("%d of 100 worst cases of 100 reserved at 1,000 tpm across two replicas, want 10", n)
+	}
+}
+
+// A reload that changes a tenant's limit keeps its bucket (its key is the
+// tenant's name): what was reserved under the old limit stays reserved, and
+// settles in the new one.
+func TestLimitsReload(t *testing.T) {
+	l := limits(t, rdbtest.Start(t))
+	old, next := &tenant.Tenant{Name: "team-r", TPM: 1000}, &tenant.Tenant{Name: "team-r", TPM: 2000}
+	if d := l.Reserve(old, time.Now(), 800); !d.Allowed {
+		t.Fatalf("800 of 1,000: %+v", d)
+	}
+	// 800 of 1,000 reserved is 48 s of the bucket: 1,600 of 2,000.
+	if d := l.Reserve(next, time.Now(), 500); d.Allowed || d.Tokens.Limit != 2000 || d.Tokens.Remaining < 400 || d.Tokens.Remaining > 403 {
+		t.Fatalf("500 of the 400 left at 2,000: %+v", d)
+	}
+	l.Settle(old, time.Now(), 800, 0) // 800 at 1,000 a minute back: full
+	if d := l.Reserve(next, time.Now(), 2000); !d.Allowed {
+		t.Fatalf("the whole new limit after the refund: %+v", d)
 	}
 }
 
 // A Redis that cannot be reached lets requests through, telling OnError
-// (OnDebitError for a debit), unless FailClosed, which refuses them; the
+// (OnReserveError for a reservation, OnSettleError for a settlement),
+// unless FailClosed, which refuses them; the
 // first call that reaches it again calls OnRecover, once.
 func TestLimitsWithoutRedis(t *testing.T) {
 	srv := rdbtest.Run(t)
 	l := limits(t, srv.URL)
-	var errs, debitErrs, recovered atomic.Int64
+	var errs, reserveErrs, settleErrs, recovered atomic.Int64
 	l.OnError = func(err error) {
 		if err == nil {
 			t.Error("OnError(nil)")
 		}
 		errs.Add(1)
 	}
-	l.OnDebitError = func(error) { debitErrs.Add(1) }
+	l.OnReserveError = func(error) { reserveErrs.Add(1) }
+	l.OnSettleError = func(error) { settleErrs.Add(1) }
 	l.OnRecover = func() { recovered.Add(1) }
 	ten := &tenant.Tenant{Name: "team-c", RPM: 1, TPM: 10}
 	if d := l.Admit(ten, time.Now()); !d.Allowed || recovered.Load() != 0 {
@@ -117,13 +192,19 @@ func TestLimitsWithoutRedis(t *testing.T) {
 	if d := l.Admit(ten, time.Now()); !d.Allowed {
 		t.Fatalf("fail-open refused: %+v", d)
 	}
-	l.Debit(ten, time.Now(), 5)
-	if errs.Load() != 1 || debitErrs.Load() != 1 {
-		t.Fatalf("OnError called %d times and OnDebitError %d, want 1 each", errs.Load(), debitErrs.Load())
+	if d := l.Reserve(ten, time.Now(), 100); !d.Allowed {
+		t.Fatalf("fail-open refused a reservation: %+v", d)
+	}
+	l.Settle(ten, time.Now(), 100, 5)
+	if errs.Load() != 1 || reserveErrs.Load() != 1 || settleErrs.Load() != 1 {
+		t.Fatalf("OnError called %d times, OnReserveError %d and OnSettleError %d, want 1 each", errs.Load(), reserveErrs.Load(), settleErrs.Load())
 	}
 	l.FailClosed = true
 	if d := l.Admit(ten, time.Now()); d.Allowed || d.Limit != "unchecked" || d.RetryAfter <= 0 {
 		t.Fatalf("fail-closed admitted: %+v", d)
+	}
+	if d := l.Reserve(ten, time.Now(), 1); d.Allowed || d.Limit != "unchecked" || d.RetryAfter <= 0 {
+		t.Fatalf("fail-closed reserved: %+v", d)
 	}
 	if recovered.Load() != 0 {
 		t.Fatal("OnRecover called while Redis is down")

@@ -49,7 +49,8 @@ func (w *discardWriter) WriteHeader(int)             {}
 
 // BenchmarkGate is what tenancy adds to one plain request: the key's
 // tenant (Require), its limits with their six headers (Admit), its output
-// cap inserted into the body (Cap) and its tokens debited (Debit), with no
+// cap inserted into the body (Cap), its worst case reserved (Reserve) and
+// settled with the tokens used (Settle), with no
 // tenants file (a nil gate: today's path) and with 10 and 10,000 tenants.
 // make bench's workload 1t reads it.
 func BenchmarkGate(b *testing.B) {
@@ -74,8 +75,13 @@ func BenchmarkGate(b *testing.B) {
 				if !ok {
 					b.Fatal("capped")
 				}
-				sent += len(openai.Rewrite(body, parsed, openai.Changes{Bound: bound}))
-				g.Debit(t, 20)
+				out := openai.Rewrite(body, parsed, openai.Changes{Bound: bound})
+				worst := tenant.WorstCase("/v1/chat/completions", out, parsed, bound, 0)
+				if !g.Reserve(w, t, worst) {
+					b.Fatal("refused its worst case")
+				}
+				sent += len(out)
+				g.Settle(t, worst, 20)
 			}))
 			r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 			r.Header.Set("Authorization", fmt.Sprintf("Bearer key-%d", n/2))

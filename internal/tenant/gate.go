@@ -15,8 +15,9 @@ import (
 // Gate puts a tenants file in front of an OpenAI API, the same in poold and
 // fleetd: it resolves each request's key to its tenant (401 without a known
 // one), applies the tenant's limits (429 past them, and OpenAI's
-// x-ratelimit-* headers on every inference answer), caps its output tokens
-// and debits the tokens it used. Which models a tenant sees is the daemon's
+// x-ratelimit-* headers on every inference answer), caps its output tokens,
+// reserves each request's worst case in tokens and settles it with the
+// tokens used. Which models a tenant sees is the daemon's
 // to apply (Tenant.AllowsModel), since only it knows its catalogue.
 //
 // A nil *Gate is no tenants file: every method lets everything through, as
@@ -88,15 +89,34 @@ func (g *Gate) Require(next http.Handler) http.Handler {
 	})
 }
 
-// Admit applies t's limits to one inference request: it sets the
-// x-ratelimit-* headers on w and, past a limit, answers 429
-// rate_limit_exceeded with Retry-After and returns false. A nil gate or
-// tenant admits.
+// Admit applies t's limits to one inference request before its body is
+// read: it sets the x-ratelimit-* headers on w and, past a limit (out of
+// requests, or in token debt), answers 429 rate_limit_exceeded with
+// Retry-After and returns false. A nil gate or tenant admits.
 func (g *Gate) Admit(w http.ResponseWriter, t *Tenant) bool {
 	if g == nil || t == nil || t.RPM <= 0 && t.TPM <= 0 {
 		return true
 	}
-	d := g.limiter.Admit(t, time.Now())
+	return g.answer(w, t, g.limiter.Admit(t, time.Now()), "")
+}
+
+// Reserve takes the worst case of a request of t, tokens (WorstCase), from
+// its tokens per minute, once its body is read: it sets the x-ratelimit-*
+// headers of tokens on w and, when the bucket does not hold the worst case,
+// answers 429 rate_limit_exceeded naming the limit and the worst case and
+// returns false. Settle puts it right when the request ends. A nil gate or
+// tenant, or a tenant without tpm, reserves nothing and admits.
+func (g *Gate) Reserve(w http.ResponseWriter, t *Tenant, tokens int) bool {
+	if g == nil || t == nil || t.TPM <= 0 {
+		return true
+	}
+	return g.answer(w, t, g.limiter.Reserve(t, time.Now(), tokens),
+		fmt.Sprintf(", and this request may use up to %d tokens (its prompt's estimate and its output bound)", tokens))
+}
+
+// answer sets the headers of d on w and, when d refuses, answers the 429;
+// why ends the message of a refusal on tpm. It reports d.Allowed.
+func (g *Gate) answer(w http.ResponseWriter, t *Tenant, d Decision, why string) bool {
 	setRateHeaders(w.Header(), d)
 	if d.Allowed {
 		return true
@@ -109,7 +129,7 @@ func (g *Gate) Admit(w http.ResponseWriter, t *Tenant) bool {
 		openai.WriteRateLimited(w, dim, fmt.Sprintf("the rate limits of tenant %s could not be checked (the shared limit store is unreachable); try again in %s", strconv.Quote(t.Name), ResetString(d.RetryAfter)), d.RetryAfter)
 		return false
 	}
-	openai.WriteRateLimited(w, dim, fmt.Sprintf("rate limit reached for tenant %s on %s: limit %d; try again in %s", strconv.Quote(t.Name), what, limit, ResetString(d.RetryAfter)), d.RetryAfter)
+	openai.WriteRateLimited(w, dim, fmt.Sprintf("rate limit reached for tenant %s on %s: limit %d%s; try again in %s", strconv.Quote(t.Name), what, limit, why, ResetString(d.RetryAfter)), d.RetryAfter)
 	return false
 }
 
@@ -159,13 +179,15 @@ func (g *Gate) Cap(w http.ResponseWriter, t *Tenant, path string, req openai.Req
 	return bound, true
 }
 
-// Debit takes the tokens a request of t used from its token bucket; a nil
-// gate or tenant does nothing.
-func (g *Gate) Debit(t *Tenant, tokens int) {
-	if g == nil || t == nil || t.TPM <= 0 || tokens <= 0 {
+// Settle puts right the reservation of a request of t once it ends, with
+// the tokens it used (prompt and completion, or their estimate): what it
+// reserved and did not use goes back to the tenant's tokens per minute,
+// what it used beyond is taken. A nil gate or tenant does nothing.
+func (g *Gate) Settle(t *Tenant, reserved, used int) {
+	if g == nil || t == nil || t.TPM <= 0 || reserved == used {
 		return
 	}
-	g.limiter.Debit(t, time.Now(), tokens)
+	g.limiter.Settle(t, time.Now(), reserved, used)
 }
 
 // The x-ratelimit-* headers, in their canonical form (set without

@@ -133,13 +133,81 @@ func TestAdmit(t *testing.T) {
 
 	g2 := gate(t)
 	a = g2.Config().Tenant("team-a")
-	g2.Debit(a, 150)
+	g2.Settle(a, 0, 150)
 	rec = httptest.NewRecorder()
 	if g2.Admit(rec, a) {
 		t.Fatal("a tenant in token debt was admitted")
 	}
 	if typ, _, _, msg := errorOf(t, rec); typ != "tokens" || !strings.Contains(msg, "TPM") {
 		t.Fatalf("tpm refusal: %s %q", typ, msg)
+	}
+}
+
+// A worst case the token bucket holds is reserved, and the headers say what
+// is left; one it does not hold gets a 429 naming the limit and the worst
+// case; the unused part comes back when the request settles. A nil gate or
+// tenant reserves nothing.
+func TestReserve(t *testing.T) {
+	g := gate(t) // team-a: tpm 100
+	a := g.Config().Tenant("team-a")
+	rec := httptest.NewRecorder()
+	if !g.Reserve(rec, a, 70) || rec.Header().Get("x-ratelimit-remaining-tokens") != "30" || rec.Header().Get("x-ratelimit-limit-tokens") != "100" {
+		t.Fatalf("70 of 100: %d %v", rec.Code, rec.Header())
+	}
+	rec = httptest.NewRecorder()
+	if g.Reserve(rec, a, 40) {
+		t.Fatal("40 more of the 30 left were reserved")
+	}
+	typ, code, _, msg := errorOf(t, rec)
+	if rec.Code != 429 || typ != "tokens" || code != "rate_limit_exceeded" || rec.Header().Get("Retry-After") == "" ||
+		!strings.Contains(msg, "TPM") || !strings.Contains(msg, "limit 100") || !strings.Contains(msg, "up to 40 tokens") {
+		t.Fatalf("refused: %d %s %s %q %v", rec.Code, typ, code, msg, rec.Header())
+	}
+	g.Settle(a, 70, 20) // 50 back: 80 left
+	rec = httptest.NewRecorder()
+	if !g.Reserve(rec, a, 40) || rec.Header().Get("x-ratelimit-remaining-tokens") != "40" {
+		t.Fatalf("after the refund: %d %v", rec.Code, rec.Header())
+	}
+
+	b := g.Config().Tenant("team-b") // no limits
+	var none *tenant.Gate
+	for _, ok := range []bool{g.Reserve(httptest.NewRecorder(), b, 1<<20), g.Reserve(httptest.NewRecorder(), nil, 1<<20), none.Reserve(httptest.NewRecorder(), a, 1<<20)} {
+		if !ok {
+			t.Fatal("a tenant without tpm, no tenant or no gate refused")
+		}
+	}
+	g.Settle(b, 0, 1<<20)
+	g.Settle(nil, 0, 1<<20)
+	none.Settle(a, 0, 1<<20)
+}
+
+// A request's worst case is its prompt's estimate plus its largest output
+// bound on its route (else the default given, else DefaultOutputBound)
+// times its choices; routes that generate nothing have no output bound.
+func TestWorstCase(t *testing.T) {
+	for _, tc := range []struct {
+		path, body string
+		dflt, want int
+	}{
+		{"/v1/chat/completions", `{"model":"m","max_tokens":50}`, 0, 8 + 50},
+		{"/v1/chat/completions", `{"model":"m","max_tokens":50,"max_completion_tokens":70}`, 0, 14 + 70},
+		{"/v1/chat/completions", `{"model":"m","max_tokens":null}`, 100, 8 + 100},
+		{"/v1/chat/completions", `{"model":"m"}`, 0, 4 + tenant.DefaultOutputBound},
+		{"/v1/completions", `{"model":"m","max_tokens":10,"n":3}`, 0, 9 + 30},
+		{"/v1/completions", `{"model":"m","max_tokens":10,"n":2,"best_of":5}`, 0, 12 + 50},
+		{"/v1/completions", `{"model":"m","max_tokens":10,"n":"4"}`, 0, 10 + 40},
+		{"/v1/chat/completions", `{"model":"m","max_tokens":1e300,"n":1e300}`, 0, 1 << 30},
+		{"/v1/chat/completions", `{"model":"m","n":3}`, 100, 5 + 300},
+		{"/v1/chat/completions", `{"model":"m","max_output_tokens":7}`, 100, 9 + 100}, // not the route's: the engine ignores it
+		{"/v1/embeddings", `{"model":"m","input":"some text here"}`, 0, 10},
+	} {
+		body, req, status := readBody(t, tc.body)
+		if status != 0 {
+			t.Fatalf("%s: read %d", tc.body, status)
+		}
+		if got := tenant.WorstCase(tc.path, body, req, nil, tc.dflt); got != tc.want {
+			t.Errorf("%s %s: worst case %d, want %d", tc.path, tc.body, got, tc.want)
+		}
 	}
 }
 

@@ -131,8 +131,9 @@ func TestTenantLimits(t *testing.T) {
 		t.Fatalf("team-b after team-a's burst: %d %s, remaining %q", code, body, h.Get("x-ratelimit-remaining-requests"))
 	}
 
-	// tpm 100: a request of 150 completion tokens is admitted (the bucket
-	// is not in debt) and debited after; the next is refused on tokens.
+	// tpm 100: a request of up to 150 completion tokens, a worst case above
+	// the limit, is taken from the full bucket, which it puts in debt; the
+	// next is refused on tokens.
 	if code, _, body := sendTo(ctx, t, d.url+"/v1/chat/completions", chatBody("m", true, 150), bearer("sk-c")); code != http.StatusOK {
 		t.Fatalf("team-c's first: %d %s", code, body)
 	}
