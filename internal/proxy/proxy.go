@@ -266,7 +266,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	caller := pool.Caller{}
 	if ten != nil {
 		rec.Client = ten.Name
-		caller = pool.Caller{Tenant: ten.Name, Weight: ten.Weight(), Background: ten.Background()}
+		caller = pool.Caller{Tenant: ten.Name, Weight: ten.Weight(), Background: ten.Background(), MaySwap: ten.AllowsPool}
 	}
 	w.Header().Set("X-Request-Id", rec.RequestID)
 	x := &exchange{id: rec.RequestID, start: start, client: rec.Client}
@@ -429,6 +429,9 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		}
 		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", msg)
 		return http.StatusNotFound
+	case errors.Is(err, pool.ErrNoSwap):
+		openai.WriteError(w, http.StatusForbidden, "pool_not_allowed", "", h.noSwap(r, prof))
+		return http.StatusForbidden
 	case errors.Is(err, pool.ErrShutdown):
 		w.Header().Set(openai.RefusedHeader, "shutting_down")
 		openai.WriteUnavailable(w, "shutting_down", err.Error(), shutdownRetry)
@@ -444,6 +447,14 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		openai.WriteError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
 		return http.StatusInternalServerError
 	}
+}
+
+// noSwap is the message of a 403 pool_not_allowed: the tenant's request
+// pinned to a pool that its pools do not allow it to swap, whose model is
+// neither there nor where poold would place it.
+func (h *Handler) noSwap(r *http.Request, prof *profile.Profile) string {
+	return fmt.Sprintf("model %q is not loaded or loading on pool %q, and tenant %q may not swap that pool (the pools of its tenants-file entry do not match it); send the request unpinned, to POST /v1/..., and poold places it where the model is",
+		prof.ID, r.PathValue("pool"), tenant.FromContext(r.Context()).Name)
 }
 
 // maxListed bounds the names listed in a 404.
