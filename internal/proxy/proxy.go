@@ -80,7 +80,9 @@ type Options struct {
 	// Zero: no bound.
 	StreamIdleTimeout time.Duration
 	// Usage, when set, receives every finished request's record (usage.go);
-	// UsageReport, when set with an AdminToken, serves GET /usage behind it.
+	// UsageReport, when set with an AdminToken or Tenants, serves GET
+	// /usage, to the admin token and to each tenant for its own usage
+	// (handleUsage).
 	Usage       Usage
 	UsageReport http.Handler
 }
@@ -156,6 +158,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.AdminToken != "" {
 		h.handleAdmin(mux, opts.AdminToken)
 	}
+	h.handleUsage(mux)
 	h.mux = mux
 	return h
 }
