@@ -45,7 +45,7 @@ func (p *Pool) run(ctx context.Context) {
 			}
 			continue
 		}
-		p.answerLocked(p.sched.Stranded(), ErrNoSwap) // the engine their profile had was lost
+		p.answerLocked(p.sched.Stranded(), ErrNoSwap) // after a lost engine
 		d := p.sched.Next(p.opts.Now())
 		p.answerLocked(d.Admit, nil)
 		var next *profile.Profile
@@ -160,10 +160,11 @@ func (p *Pool) engineExited() {
 
 // beginLocked records that a swap to id ("" for an unload) starts, and
 // refuses the requests waiting for the profile swapped out that may not
-// cause a swap back (Waiter.NoSwap). The engine swapped out goes now, so a reload's pending retire or preload step is taken
-// here, under the same lock as the scheduler's Begin; retired reports whether
-// a reload had retired that engine (it is stopped, never put to sleep).
-// p.mu must be held.
+// cause a swap back (Waiter.NoSwap). The engine swapped out goes now, so a
+// reload's pending retire or preload step is taken here, under the same
+// lock as the scheduler's Begin; retired reports whether a reload had
+// retired that engine (it is stopped, never put to sleep). p.mu must be
+// held.
 func (p *Pool) beginLocked(id string) (retired bool) {
 	p.sched.Begin(id)
 	p.answerLocked(p.sched.Stranded(), ErrNoSwap)
