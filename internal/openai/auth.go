@@ -107,9 +107,8 @@ func PresentedKey(h http.Header) string {
 }
 
 // Require wraps next so that every request answers 401 in the OpenAI shape
-// without an accepted key, but for the operations endpoints (/health,
-// /ready, /status, /metrics and /pools/{pool}/metrics) and the admin API
-// (/admin/…, behind its own token), which pass through.
+// without an accepted key, but for the key-free paths (KeyFree), which pass
+// through.
 func (k *APIKeys) Require(next http.Handler) http.Handler {
 	if k == nil {
 		return next
@@ -124,11 +123,15 @@ func (k *APIKeys) Require(next http.Handler) http.Handler {
 	})
 }
 
-// KeyFree reports whether path is one that needs no API key: an operations
-// endpoint or the admin API.
+// KeyFree reports whether path is one that the API-key and tenant layers
+// let through without a key, for the handler to decide: the operations
+// endpoints (/health, /ready, /status, /metrics and /pools/{pool}/metrics),
+// which need none, and the paths that check credentials of their own, the
+// admin API (/admin/…, behind the admin token) and poold's usage report
+// (/usage: the admin token, or a tenant's key for its own usage).
 func KeyFree(path string) bool {
 	switch path {
-	case "/health", "/ready", "/status", "/metrics":
+	case "/health", "/ready", "/status", "/metrics", "/usage":
 		return true
 	}
 	if strings.HasPrefix(path, "/admin/") {

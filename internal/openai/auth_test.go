@@ -34,6 +34,8 @@ func TestAPIKeysRequire(t *testing.T) {
 		{"/metrics", "", "", http.StatusTeapot},
 		{"/pools/p0/metrics", "", "", http.StatusTeapot},
 		{"/admin/pools/p0/load", "", "", http.StatusTeapot},
+		{"/usage", "Authorization", "Bearer the-admin-token", http.StatusTeapot}, // its own auth decides
+		{"/usage/x", "", "", http.StatusUnauthorized},
 		// vLLM's un-prefixed inference routes, and any other path, need a key.
 		{"/score", "", "", http.StatusUnauthorized},
 		{"/pools/p0/tokenize", "", "", http.StatusUnauthorized},

@@ -25,6 +25,8 @@ func errorType(status int) string {
 		return "invalid_request_error"
 	case http.StatusUnauthorized:
 		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
 	case http.StatusNotFound:
 		return "not_found_error"
 	case http.StatusServiceUnavailable:

@@ -46,6 +46,7 @@ func TestWriteError(t *testing.T) {
 		{http.StatusNotFound, "model_not_found", "model", `model "x" not found; available: a, b`, "not_found_error"},
 		{http.StatusRequestEntityTooLarge, "body_too_large", "", "too big", "invalid_request_error"},
 		{http.StatusUnauthorized, "unauthorized", "", "no key", "authentication_error"},
+		{http.StatusForbidden, "pool_not_allowed", "", "not yours", "permission_error"},
 		{http.StatusServiceUnavailable, "queue_full", "", "full", "service_unavailable"},
 		{http.StatusBadGateway, "engine_failed", "", "engine died", "server_error"},
 		{http.StatusInternalServerError, "internal_error", "", "oops", "server_error"},

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"sync"
@@ -99,12 +100,18 @@ func (p *Pool) Acquire(ctx context.Context, prof *profile.Profile, c Caller, hol
 // engine with an admission ceiling (see Policy.MaxInFlight), and in the
 // choice of the profile to load next, where a tenant of weight w counts
 // ⌊log₁₀ w⌋ priority levels above its profile's priority (a tier of weight
-// 10 one level) and a background tenant one level below. The zero value is
-// the one tenant of a host without tenants, of weight 1.
+// 10 one level) and a background tenant one level below; and what its
+// pinned requests may swap. The zero value is the one tenant of a host
+// without tenants, of weight 1, whose pinned requests may swap their pool.
 type Caller struct {
 	Tenant     string
 	Weight     int
 	Background bool
+	// MaySwap, if not nil, says whether a request of the caller pinned to
+	// a pool may swap that pool's model where placement would not put the
+	// request (a tenant's pools); nil: it may, as the operator's requests
+	// on a host without tenants.
+	MaySwap func(pool string) bool
 }
 
 // waiter is the Waiter of c's request for prof.
@@ -193,6 +200,9 @@ func (p *Pool) arrive(w *Waiter, prof *profile.Profile) (arrival, error) {
 	}
 	retry := p.retryAfterLocked()
 	p.mu.Unlock()
+	if errors.Is(err, ErrNoSwap) {
+		return arrival{}, err
+	}
 	if err != nil {
 		return arrival{}, &QueueError{Err: err, RetryAfter: retry}
 	}

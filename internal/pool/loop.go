@@ -45,6 +45,7 @@ func (p *Pool) run(ctx context.Context) {
 			}
 			continue
 		}
+		p.answerLocked(p.sched.Stranded(), ErrNoSwap) // after a lost engine
 		d := p.sched.Next(p.opts.Now())
 		p.answerLocked(d.Admit, nil)
 		var next *profile.Profile
@@ -157,13 +158,16 @@ func (p *Pool) engineExited() {
 	p.observeExit(e.profile.ID, "crashed")
 }
 
-// beginLocked records that a swap to id ("" for an unload) starts. The engine
-// swapped out goes now, so a reload's pending retire or preload step is taken
-// here, under the same lock as the scheduler's Begin; retired reports whether
-// a reload had retired that engine (it is stopped, never put to sleep).
-// p.mu must be held.
+// beginLocked records that a swap to id ("" for an unload) starts, and
+// refuses the requests waiting for the profile swapped out that may not
+// cause a swap back (Waiter.NoSwap). The engine swapped out goes now, so a
+// reload's pending retire or preload step is taken here, under the same
+// lock as the scheduler's Begin; retired reports whether a reload had
+// retired that engine (it is stopped, never put to sleep). p.mu must be
+// held.
 func (p *Pool) beginLocked(id string) (retired bool) {
 	p.sched.Begin(id)
+	p.answerLocked(p.sched.Stranded(), ErrNoSwap)
 	switch p.reload.step {
 	case reloadRetire:
 		retired = true

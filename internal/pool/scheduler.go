@@ -13,6 +13,9 @@ var (
 	// waiting requests already hold all the memory they may.
 	ErrQueueBudget  = errors.New("the requests waiting on this host hold all the memory they may")
 	ErrQueueTimeout = errors.New("timed out waiting for the model to load")
+	// ErrNoSwap refuses a request that may not cause a swap (Waiter.NoSwap)
+	// when its profile is neither loaded in the pool nor being loaded.
+	ErrNoSwap = errors.New("the model is not loaded or loading in the pool, and the request may not swap it in")
 )
 
 // DefaultIdleGrace is how long after its last request the loaded profile still
@@ -109,6 +112,12 @@ type Waiter struct {
 	// body) while it waits. It runs under the pool's mutex and must not
 	// block; false refuses the request with ErrQueueBudget.
 	Hold func() bool
+	// NoSwap marks a request that may not cause a swap: it is served by its
+	// profile where that is loaded or being loaded, never chooses the
+	// profile loaded next, and is refused with ErrNoSwap when its profile
+	// is neither, at arrival (Arrive) or once a swap or a crash takes the
+	// profile away (Stranded). False: it may cause one, as any request.
+	NoSwap bool
 
 	done       chan grant // buffered(1); the pool sends exactly one grant
 	causedSwap bool       // set by markSwapCause
@@ -165,8 +174,9 @@ type Scheduler struct {
 
 // Arrive admits w at once (true) when its profile is ready (for an unload
 // intent: the pool is empty) and the gate is open; otherwise it queues w
-// (false), or refuses it with ErrQueueFull. An admitted request holds a lease;
-// an admitted intent is simply done.
+// (false), or refuses it with ErrQueueFull, or, when w may not cause a swap
+// and its profile is neither loaded nor loading, with ErrNoSwap. An
+// admitted request holds a lease; an admitted intent is simply done.
 func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
 	if s.Admits(w) {
 		if !w.Intent {
@@ -180,6 +190,9 @@ func (s *Scheduler) Arrive(w *Waiter) (bool, error) {
 			s.lastUsed = w.Arrived
 		}
 		return true, nil
+	}
+	if w.NoSwap && !s.serves(w.Profile) {
+		return false, ErrNoSwap
 	}
 	if s.Policy.MaxQueue > 0 && len(s.queue) >= s.Policy.MaxQueue {
 		return false, ErrQueueFull
@@ -211,6 +224,29 @@ func (s *Scheduler) Cancel(w *Waiter) bool {
 		}
 	}
 	return false
+}
+
+// Stranded removes and returns the queued requests that may not cause a
+// swap (Waiter.NoSwap) whose profile is neither loaded nor being loaded any
+// more, after a swap to another began or the engine was lost: the pool
+// answers them with ErrNoSwap. Call it after Begin and Lost: until then
+// they wait, and count as demand for another profile in the gate.
+func (s *Scheduler) Stranded() []*Waiter {
+	var out []*Waiter
+	for _, w := range s.queue {
+		if w.NoSwap && !s.serves(w.Profile) {
+			out = append(out, w)
+		}
+	}
+	for _, w := range out {
+		s.Cancel(w)
+	}
+	return out
+}
+
+// serves reports whether profile is loaded in the pool or being loaded.
+func (s *Scheduler) serves(profile string) bool {
+	return profile == s.loaded || s.swapping && profile == s.target
 }
 
 // Release ends one lease.
@@ -257,7 +293,10 @@ func (s *Scheduler) Next(now time.Time) Decision {
 	// Each turn admits at least one waiter, and only intents (which take no
 	// lease) let it go round again, so this ends.
 	for len(s.queue) > 0 {
-		next := s.pick()
+		next, ok := s.pick()
+		if !ok {
+			return d // only requests that Stranded would take wait
+		}
 		if next != s.loaded {
 			d.Load, d.Unload = next, next == ""
 			return d
@@ -401,17 +440,21 @@ func (s *Scheduler) hasOthers() bool {
 }
 
 // pick returns the profile of the waiter that goes next: the oldest arrival,
-// each priority level counting as PriorityAge of extra waiting.
-func (s *Scheduler) pick() string {
+// each priority level counting as PriorityAge of extra waiting, among those
+// that may cause a swap or want the loaded profile; false when none does.
+func (s *Scheduler) pick() (string, bool) {
 	var best *Waiter
 	var bestAt time.Time
 	for _, w := range s.queue {
 		at := w.Arrived.Add(-time.Duration(w.Priority) * s.Policy.PriorityAge)
-		if best == nil || at.Before(bestAt) {
+		if (!w.NoSwap || w.Profile == s.loaded) && (best == nil || at.Before(bestAt)) {
 			best, bestAt = w, at
 		}
 	}
-	return best.Profile
+	if best == nil {
+		return "", false
+	}
+	return best.Profile, true
 }
 
 // admit removes profile's waiters from the queue, as many as its ceiling

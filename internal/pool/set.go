@@ -90,30 +90,42 @@ func (s *Set) Pools() []*Pool { return s.list.Load().all }
 
 // Acquire places a request for prof on a pool and waits for its lease. A
 // non-empty pin names the only pool allowed; c and hold are as in
-// Pool.Acquire.
+// Pool.Acquire. A pinned request whose caller may not swap that pool
+// (Caller.MaySwap) may cause a swap there only where placement would put
+// it unpinned (the pinned pool ranks with the best); elsewhere it is served
+// only by its profile loaded or loading there (Waiter.NoSwap), and refused
+// with ErrNoSwap otherwise.
 //
 // Placement and arrival are atomic for a profile: two first requests for it
 // arriving together join one pool, instead of each finding the pools as they
 // were before the other arrived and starting the model twice.
 func (s *Set) Acquire(ctx context.Context, prof *profile.Profile, pin string, c Caller, hold func() bool) (*Lease, error) {
+	var pinned *Pool
 	if pin != "" {
-		p := s.Pool(pin)
-		if p == nil || !prof.EligibleOn(pin) {
+		pinned = s.Pool(pin)
+		if pinned == nil || !prof.EligibleOn(pin) {
 			return nil, ErrNoPool
 		}
-		return p.Acquire(ctx, prof, c, hold)
+		if c.MaySwap == nil || c.MaySwap(pin) {
+			return pinned.Acquire(ctx, prof, c, hold)
+		}
 	}
 	mu := s.placing(prof.ID)
 	mu.Lock()
-	p := s.place(prof)
+	p, best := s.place(prof)
 	if p == nil {
 		mu.Unlock()
 		return nil, ErrProfileRemoved // every pool it ran on was removed by a reload
 	}
+	w := c.waiter(prof, hold)
+	if pinned != nil {
+		w.NoSwap = p != pinned && placement.Compare(pinned.candidate(prof.ID), best) > 0
+		p = pinned
+	}
 	if s.placed != nil {
 		s.placed(prof.ID, p)
 	}
-	a, err := p.arrive(c.waiter(prof, hold), prof)
+	a, err := p.arrive(w, prof)
 	mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -135,8 +147,9 @@ func (s *Set) placing(id string) *sync.Mutex {
 // shared placement order (package placement): ready with it, then loading it,
 // then where it sleeps, then empty, then the one whose profile is idle
 // longest, then the shortest queue. It never starts a second copy while one
-// exists or loads.
-func (s *Set) place(prof *profile.Profile) *Pool {
+// exists or loads. It returns the pool's candidate too; nil when prof is
+// eligible on no pool.
+func (s *Set) place(prof *profile.Profile) (*Pool, placement.Candidate) {
 	var best *Pool
 	var bestC placement.Candidate
 	for _, p := range s.Pools() {
@@ -148,7 +161,7 @@ func (s *Set) place(prof *profile.Profile) *Pool {
 			best, bestC = p, c
 		}
 	}
-	return best
+	return best, bestC
 }
 
 // candidate ranks the pool for profile id.

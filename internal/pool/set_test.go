@@ -139,7 +139,7 @@ func TestPlacement(t *testing.T) {
 				with(set.Pools()[i], func(s *Scheduler) { st(t, s, clock.now) })
 			}
 			prof := cfg.Lookup(tc.profile)
-			got := set.place(prof)
+			got, _ := set.place(prof)
 			if got == nil || got.Name() != tc.want {
 				var ranks string
 				for _, p := range set.Pools() {

@@ -25,15 +25,10 @@ const maxAdminBody = 64 << 10
 // Both go through the pool's scheduler like requests (they wait their turn and
 // drain the pool like a swap) and answer when done, with the pool's status.
 func (h *Handler) handleAdmin(mux *http.ServeMux, token string) {
-	// Comparing digests makes the comparison constant-time in the length of
-	// the token as well as in its content.
 	want := sha256.Sum256([]byte(token))
 	auth := func(next http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-			sum := sha256.Sum256([]byte(got))
-			valid := subtle.ConstantTimeCompare(sum[:], want[:]) == 1 && strings.EqualFold(scheme, "Bearer")
-			if !valid {
+			if !bearsToken(r, want) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="poold admin"`)
 				openai.WriteError(w, http.StatusUnauthorized, "invalid_admin_token", "", "the admin API needs a valid admin token: Authorization: Bearer <token>")
 				return
@@ -43,9 +38,15 @@ func (h *Handler) handleAdmin(mux *http.ServeMux, token string) {
 	}
 	mux.HandleFunc("POST /admin/pools/{pool}/load", auth(h.serveLoad))
 	mux.HandleFunc("POST /admin/pools/{pool}/unload", auth(h.serveUnload))
-	if h.opts.UsageReport != nil {
-		mux.HandleFunc("GET /usage", auth(h.opts.UsageReport.ServeHTTP))
-	}
+}
+
+// bearsToken reports whether r carries "Authorization: Bearer TOKEN" for
+// the token whose SHA-256 is want. Comparing digests makes the comparison
+// constant-time in the length of the token as well as in its content.
+func bearsToken(r *http.Request, want [sha256.Size]byte) bool {
+	scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	sum := sha256.Sum256([]byte(got))
+	return subtle.ConstantTimeCompare(sum[:], want[:]) == 1 && strings.EqualFold(scheme, "Bearer")
 }
 
 func (h *Handler) serveLoad(w http.ResponseWriter, r *http.Request) {

@@ -80,7 +80,9 @@ type Options struct {
 	// Zero: no bound.
 	StreamIdleTimeout time.Duration
 	// Usage, when set, receives every finished request's record (usage.go);
-	// UsageReport, when set with an AdminToken, serves GET /usage behind it.
+	// UsageReport, when set with an AdminToken or Tenants, serves GET
+	// /usage, to the admin token and to each tenant for its own usage
+	// (handleUsage).
 	Usage       Usage
 	UsageReport http.Handler
 }
@@ -159,6 +161,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	if opts.AdminToken != "" {
 		h.handleAdmin(mux, opts.AdminToken)
 	}
+	h.handleUsage(mux)
 	h.mux = mux
 	return h
 }
@@ -325,7 +328,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	caller := pool.Caller{}
 	if ten != nil {
 		rec.Client = ten.Name
-		caller = pool.Caller{Tenant: ten.Name, Weight: ten.Weight(), Background: ten.Background()}
+		caller = pool.Caller{Tenant: ten.Name, Weight: ten.Weight(), Background: ten.Background(), MaySwap: ten.AllowsPool}
 	}
 	w.Header().Set("X-Request-Id", rec.RequestID)
 	x := &exchange{id: rec.RequestID, start: start, client: rec.Client}
@@ -508,6 +511,9 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		}
 		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", msg)
 		return http.StatusNotFound
+	case errors.Is(err, pool.ErrNoSwap):
+		openai.WriteError(w, http.StatusForbidden, "pool_not_allowed", "", h.noSwap(r, prof))
+		return http.StatusForbidden
 	case errors.Is(err, pool.ErrShutdown):
 		w.Header().Set(openai.RefusedHeader, "shutting_down")
 		openai.WriteUnavailable(w, "shutting_down", err.Error(), shutdownRetry)
@@ -523,6 +529,14 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		openai.WriteError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
 		return http.StatusInternalServerError
 	}
+}
+
+// noSwap is the message of a 403 pool_not_allowed: the tenant's request
+// pinned to a pool that its pools do not allow it to swap, whose model is
+// neither there nor where poold would place it.
+func (h *Handler) noSwap(r *http.Request, prof *profile.Profile) string {
+	return fmt.Sprintf("model %q is not loaded or loading on pool %q, and tenant %q may not swap that pool (the pools of its tenants-file entry do not match it); send the request unpinned, to POST /v1/..., and poold places it where the model is",
+		prof.ID, r.PathValue("pool"), tenant.FromContext(r.Context()).Name)
 }
 
 // maxListed bounds the names listed in a 404.

@@ -68,8 +68,9 @@ func FromContext(ctx context.Context) *Tenant {
 
 // Require wraps next so that a request carrying no known key gets a 401 in
 // OpenAI's shape, and one that does carries its tenant in its context
-// (FromContext). The operations endpoints and the admin API need no key
-// (openai.KeyFree). A nil gate returns next.
+// (FromContext). The key-free paths (openai.KeyFree: the operations
+// endpoints, the admin API and /usage, which check their own credentials)
+// pass through without a tenant. A nil gate returns next.
 func (g *Gate) Require(next http.Handler) http.Handler {
 	if g == nil {
 		return next

@@ -64,6 +64,7 @@ func TestRequire(t *testing.T) {
 		{"/v1/chat/completions", "key-a", 200, "team-a"},
 		{"/health", "", 200, ""},
 		{"/metrics", "", 200, ""},
+		{"/usage", "the-admin-token", 200, ""}, // its own auth decides: no tenant here
 	} {
 		seen = nil
 		r := httptest.NewRequest("GET", tc.path, nil)

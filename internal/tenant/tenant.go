@@ -1,6 +1,7 @@
 // Package tenant maps API keys to tenants, the teams that share a host or a
 // fleet: each tenant's tier (its weight in the fair share), its request and
-// token limits, its output cap and the models it may use. The tenants file
+// token limits, its output cap, the models it may use and the pools whose
+// model its pinned requests may swap. The tenants file
 // (docs/tenancy.md) is decoded strictly and validated whole; keys are held
 // only as SHA-256 hashes.
 package tenant
@@ -50,6 +51,12 @@ type Tenant struct {
 	// Models are glob patterns (path.Match) over model ids and aliases; a
 	// model matching none does not exist for the tenant. Empty: every model.
 	Models []string `json:"models,omitempty"`
+	// Pools are glob patterns (path.Match) over pool names: the pools
+	// whose model a request of the tenant pinned to the pool
+	// (/pools/{pool}/…) may swap out though poold would not place the
+	// request there. Empty: none; a pinned request is then served only by
+	// a model loaded or loading there, or where poold would place it.
+	Pools []string `json:"pools,omitempty"`
 
 	tier Tier
 }
@@ -72,6 +79,17 @@ func (t *Tenant) AllowsModel(names ...string) bool {
 			if ok, _ := path.Match(pat, n); ok {
 				return true
 			}
+		}
+	}
+	return false
+}
+
+// AllowsPool reports whether the tenant's requests pinned to pool may swap
+// its model (see Tenant.Pools).
+func (t *Tenant) AllowsPool(pool string) bool {
+	for _, pat := range t.Pools {
+		if ok, _ := path.Match(pat, pool); ok {
+			return true
 		}
 	}
 	return false
@@ -230,9 +248,14 @@ func (c *Config) validate(t *Tenant, where string, keyOwner map[[sha256.Size]byt
 			bad("%s: must not be negative, not %d", f.name, f.v)
 		}
 	}
-	for j, pat := range t.Models {
-		if _, err := path.Match(pat, ""); err != nil || pat == "" {
-			bad("models[%d] %s: not a glob pattern", j, strconv.Quote(pat))
+	for _, f := range []struct {
+		name string
+		pats []string
+	}{{"models", t.Models}, {"pools", t.Pools}} {
+		for j, pat := range f.pats {
+			if _, err := path.Match(pat, ""); err != nil || pat == "" {
+				bad("%s[%d] %s: not a glob pattern", f.name, j, strconv.Quote(pat))
+			}
 		}
 	}
 	return errs
@@ -342,8 +365,9 @@ func (c *Config) all() []*Tenant {
 	return c.Tenants
 }
 
-// same reports whether t and u hold the same keys, tier, limits and models.
+// same reports whether t and u hold the same keys, tier, limits, models and
+// pools.
 func (t *Tenant) same(u *Tenant) bool {
 	return slices.Equal(t.Keys, u.Keys) && t.Tier == u.Tier && t.tier == u.tier && t.RPM == u.RPM && t.TPM == u.TPM &&
-		t.MaxOutputTokens == u.MaxOutputTokens && slices.Equal(t.Models, u.Models)
+		t.MaxOutputTokens == u.MaxOutputTokens && slices.Equal(t.Models, u.Models) && slices.Equal(t.Pools, u.Pools)
 }

@@ -83,6 +83,14 @@ func TestGood(t *testing.T) {
 	if !c.Lookup("key-b").AllowsModel("anything") {
 		t.Error("a tenant without models may not use one")
 	}
+	for pool, want := range map[string]bool{"gpu1": true, "batch-a100": true, "gpu0": false, "gpu10": false, "": false} {
+		if got := a.AllowsPool(pool); got != want {
+			t.Errorf("team-a AllowsPool(%q) = %v", pool, got)
+		}
+	}
+	if c.Lookup("key-b").AllowsPool("gpu1") {
+		t.Error("a tenant without pools may swap one")
+	}
 }
 
 func TestHashKey(t *testing.T) {
@@ -109,12 +117,13 @@ func TestDiff(t *testing.T) {
 	}
 	data, _ := os.ReadFile("testdata/good.json")
 	edited := strings.Replace(strings.Replace(string(data), `"rpm": 60,`, `"rpm": 120,`, 1), `{"name": "nightly"`, `{"name": "nightly-2"`, 1)
+	edited = strings.Replace(edited, `"pools": ["gpu1", "batch-*"]`, `"pools": ["gpu1"]`, 1)
 	next, err := Parse([]byte(edited))
 	if err != nil {
 		t.Fatal(err)
 	}
 	added, removed, changed := Diff(prev, next)
-	if strings.Join(added, ",") != "nightly-2" || strings.Join(removed, ",") != "nightly" || strings.Join(changed, ",") != "team-b" {
+	if strings.Join(added, ",") != "nightly-2" || strings.Join(removed, ",") != "nightly" || strings.Join(changed, ",") != "team-a,team-b" {
 		t.Fatalf("added %v, removed %v, changed %v", added, removed, changed)
 	}
 	if a, r, c := Diff(nil, prev); len(a) != 3 || r != nil || c != nil {

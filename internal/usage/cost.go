@@ -128,6 +128,7 @@ type Report struct {
 	Until    time.Time   `json:"until"`
 	By       By          `json:"by"`
 	Split    Split       `json:"split"`
+	Tenant   string      `json:"tenant,omitempty"` // the one tenant reported (Usage.OfTenant)
 	Currency string      `json:"currency,omitempty"`
 	Rows     []Row       `json:"rows"`
 	Total    Row         `json:"total"`
@@ -146,7 +147,7 @@ type PoolCheck struct {
 
 // Report groups u by by and prices it.
 func (u *Usage) Report(by By, prices *Prices) *Report {
-	rep := &Report{Since: u.Since, Until: u.Until, By: by, Split: u.Split, Currency: prices.Currency}
+	rep := &Report{Since: u.Since, Until: u.Until, By: by, Split: u.Split, Tenant: u.Tenant, Currency: prices.Currency}
 	rows := make(map[[3]string]*Row)
 	for _, a := range u.Atoms {
 		k := [3]string{"", a.Use, a.Tenant}

@@ -73,8 +73,12 @@ func (r *Report) writeCSV(w io.Writer) error {
 }
 
 func (r *Report) writeTable(w io.Writer) error {
-	fmt.Fprintf(w, "usage %s .. %s (%s), by %s; serving GPU time split by %s\n\n",
-		r.Since.Format(time.RFC3339), r.Until.Format(time.RFC3339), r.Until.Sub(r.Since), r.By, r.Split)
+	of := ""
+	if r.Tenant != "" {
+		of = " of tenant " + strconv.Quote(r.Tenant)
+	}
+	fmt.Fprintf(w, "usage%s %s .. %s (%s), by %s; serving GPU time split by %s\n\n",
+		of, r.Since.Format(time.RFC3339), r.Until.Format(time.RFC3339), r.Until.Sub(r.Since), r.By, r.Split)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
 	cols := r.columns()
 	for i, c := range cols {
@@ -92,6 +96,10 @@ func (r *Report) writeTable(w io.Writer) error {
 		fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if r.Tenant != "" {
+		_, err := fmt.Fprintln(w, "\ncheck: none in the report of one tenant (its lines do not add up to a pool's time)")
 		return err
 	}
 	fmt.Fprintln(w, "\ncheck: each pool's lines against the GPU time its intervals cover in the window")

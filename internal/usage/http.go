@@ -76,9 +76,11 @@ func orDefault(s, d string) string {
 	return s
 }
 
-// Handler serves GET /usage?since=&until=&by=&format=&split= from the
-// ledger at path (JSON unless format says otherwise). poold binds it behind
-// the admin token.
+// Handler serves GET /usage?since=&until=&by=&format=&split=&tenant= from
+// the ledger at path (JSON unless format says otherwise); a tenant
+// restricts the report to that tenant's lines (Usage.OfTenant). It reads
+// no credentials: poold binds it behind the admin token and tenants' keys,
+// which decide who may ask for what.
 func Handler(path string, prices Prices) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -97,6 +99,9 @@ func Handler(path string, prices Prices) http.Handler {
 		if err != nil {
 			openai.WriteError(w, http.StatusInternalServerError, "usage_unavailable", "", err.Error())
 			return
+		}
+		if t := q.Get("tenant"); t != "" {
+			u = u.OfTenant(t)
 		}
 		switch win.Format {
 		case FormatJSON:

@@ -245,24 +245,33 @@ func TestHandlerServesReports(t *testing.T) {
 	now := time.Now()
 	l.PoolActivity("p", []int{0}, pool.ActivityServing, "m", now.Add(-time.Minute))
 	l.Request(record(1, "a"))
+	l.Request(record(2, "b"))
 	l.PoolActivity("p", []int{0}, pool.ActivityIdle, "m", now)
 	l.PoolActivity("p", []int{0}, pool.ActivityNone, "", now.Add(time.Second))
 	l.Close()
 	h := Handler(path, Prices{GPUHour: 1})
 	for _, c := range []struct {
-		query, want string
-		code        int
+		query, want, absent string
+		code                int
 	}{
-		{"?since=1h", `"key": "a"`, 200},
-		{"?since=1h&format=csv&by=pool", "pool,use,tenant,requests", 200},
-		{"?since=1h&format=table", "adds up", 200},
-		{"?since=yesterday", "is not a time", 400},
-		{"?by=color", "must be tenant, model, pool or day", 400},
+		{"?since=1h", `"key": "a"`, "", 200},
+		{"?since=1h&format=csv&by=pool", "pool,use,tenant,requests", "", 200},
+		{"?since=1h&format=table", "adds up", "", 200},
+		{"?since=yesterday", "is not a time", "", 400},
+		{"?by=color", "must be tenant, model, pool or day", "", 400},
+		// One tenant's report: its lines only, no other tenant's, no
+		// pool's own time, no pool check.
+		{"?since=1h&tenant=a", `"tenant": "a"`, `"key": "b"`, 200},
+		{"?since=1h&tenant=a", `"key": "a"`, `"use": "idle"`, 200},
+		{"?since=1h&tenant=a", `"pools": null`, `"addsUp"`, 200},
+		{"?since=1h&tenant=a&format=csv&by=model", "m,serving,a,1,", ",b,", 200},
+		{"?since=1h&tenant=a&format=table", `usage of tenant "a"`, "adds up", 200},
 	} {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/usage"+c.query, nil))
-		if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.want) {
-			t.Errorf("GET /usage%s: %d %s; want %d with %q", c.query, rec.Code, rec.Body, c.code, c.want)
+		body := rec.Body.String()
+		if rec.Code != c.code || !strings.Contains(body, c.want) || c.absent != "" && strings.Contains(body, c.absent) {
+			t.Errorf("GET /usage%s: %d %s; want %d with %q, without %q", c.query, rec.Code, body, c.code, c.want, c.absent)
 		}
 	}
 }

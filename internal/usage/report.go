@@ -94,8 +94,25 @@ func (p PoolTotal) AddsUp() bool { return p.LinesMicros == p.GPUMicros }
 type Usage struct {
 	Since, Until time.Time
 	Split        Split
-	Atoms        []Atom
-	Pools        []PoolTotal
+	// Tenant, when not empty, is the one tenant whose lines these are
+	// (OfTenant); empty: every line.
+	Tenant string
+	Atoms  []Atom
+	Pools  []PoolTotal
+}
+
+// OfTenant is u restricted to tenant's own lines, its serving time and its
+// requests. It has no pool checks: one tenant's lines do not add up to a
+// pool's GPU time, and the pools' own time and other tenants' are not the
+// tenant's to see.
+func (u *Usage) OfTenant(tenant string) *Usage {
+	o := &Usage{Since: u.Since, Until: u.Until, Split: u.Split, Tenant: tenant}
+	for _, a := range u.Atoms {
+		if a.Use == UseServing && a.Tenant == tenant {
+			o.Atoms = append(o.Atoms, a)
+		}
+	}
+	return o
 }
 
 // poolKey names a row's pool: the pool, prefixed by its host in fleet rows.

@@ -21,6 +21,7 @@ type tenantSpec struct {
 	RPM, TPM        int
 	MaxOutputTokens int
 	Models          []string
+	Pools           []string
 }
 
 // tenantsJSON renders a tenants file with the tiers reserved (weight 10),
@@ -40,6 +41,9 @@ func tenantsJSON(specs ...tenantSpec) []byte {
 		}
 		if s.Models != nil {
 			m["models"] = s.Models
+		}
+		if s.Pools != nil {
+			m["pools"] = s.Pools
 		}
 		ts = append(ts, m)
 	}
