@@ -404,7 +404,7 @@ func Rewrite(body []byte, r Request, c Changes) []byte {
 // member, the one after it; alt, when not nil, is the span that takes the
 // comma after it instead, for when the one before went with a neighbour.
 func removal(body []byte, m memberSpan) (at span, alt *span) {
-	after := span{m.from, m.to}
+	after := span(m)
 	if j := skipSpace(body, m.to); j < len(body) && body[j] == ',' {
 		after.to = skipSpace(body, j+1)
 	}
