@@ -28,7 +28,7 @@ func keptSet(t *testing.T, dir string, cfg *profile.Config) (s *Set, rest []Ledg
 	if err != nil {
 		t.Fatal(err)
 	}
-	ledger, err := OpenLedger(dir, slog.New(slog.DiscardHandler))
+	ledger, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestAdoptRefuses(t *testing.T) {
 			eng := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady && p.Engine != nil }).Engine
 			stop1(true)
 
-			l, err := OpenLedger(dir, slog.New(slog.DiscardHandler))
+			l, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
 			}
