@@ -79,7 +79,7 @@ func checkStateDir(dir string, uid int) (string, error) {
 func checkOwned(path string, fi fs.FileInfo, uid int) error {
 	if owner := fileOwner(fi); owner != uid {
 		return untrusted(path, fmt.Sprintf("is owned by uid %d, not by poold's user (uid %d)", owner, uid),
-			fmt.Sprintf("run chown %d %s, or give poold another --state-dir", uid, path))
+			fmt.Sprintf("run chown %d %s, or, if uid %d is poold's user, run poold (and poold stop-engines) as that user", uid, path, owner))
 	}
 	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
 		return untrusted(path, fmt.Sprintf("is writable by others than poold's user (mode %04o)", perm),
