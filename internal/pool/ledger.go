@@ -23,7 +23,9 @@ const tokenEnv = "POOLD_ENGINE_TOKEN"
 // directory, so that the next poold can stop what a crash left behind (vLLM's
 // EngineCore grandchildren survive a SIGKILLed parent and keep the GPUs). It
 // holds an exclusive lock on the directory while open, so that two daemons
-// never share it. A nil *Ledger records nothing.
+// never share it. It opens only a directory that nobody but poold's user
+// could have written (statedir.go), and acts only on the records that check
+// out (check). A nil *Ledger records nothing.
 type Ledger struct {
 	dir  string // the state directory, symbolic links resolved (checkStateDir)
 	path string
