@@ -14,7 +14,11 @@ import (
 // stopEngines is `poold stop-engines`: it stops every engine that the
 // state directory's ledger records (those a stopped poold left running for
 // its successor), under the stop contract, and clears the ledger. poold must
-// not run: it holds the directory.
+// not run: it holds the directory. The directory and each record are
+// checked as poold checks them (pool.OpenLedger); stop-engines runs outside
+// poold's delegated cgroup, so it acts on no recorded cgroup: it finds each
+// engine by its process group and token, and the next poold removes the
+// empty groups.
 func stopEngines(args []string, stdout, stderr io.Writer) int {
 	const usage = "[--state-dir DIR] [--grace D]"
 	fl := cli.NewFlagSet("poold stop-engines")
@@ -27,7 +31,7 @@ func stopEngines(args []string, stdout, stderr io.Writer) int {
 		return cli.UsageError(stderr, fl, usage, fmt.Errorf("unexpected arguments %q", fl.Args()))
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	ledger, err := pool.OpenLedger(*dir, log)
+	ledger, err := pool.OpenLedger(*dir, nil, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "poold stop-engines: %v\n", err)
 		return cli.ExitFailure

@@ -83,7 +83,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	ledger, err := openState(s.StateDir, log)
+	ledger, err := openState(s.StateDir, contain, log)
 	if err != nil {
 		return err
 	}
@@ -126,7 +126,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	var shims *pool.Shims
 	keep := s.KeepEngines && ledger != nil
 	if keep {
-		shims = &pool.Shims{Dir: s.StateDir, AdoptTimeout: s.AdoptTimeout}
+		shims = &pool.Shims{Dir: ledger.Dir(), AdoptTimeout: s.AdoptTimeout}
 	}
 	pools := pool.NewSet(cfg, pool.Options{Self: self, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain, Shims: shims,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, Activity: usageLedger.activity()})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"syscall"
 	"time"
@@ -216,11 +217,15 @@ func (p *Pool) noteAdoption(rec LedgerEngine, err error) {
 // stopThroughShim stops an engine that is not to be adopted through its
 // shim, with SIGTERM, which makes the shim stop the engine under the stop
 // contract (its own grace) and end; it waits for the shim's report of the
-// exit, at most grace and the SIGKILL wait.
+// exit, at most grace and the SIGKILL wait. A shim pid that is another
+// user's process is not signalled.
 func (e *engine) stopThroughShim(grace time.Duration, log *slog.Logger) error {
 	pid := e.conn.Hello.ShimPID
 	if pid <= 0 {
 		return errors.New("the shim did not say its pid")
+	}
+	if real, eff, err := procOwner(pid); err == nil && (real != os.Geteuid() || eff != os.Geteuid()) {
+		return fmt.Errorf("the shim's pid %d is a process of uid %d (effective %d), not of poold's user", pid, real, eff)
 	}
 	log.Info("stopping an engine through its shim", "profile", e.profile.ID, "pid", e.pid, "shim_pid", pid)
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !isClosed(e.exited) {

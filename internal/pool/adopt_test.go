@@ -2,9 +2,12 @@ package pool
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/shim"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -28,7 +32,7 @@ func keptSet(t *testing.T, dir string, cfg *profile.Config) (s *Set, rest []Ledg
 	if err != nil {
 		t.Fatal(err)
 	}
-	ledger, err := OpenLedger(dir, slog.New(slog.DiscardHandler))
+	ledger, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +156,7 @@ func TestAdoptRefuses(t *testing.T) {
 			eng := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady && p.Engine != nil }).Engine
 			stop1(true)
 
-			l, err := OpenLedger(dir, slog.New(slog.DiscardHandler))
+			l, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -185,5 +189,64 @@ func TestAdoptRefuses(t *testing.T) {
 				return p.State == StateReady && p.Engine != nil && p.Engine.PID != eng.PID
 			})
 		})
+	}
+}
+
+// An engine that is not adopted because its process is not the recorded
+// one is stopped through its shim, by a SIGTERM to the pid that the shim's
+// hello gives; a shim pid of another user's process is not signalled. The
+// shim here is a fake one, serving that hello from the state directory.
+func TestAdoptSignalsOnlyPooldsShims(t *testing.T) {
+	needRoot(t)
+	victim := exec.Command("sleep", "60")
+	victim.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	if err := victim.Start(); err != nil {
+		t.Skipf("cannot start a process as uid %d: %v", nobody, err)
+	}
+	t.Cleanup(func() { _ = victim.Process.Kill(); _ = victim.Wait() })
+
+	dir := realTempDir(t)
+	sock := filepath.Join(dir, "engine-fake.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	served := make(chan struct{})
+	t.Cleanup(func() { close(done); ln.Close(); <-served })
+	gone := exitedPID(t)
+	go func() {
+		defer close(served)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_ = json.NewEncoder(c).Encode(shim.Message{Kind: shim.KindHello, Protocol: shim.Protocol, PID: gone, ShimPID: victim.Process.Pid})
+		// Like a shim, report the exit once the "engine" is gone.
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for alive(victim.Process.Pid) {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	writeRecords(t, dir, LedgerEngine{Pool: "g", Profile: "a", PID: gone, PGID: gone, StartTicks: 1, Shim: sock})
+
+	s, rest, _ := keptSet(t, dir, reloadConfig(t, `{"name": "g", "gpus": [0]}`, simProfile("a", []string{"g"})))
+	if len(rest) != 0 {
+		t.Fatalf("not attached: %+v", rest)
+	}
+	if ad := s.Pool("g").Status().Adoption; len(ad) != 1 || ad[0].Adopted || !strings.Contains(ad[0].Reason, "is gone") {
+		t.Fatalf("adoption %+v, want a refusal saying it is gone", ad)
+	}
+	if !alive(victim.Process.Pid) {
+		t.Fatalf("the process %d of uid %d, named as the shim's pid, was signalled", victim.Process.Pid, nobody)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,5 +124,37 @@ func TestUnescapeMount(t *testing.T) {
 		if got := unescapeMount(in); got != want {
 			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// The ledger acts on a recorded engine group under the delegated cgroup: a
+// crash's leftovers in it, those that left the engine's group and
+// environment too, are ended and the group removed at the next start.
+func TestLedgerReapsRecordedGroupUnderTheBase(t *testing.T) {
+	contain := &Containment{base: testCgroup(t)}
+	dir := t.TempDir()
+	first, err := openLedgerIn(dir, contain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, e, escaped := startEscaper(t, contain)
+	first.add("g", e)
+	first.Close() // the crash: the lock goes, and the engine's leader
+	_ = syscall.Kill(e.pid, syscall.SIGKILL)
+	<-e.exited
+
+	second, err := openLedgerIn(dir, contain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	if _, err := second.Reap(100 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if live := liveOf(escaped); len(live) > 0 {
+		t.Fatalf("escaped processes %v outlived the reap", live)
+	}
+	if _, err := os.Stat(e.cgroup); !os.IsNotExist(err) {
+		t.Fatalf("the engine's cgroup is still there: %v", err)
 	}
 }

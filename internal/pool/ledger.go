@@ -23,11 +23,19 @@ const tokenEnv = "POOLD_ENGINE_TOKEN"
 // directory, so that the next poold can stop what a crash left behind (vLLM's
 // EngineCore grandchildren survive a SIGKILLed parent and keep the GPUs). It
 // holds an exclusive lock on the directory while open, so that two daemons
-// never share it. A nil *Ledger records nothing.
+// never share it. It opens only a directory that nobody but poold's user
+// could have written (statedir.go), and acts only on the records that check
+// out (check). A nil *Ledger records nothing.
 type Ledger struct {
+	dir  string // the state directory, symbolic links resolved (checkStateDir)
 	path string
 	lock *os.File // holds the flock; closed by Close
 	boot string   // this boot's id
+	uid  int      // poold's effective uid: the owner of all it acts on
+	// base is the delegated cgroup (Containment), links resolved, under
+	// which alone a recorded engine group is acted on; "" in process-group
+	// mode, where no recorded group is.
+	base string
 	log  *slog.Logger
 
 	mu      sync.Mutex           // guards engines and writes of the file
@@ -63,12 +71,26 @@ type ledgerFile struct {
 	Engines []LedgerEngine `json:"engines"`
 }
 
-// OpenLedger creates dir if needed and locks it for this process.
-func OpenLedger(dir string, log *slog.Logger) (*Ledger, error) {
+// OpenLedger creates dir if needed, checks that it can be trusted
+// (statedir.go: an error wrapping ErrUntrusted names the path and the fix),
+// and locks it for this process. contain is the engines' containment: only
+// its delegated cgroup's engine groups are acted on (nil: none).
+func OpenLedger(dir string, contain *Containment, log *slog.Logger) (*Ledger, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("creating state directory: %w", err)
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o640)
+	uid := os.Geteuid()
+	dir, err := checkStateDir(dir, uid)
+	if err != nil {
+		return nil, err
+	}
+	lockPath, path := filepath.Join(dir, "lock"), filepath.Join(dir, "engines.json")
+	for _, p := range []string{lockPath, path} {
+		if _, err := checkFile(p, uid); err != nil {
+			return nil, err
+		}
+	}
+	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW, 0o640)
 	if err != nil {
 		return nil, fmt.Errorf("opening state directory lock: %w", err)
 	}
@@ -76,14 +98,30 @@ func OpenLedger(dir string, log *slog.Logger) (*Ledger, error) {
 		lock.Close()
 		return nil, fmt.Errorf("state directory %q is in use by another poold: %w", dir, err)
 	}
+	var base string
+	if contain.Mode() == ModeCgroup {
+		base, _ = filepath.EvalSymlinks(contain.base)
+	}
 	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	return &Ledger{
-		path:    filepath.Join(dir, "engines.json"),
+		dir:     dir,
+		path:    path,
 		lock:    lock,
 		boot:    strings.TrimSpace(string(boot)),
+		uid:     uid,
+		base:    base,
 		log:     log.With("component", "ledger"),
 		engines: make(map[int]LedgerEngine),
 	}, nil
+}
+
+// Dir is the state directory, symbolic links resolved; "" for a nil
+// *Ledger.
+func (l *Ledger) Dir() string {
+	if l == nil {
+		return ""
+	}
+	return l.dir
 }
 
 // Close releases the directory's lock. The file is left as it is: after a
@@ -96,10 +134,14 @@ func (l *Ledger) Close() error {
 }
 
 // Recorded returns the engines that the file records on this boot: those a
-// previous poold left, before this one records any.
+// previous poold left, before this one records any. It returns only those
+// that check out (check); the others are logged and never acted on.
 func (l *Ledger) Recorded() ([]LedgerEngine, error) {
-	if l == nil {
+	if l == nil || l.boot == "" {
 		return nil, nil
+	}
+	if exists, err := checkFile(l.path, l.uid); !exists || err != nil {
+		return nil, err
 	}
 	data, err := os.ReadFile(l.path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -116,7 +158,101 @@ func (l *Ledger) Recorded() ([]LedgerEngine, error) {
 	if f.BootID != l.boot {
 		return nil, nil
 	}
-	return f.Engines, nil
+	var engines []LedgerEngine
+	for _, e := range f.Engines {
+		checked, err := l.check(e)
+		if err != nil {
+			l.log.Error("not acting on an engine that the engines file records: it is not one poold could have recorded", "path", l.path, "pool", e.Pool, "profile", e.Profile, "pid", e.PID, "why", err)
+			continue
+		}
+		engines = append(engines, checked)
+	}
+	return engines, nil
+}
+
+// check returns e as poold may act on it, or why it may not: each field
+// must be one that poold could have recorded. The engine leads its own
+// process group; its leader, while it runs, is a process of poold's user
+// (whether it is the recorded process, by its start time, is for the
+// adoption and the reaping to tell: they leave another process alone); its
+// shim's socket is in the state directory; its cgroup is an engine group
+// directly under the delegated cgroup. With no delegated cgroup
+// (process-group mode, poold stop-engines) a recorded cgroup is not acted
+// on: the engine is found by its process group and token, and the next
+// poold in cgroup mode removes the group.
+func (l *Ledger) check(e LedgerEngine) (LedgerEngine, error) {
+	if e.PID <= 1 || e.PGID != e.PID {
+		return e, fmt.Errorf("pid %d with process group %d is not an engine leading its own group", e.PID, e.PGID)
+	}
+	if real, eff, err := procOwner(e.PID); err == nil && (real != l.uid || eff != l.uid) {
+		return e, fmt.Errorf("its process %d runs as uid %d (effective %d), not as poold's user (uid %d)", e.PID, real, eff, l.uid)
+	}
+	if e.Shim != "" {
+		if err := l.checkShim(e.Shim); err != nil {
+			return e, err
+		}
+	}
+	switch {
+	case e.Cgroup == "":
+	case l.base == "":
+		l.log.Warn("not acting on a recorded engine's cgroup: there is no delegated cgroup here; the engine is stopped by its process group and token", "pool", e.Pool, "pid", e.PID, "cgroup", e.Cgroup)
+		e.Cgroup = ""
+	default:
+		if err := checkEngineGroup(e.Cgroup, l.base); err != nil {
+			return e, err
+		}
+	}
+	return e, nil
+}
+
+// checkShim refuses path unless it is a shim's socket directly in the state
+// directory, as poold names them (Shims.socket), and, where it and its log
+// exist, they are poold's user's and no symbolic links.
+func (l *Ledger) checkShim(path string) error {
+	name := filepath.Base(path)
+	if filepath.Clean(path) != path || filepath.Dir(path) != l.dir || !strings.HasPrefix(name, "engine-") || !strings.HasSuffix(name, ".sock") {
+		return fmt.Errorf("its supervisor's socket %s is not one in the state directory %s", path, l.dir)
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() != fs.ModeSocket {
+		return fmt.Errorf("its supervisor's socket %s is not a socket (%s)", path, fi.Mode().Type())
+	}
+	for _, p := range []string{path, path + ".log"} {
+		if _, err := checkFile(p, l.uid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkEngineGroup refuses dir unless it is an engine group directly under
+// base, the delegated cgroup, symbolic links resolved: no other directory
+// is ever emptied (cgroup.kill) or removed as an engine's group. A group
+// that does not exist is no error: there is nothing in it to act on.
+func checkEngineGroup(dir, base string) error {
+	if filepath.Clean(dir) != dir || filepath.Dir(dir) != base || !strings.HasPrefix(filepath.Base(dir), engineGroupPrefix) {
+		return fmt.Errorf("its cgroup %s is not an engine group under poold's delegated cgroup %s", dir, base)
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("its cgroup %s: %w", dir, err)
+	case real != dir:
+		return fmt.Errorf("its cgroup %s leads to %s, outside poold's delegated cgroup %s", dir, real, base)
+	}
+	return nil
+}
+
+// ownedBy returns the pids of processes whose real and effective uid is uid.
+func ownedBy(pids []int, uid int) []int {
+	var owned []int
+	for _, pid := range pids {
+		if real, eff, err := procOwner(pid); err == nil && real == uid && eff == uid {
+			owned = append(owned, pid)
+		}
+	}
+	return owned
 }
 
 // Reap stops every process that an engine of a previous run, recorded in the
@@ -129,12 +265,13 @@ func (l *Ledger) Reap(grace time.Duration) ([]int, error) {
 	return l.ReapEngines(recorded, grace)
 }
 
-// ReapEngines stops every process that the recorded engines (of this boot)
-// left behind: SIGTERM, up to grace for them to go, then SIGKILL. A process
-// counts only if it is still that engine's: in the engine's recorded cgroup
-// (cgroup mode, which is then removed), or else (process-group mode) as
-// leftovers finds it: started no earlier than the engine, and in its process
-// group, or carrying its token, or descending from such a process. An
+// ReapEngines stops every process that the recorded engines (of this boot,
+// as Recorded returns them: checked) left behind: SIGTERM, up to grace for
+// them to go, then SIGKILL. A process counts only if it is still that
+// engine's: in the engine's recorded cgroup (cgroup mode, which is then
+// removed), or else (process-group mode) as leftovers finds it, and a
+// process of poold's user: started no earlier than the engine, and in its
+// process group, or carrying its token, or descending from such a process. An
 // engine's shim ends with it. ReapEngines returns the processes it stopped,
 // or an error naming those that survived SIGKILL. It then rewrites the file
 // with the engines recorded by this poold alone.
@@ -150,7 +287,7 @@ func (l *Ledger) ReapEngines(engines []LedgerEngine, grace time.Duration) ([]int
 			left = cgroupProcs(e.Cgroup)
 			groups = append(groups, e.Cgroup)
 		} else {
-			left = leftovers(e)
+			left = ownedBy(leftovers(e), l.uid)
 			loose = append(loose, left...)
 		}
 		if len(left) > 0 {

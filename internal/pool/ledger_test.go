@@ -14,7 +14,7 @@ import (
 
 func openLedger(t *testing.T, dir string) *Ledger {
 	t.Helper()
-	l, err := OpenLedger(dir, slog.New(slog.DiscardHandler))
+	l, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestLedgerReapsWhatACrashLeft(t *testing.T) {
 func TestLedgerLocksItsDirectory(t *testing.T) {
 	dir := t.TempDir()
 	openLedger(t, dir)
-	if l, err := OpenLedger(dir, slog.New(slog.DiscardHandler)); err == nil {
+	if l, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler)); err == nil {
 		l.Close()
 		t.Fatal("a second ledger opened the same directory")
 	}

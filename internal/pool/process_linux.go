@@ -148,6 +148,30 @@ func procStat(pid int) (stat, error) {
 	return stat{state: f[0][0], ppid: ppid, pgid: pgid, start: start}, nil
 }
 
+// procOwner reads the real and effective uid of process pid from
+// /proc/PID/status.
+func procOwner(pid int) (real, effective int, err error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, 0, err
+	}
+	for line := range strings.Lines(string(data)) {
+		if ids, ok := strings.CutPrefix(line, "Uid:"); ok {
+			f := strings.Fields(ids)
+			if len(f) < 2 {
+				break
+			}
+			real, err0 := strconv.Atoi(f[0])
+			effective, err1 := strconv.Atoi(f[1])
+			if err := errors.Join(err0, err1); err != nil {
+				return 0, 0, fmt.Errorf("/proc/%d/status: %w", pid, err)
+			}
+			return real, effective, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("/proc/%d/status: no Uid line", pid)
+}
+
 // liveOf returns the pids that are still live (not zombies).
 func liveOf(pids []int) []int {
 	var live []int

@@ -27,6 +27,9 @@ func leftovers(LedgerEngine) []int { return nil }
 // procStat cannot read processes here.
 func procStat(int) (stat, error) { return stat{}, errNotLinux }
 
+// procOwner cannot read processes here.
+func procOwner(int) (int, int, error) { return 0, 0, errNotLinux }
+
 // liveOf finds no process: no engine ran here.
 func liveOf([]int) []int { return nil }
 

@@ -79,6 +79,12 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 		return fmt.Errorf("listening on %s: %w", c.Socket, err)
 	}
 	defer os.Remove(c.Socket)
+	// Only poold's user may connect, whatever the umask (the next poold
+	// refuses a socket that others may write: statedir.go).
+	if err := os.Chmod(c.Socket, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("restricting %s: %w", c.Socket, err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
