@@ -495,22 +495,33 @@ func (s *Server) kvTransferParams(prompt int) map[string]any {
 	}
 }
 
+// decodeEnded reads how decode ended: it reports whether the answer goes
+// on. A dead engine core is answered by fail (a 500, or a stream's error
+// event); a client gone is recorded as 499; a request that /sleep aborted
+// goes on with what it made, its plan's finish "abort".
+func (s *Server) decodeEnded(cause error, p *plan, info *reqInfo, fail func()) bool {
+	switch {
+	case errors.Is(cause, errCoreDead):
+		fail()
+		return false
+	case errors.Is(cause, errSleepAbort):
+		p.finish = "abort"
+	case cause != nil:
+		info.status = 499
+		return false
+	}
+	return true
+}
+
 // complete answers a non-streaming request once its tokens are made. A
 // request that /sleep aborted answers what it made, with finish_reason
 // "abort".
 func (s *Server) complete(w http.ResponseWriter, q *request, p *plan, info *reqInfo) {
 	made, cause := s.decode(q, p, func(int) bool { return true })
-	finish := p.finish
-	switch {
-	case errors.Is(cause, errCoreDead):
-		s.failDead(w, info)
-		return
-	case errors.Is(cause, errSleepAbort):
-		finish = "abort"
-	case cause != nil:
-		info.status = 499
+	if !s.decodeEnded(cause, p, info, func() { s.failDead(w, info) }) {
 		return
 	}
+	finish := p.finish
 	text := tokensText(made)
 	var tokenIDs []int
 	if p.tokenIDs {

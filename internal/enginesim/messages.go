@@ -2,7 +2,6 @@ package enginesim
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -64,31 +63,12 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request, info *re
 	if !s.resolveModel(w, info, req.Model) || !s.bound(w, info, &p, "max_tokens", req.MaxTokens) {
 		return
 	}
-	s.logRequest(&p)
-	q, ok := s.admit(w, r, info, p.ids)
-	if !ok {
-		return
-	}
-	defer q.done()
-	if p.stream {
-		s.streamMessage(w, q, &p, info)
-		return
-	}
-	made, cause := s.decode(q, &p, func(int) bool { return true })
-	switch {
-	case errors.Is(cause, errCoreDead):
-		s.failDead(w, info)
-		return
-	case errors.Is(cause, errSleepAbort):
-		p.finish = "abort"
-	case cause != nil:
-		info.status = 499
-		return
-	}
-	b, _ := json.Marshal(messageObject{ID: p.id, Type: "message", Role: "assistant",
-		Content: []contentBlock{{Type: "text", Text: string(tokensText(made))}}, Model: s.model, StopReason: stopReasons[p.finish],
-		Usage: &messageUsage{InputTokens: len(p.ids), OutputTokens: made}})
-	s.writeResult(w, b)
+	s.answerText(w, r, info, &p, func(q *request) { s.streamMessage(w, q, &p, info) }, func(made int) []byte {
+		b, _ := json.Marshal(messageObject{ID: p.id, Type: "message", Role: "assistant",
+			Content: []contentBlock{{Type: "text", Text: string(tokensText(made))}}, Model: s.model, StopReason: stopReasons[p.finish],
+			Usage: &messageUsage{InputTokens: len(p.ids), OutputTokens: made}})
+		return b
+	})
 }
 
 type messageUsage struct {
@@ -148,14 +128,7 @@ func (s *Server) streamMessage(w http.ResponseWriter, q *request, p *plan, info 
 		}
 		return send(messageEvent{Type: "content_block_delta", Index: &zero, Delta: contentBlock{Type: "text_delta", Text: string(appendToken(nil, i))}})
 	})
-	switch {
-	case errors.Is(cause, errCoreDead):
-		s.failDeadStream(out)
-		return
-	case errors.Is(cause, errSleepAbort):
-		p.finish = "abort"
-	case cause != nil:
-		info.status = 499
+	if !s.decodeEnded(cause, p, info, func() { s.failDeadStream(out) }) {
 		return
 	}
 	if made > 0 {

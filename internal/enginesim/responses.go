@@ -71,29 +71,31 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request, info *r
 	if !s.resolveModel(w, info, req.Model) || !s.bound(w, info, &p, "max_output_tokens", req.MaxOutputTokens) {
 		return
 	}
-	s.logRequest(&p)
+	s.answerText(w, r, info, &p, func(q *request) { s.streamResponse(w, q, &p, info, req.MaxOutputTokens) }, func(made int) []byte {
+		b, _ := json.Marshal(s.response(&p, req.MaxOutputTokens, "completed", made))
+		return b
+	})
+}
+
+// answerText answers a plan of generated text on the Messages and
+// Responses routes, once admitted: streamed by stream, or whole, in the
+// body that whole makes of the tokens made.
+func (s *Server) answerText(w http.ResponseWriter, r *http.Request, info *reqInfo, p *plan, stream func(*request), whole func(made int) []byte) {
+	s.logRequest(p)
 	q, ok := s.admit(w, r, info, p.ids)
 	if !ok {
 		return
 	}
 	defer q.done()
 	if p.stream {
-		s.streamResponse(w, q, &p, info, req.MaxOutputTokens)
+		stream(q)
 		return
 	}
-	made, cause := s.decode(q, &p, func(int) bool { return true })
-	switch {
-	case errors.Is(cause, errCoreDead):
-		s.failDead(w, info)
-		return
-	case errors.Is(cause, errSleepAbort):
-		p.finish = "abort"
-	case cause != nil:
-		info.status = 499
+	made, cause := s.decode(q, p, func(int) bool { return true })
+	if !s.decodeEnded(cause, p, info, func() { s.failDead(w, info) }) {
 		return
 	}
-	b, _ := json.Marshal(s.response(&p, req.MaxOutputTokens, "completed", made))
-	s.writeResult(w, b)
+	s.writeResult(w, whole(made))
 }
 
 type responseUsage struct {
@@ -211,14 +213,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, q *request, p *plan, info
 		delta := string(appendToken(nil, i))
 		return send(responseEvent{Type: "response.output_text.delta", ContentIndex: &zero, Delta: &delta, ItemID: item.ID, OutputIndex: &zero})
 	})
-	switch {
-	case errors.Is(cause, errCoreDead):
-		s.failDeadStream(out)
-		return
-	case errors.Is(cause, errSleepAbort):
-		p.finish = "abort"
-	case cause != nil:
-		info.status = 499
+	if !s.decodeEnded(cause, p, info, func() { s.failDeadStream(out) }) {
 		return
 	}
 	done := s.response(p, maxOutput, "completed", made)
