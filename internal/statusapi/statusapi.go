@@ -39,12 +39,14 @@ type Containment struct {
 }
 
 // Usage is the usage ledger's state (docs/usage.md): its database, the rows
-// waiting for its writer, those written and those lost since start, the
+// waiting for its writer, those the database did not take yet (in the
+// spool), those written and those lost since start, the
 // last failed write (nil after a good one), and, when it ships rows to
 // PostgreSQL, the shipping.
 type Usage struct {
 	Path      string    `json:"path"`
 	Queued    int       `json:"queued"`
+	Spooled   int       `json:"spooled"`
 	Written   uint64    `json:"written"`
 	Dropped   uint64    `json:"dropped"`
 	LastError *string   `json:"lastError"`
