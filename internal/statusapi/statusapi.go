@@ -192,11 +192,14 @@ type EngineStats struct {
 }
 
 // Ready is the body of poold's GET /ready: Status "ready" (200) while every
-// pool with demand can take more; "saturated" (503) with the Saturated
-// pools and why; "draining" (503) once a shutdown began.
+// pool with demand can take more; "degraded" (200) likewise, while poold
+// serves with something wrong, the Reasons (as /health's); "saturated"
+// (503) with the Saturated pools and why; "draining" (503) once a shutdown
+// began. Reasons are given whatever the status.
 type Ready struct {
 	Status    string       `json:"status"`
 	Saturated []Saturation `json:"saturated,omitempty"`
+	Reasons   []string     `json:"reasons,omitempty"`
 }
 
 // Saturation is one reason a pool with demand can take no more: Reason
