@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -262,4 +264,32 @@ func fill(t *testing.T, path string) {
 		}
 	}
 	t.Fatal("the file system did not fill")
+}
+
+// Every usage ledger metric the shipped rules use (poold-rules.yml, its
+// expressions and annotations) is one the ledger exports.
+func TestRulesUseLedgerMetrics(t *testing.T) {
+	rules, err := os.ReadFile("../../deploy/prometheus/poold-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	openLedger(t, Options{Registerer: reg, Postgres: "postgres://poold@127.0.0.1:1/none?connect_timeout=1", ShipTimeout: 100 * time.Millisecond})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, mf := range mfs {
+		exported[mf.GetName()] = true
+	}
+	used := regexp.MustCompile(`poold_usage_[a-z_]+`).FindAllString(string(rules), -1)
+	if len(used) < 3 {
+		t.Fatalf("only %d usage metrics in the rules: is the search broken?", len(used))
+	}
+	for _, name := range used {
+		if !exported[name] {
+			t.Errorf("the rules use %s, which the ledger does not export", name)
+		}
+	}
 }
