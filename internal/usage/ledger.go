@@ -474,7 +474,7 @@ func (l *Ledger) commit(st *store, what string, f func(tx *sql.Tx) error) error 
 	if err != nil {
 		l.m.errors.Inc()
 		l.errLog.Do(func() { l.log.Error("usage ledger: "+what+" failed", "err", err) })
-		return fmt.Errorf("usage ledger: %s: %w", what, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
