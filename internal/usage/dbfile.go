@@ -33,14 +33,27 @@ type store struct {
 }
 
 // fileFault is what is wrong with the database file at the path: it is not
-// the file open any more (deleted, replaced) or it is corrupt. Rows written
-// to the open file since are written again to a new one.
+// the file open any more (Kind "deleted", "replaced") or it is "corrupt",
+// as why says. Rows written to the open file since are written again to
+// the file at the path.
 type fileFault struct {
-	what    string
-	corrupt bool
+	kind string
+	why  string
 }
 
-func (f *fileFault) Error() string { return "the usage database file " + f.what }
+func (f *fileFault) Error() string {
+	if f.kind == faultCorrupt {
+		return "the usage database file is corrupt: " + f.why
+	}
+	return "the usage database file was " + f.kind
+}
+
+// The kinds of fileFault.
+const (
+	faultDeleted  = "deleted"
+	faultReplaced = "replaced"
+	faultCorrupt  = "corrupt"
+)
 
 // sqliteHeader begins every SQLite database file.
 const sqliteHeader = "SQLite format 3\x00"
@@ -52,7 +65,7 @@ const sqliteHeader = "SQLite format 3\x00"
 func openStore(ctx context.Context, path string, fresh bool, log *slog.Logger) (*store, error) {
 	st, err := tryOpenStore(ctx, path, fresh, log)
 	if err != nil && isCorrupt(err) {
-		if err := moveAside(path, err, log); err != nil {
+		if err := moveAside(path, &fileFault{kind: faultCorrupt, why: err.Error()}, log); err != nil {
 			return nil, err
 		}
 		st, err = tryOpenStore(ctx, path, true, log)
@@ -151,18 +164,18 @@ func (st *store) close() {
 func (st *store) fault(path string) *fileFault {
 	fi, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return &fileFault{what: "was deleted"}
+		return &fileFault{kind: faultDeleted}
 	}
 	mine, merr := st.file.Stat()
 	if err != nil || merr != nil {
 		return nil
 	}
 	if !os.SameFile(fi, mine) {
-		return &fileFault{what: "was replaced"}
+		return &fileFault{kind: faultReplaced}
 	}
 	var hdr [len(sqliteHeader)]byte
 	if n, _ := st.file.ReadAt(hdr[:], 0); n == len(hdr) && string(hdr[:]) != sqliteHeader {
-		return &fileFault{what: "is corrupt: its header is not SQLite's", corrupt: true}
+		return &fileFault{kind: faultCorrupt, why: "its header is not SQLite's"}
 	}
 	return nil
 }
@@ -178,18 +191,28 @@ func isCorrupt(err error) bool {
 	return code == sqlite3.SQLITE_CORRUPT || code == sqlite3.SQLITE_NOTADB
 }
 
-// moveAside renames a corrupt database, with its WAL and shared-memory
-// files, to path.corrupt-TIME (and -wal, -shm), and logs it.
-func moveAside(path string, cause error, log *slog.Logger) error {
-	aside := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000Z")
-	if err := os.Rename(path, aside); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("usage ledger %s is corrupt (%v) and cannot be moved aside: %w", path, cause, err)
+// moveAside moves what is left of a faulty database out of the path's way,
+// once it is closed, to path.KIND-TIME, and logs it at ERROR: a corrupt
+// file with its WAL and shared-memory files (-wal, -shm); after a deletion
+// or a replacement, the old file's WAL and shared-memory files, which
+// SQLite leaves when its file has moved and which would otherwise be read
+// as the new file's.
+func moveAside(path string, f *fileFault, log *slog.Logger) error {
+	aside := path + "." + f.kind + "-" + time.Now().UTC().Format("20060102T150405.000Z")
+	if f.kind == faultCorrupt {
+		if err := os.Rename(path, aside); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("usage ledger %s is corrupt (%s) and cannot be moved aside: %w", path, f.why, err)
+		}
 	}
 	for _, suffix := range []string{"-wal", "-shm"} {
 		if err := os.Rename(path+suffix, aside+suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			log.Error("usage ledger: moving a corrupt database's file aside", "path", path+suffix, "err", err)
+			return fmt.Errorf("usage ledger: moving %s aside: %w", path+suffix, err)
 		}
 	}
-	log.Error("usage ledger: the database is corrupt: moved aside; a new one is started at its path", "path", path, "moved_to", aside, "err", cause)
+	if f.kind == faultCorrupt {
+		log.Error("usage ledger: the database is corrupt: moved aside; a new one is started at its path", "path", path, "moved_to", aside, "err", f.why)
+	} else {
+		log.Error("usage ledger: the database file was "+f.kind+": its WAL and shared-memory files moved aside", "path", path, "moved_to", aside)
+	}
 	return nil
 }

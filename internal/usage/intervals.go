@@ -96,6 +96,8 @@ func (l *Ledger) checkpointOpen(now time.Time) {
 	for iv, seq := range seqs {
 		iv.Ledger, iv.Seq = st.id, seq
 	}
+	l.retryAt = time.Time{}
+	l.settle()
 }
 
 // closeOpen ends every open interval at now (at Close: the pools have

@@ -6,9 +6,11 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -351,14 +353,16 @@ func (l *Ledger) flush() {
 	l.spare = all[:0]
 	l.count(kindInterval, changes)
 	now := time.Now()
-	l.save(rows, now)
+	retrying := !l.retryAt.IsZero()
+	ok := l.save(rows, now)
 	clear(rows)
 	l.rows = rows[:0]
-	if l.retryAt.IsZero() && now.Sub(l.checkpoint) >= checkpointEvery {
+	// A retry that found nothing to write tries the checkpoint instead.
+	if ok && (retrying || now.Sub(l.checkpoint) >= checkpointEvery) {
 		l.checkpoint = now
 		l.checkpointOpen(now)
 	}
-	if l.retryAt.IsZero() && now.Sub(l.pruned) >= retentionEvery {
+	if ok && now.Sub(l.pruned) >= retentionEvery {
 		l.pruned = now
 		l.prune(now)
 	}
@@ -373,39 +377,33 @@ func (l *Ledger) flush() {
 func (l *Ledger) write(batch []row) error {
 	st := l.cur
 	marks := st.marks
-	spooled := false
-	for i := range batch {
-		spooled = spooled || batch[i].Run != ""
-	}
+	spooled := slices.ContainsFunc(batch, func(r row) bool { return r.Run != "" })
 	if spooled {
-		marks = make(map[string]uint64, len(st.marks)+1)
-		for k, v := range st.marks {
-			marks[k] = v
-		}
+		marks = maps.Clone(st.marks)
 	}
 	var n [2]uint64
 	err := l.commit(st, "write", func(tx *sql.Tx) error {
 		one, many := tx.Stmt(st.insReq), tx.Stmt(st.insReqs)
-		// Runs of request rows go rowsPerInsert at a time; an interval
-		// between them is written in its place, so that rows keep their
-		// order. A spooled row already written (its mark) is skipped.
 		for i := 0; i < len(batch); {
 			r := &batch[i]
 			if r.Run != "" {
 				if r.N <= marks[r.Run] {
-					i++
+					i++ // spooled, and written already
 					continue
 				}
 				marks[r.Run] = r.N
 			}
-			n[r.kind()]++
-			if r.Request == nil {
+			if r.Interval != nil {
 				if err := l.endInterval(tx, st, r.Interval); err != nil {
 					return err
 				}
+				n[kindInterval]++
 				i++
 				continue
 			}
+			// Runs of request rows go rowsPerInsert at a time (spooled
+			// ones one by one, for their marks); an interval between them
+			// is written in its place, so that rows keep their order.
 			j := i + 1
 			for j < len(batch) && j-i < rowsPerInsert && batch[j].Request != nil && batch[j].Run == "" {
 				j++
@@ -418,10 +416,10 @@ func (l *Ledger) write(batch []row) error {
 			for k := i; k < j; k++ {
 				l.args = appendRequest(l.args, batch[k].Request, batch[k].End)
 			}
-			n[kindRequest] += uint64(j - i - 1)
 			if _, err := stmt.Exec(l.args...); err != nil {
 				return err
 			}
+			n[kindRequest] += uint64(j - i)
 			i = j
 		}
 		clear(l.args)
@@ -435,7 +433,7 @@ func (l *Ledger) write(batch []row) error {
 			return f
 		}
 	} else if isCorrupt(err) {
-		return &fileFault{what: "is corrupt: " + err.Error(), corrupt: true}
+		return &fileFault{kind: faultCorrupt, why: err.Error()}
 	}
 	if err != nil {
 		return err

@@ -33,22 +33,23 @@ const retryInterval = time.Second
 const dropWindow = time.Minute
 
 // save writes rows after those held in memory, BatchSize to a transaction,
-// once the database can take them; what it does not take is held.
-func (l *Ledger) save(rows []row, now time.Time) {
+// once the database can take them; what it does not take is held. It
+// reports whether the database took them all.
+func (l *Ledger) save(rows []row, now time.Time) bool {
 	if len(l.held) > 0 {
 		rows = append(l.held, rows...)
 		l.held = nil
 	}
-	if l.writable(now) {
-		for len(rows) > 0 {
-			n := min(len(rows), l.opts.BatchSize)
-			if !l.writeBatch(rows[:n]) {
-				break
-			}
+	ok := l.writable(now)
+	for ok && len(rows) > 0 {
+		n := min(len(rows), l.opts.BatchSize)
+		if ok = l.writeBatch(rows[:n]); ok {
 			rows = rows[n:]
 		}
 	}
 	l.hold(rows)
+	l.settle()
+	return ok
 }
 
 // writable makes the database ready for rows and reports whether it is: a
@@ -62,7 +63,7 @@ func (l *Ledger) writable(now time.Time) bool {
 	case now.Before(l.retryAt):
 		return false
 	default:
-		l.reopen(false)
+		l.reopen(nil)
 	}
 	return l.cur != nil && l.replay()
 }
@@ -95,23 +96,23 @@ func (l *Ledger) writeBatch(batch []row) bool {
 	return true
 }
 
-// replace leaves a faulty database file, logged at ERROR: a corrupt one is
-// moved aside, and the file at the path is opened, or created.
+// replace leaves a faulty database file, logged at ERROR, and opens the
+// file at the path, or creates it.
 func (l *Ledger) replace(f *fileFault) {
 	l.log.Error("usage ledger: "+f.Error()+"; rows are written to the file at its path from now on", "path", l.opts.Path)
-	l.reopen(f.corrupt)
+	l.reopen(f)
 }
 
-// reopen closes the open database, moves it aside when corrupt, and opens
-// the file at the path. When that is not the last file opened, intervals
-// left open in it are closed, as at a start.
-func (l *Ledger) reopen(corrupt bool) {
+// reopen closes the open database, moves what is left of a faulty one
+// aside (moveAside), and opens the file at the path. When that is not the
+// last file opened, intervals left open in it are closed, as at a start.
+func (l *Ledger) reopen(f *fileFault) {
 	if old := l.cur; old != nil {
 		l.setStore(nil)
 		old.close()
 	}
-	if corrupt {
-		if err := moveAside(l.opts.Path, errors.New("found corrupt while poold ran"), l.log); err != nil {
+	if f != nil {
+		if err := moveAside(l.opts.Path, f, l.log); err != nil {
 			l.failed(err)
 			return
 		}
@@ -186,12 +187,17 @@ func (l *Ledger) hold(rows []row) {
 			l.drop(rows[keep:], err)
 		}
 	}
+}
+
+// settle publishes the spool's size, and clears the failure Degraded gives
+// once nothing waits and the last attempt succeeded.
+func (l *Ledger) settle() {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.spooled = len(l.held) + l.spool.rows
 	if l.spooled == 0 && l.retryAt.IsZero() {
 		l.stalled = nil
 	}
-	l.mu.Unlock()
 }
 
 // drop counts and logs rows lost: neither the database nor the spool took

@@ -85,6 +85,35 @@ func TestLedgerWritesToANewFileWhenItsFileIsDeleted(t *testing.T) {
 	}
 }
 
+func TestLedgerWritesToTheFileThatReplacedItsFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "usage.db")
+	l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
+	for i := range 100 {
+		l.Request(record(i, "a"))
+	}
+	written(t, l, 100)
+	// Another ledger (a backup restored, say) renamed onto the path.
+	other := openLedger(t, Options{Path: filepath.Join(dir, "other.db")})
+	other.Request(record(1000, "a"))
+	if err := other.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "other.db"), path); err != nil {
+		t.Fatal(err)
+	}
+	for i := 100; i < 300; i++ {
+		l.Request(record(i, "a"))
+	}
+	written(t, l, 300)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ids := requestIDs(t, path); !slices.Equal(ids, append([]string{"r1000"}, idsFrom(100, 300)...)) {
+		t.Errorf("the file that replaced the ledger's holds %d rows (%v...), want r1000 then r100 to r299", len(ids), ids[:min(len(ids), 3)])
+	}
+}
+
 func TestLedgerMovesACorruptFileAside(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "usage.db")
