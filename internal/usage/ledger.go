@@ -424,7 +424,7 @@ func (l *Ledger) write(batch []row) error {
 		}
 		clear(l.args)
 		if spooled {
-			return writeMarks(tx, marks)
+			return writeMarks(tx, marks, st.marks)
 		}
 		return nil
 	})

@@ -16,9 +16,10 @@ import (
 // How the writer deals with a database that does not take rows (docs/usage.md,
 // "What can be lost"): before each batch, and after its commit, it checks that
 // the path still names the file it has open, with SQLite's header. A file
-// deleted or replaced is left, and the file at the path opened (created when
-// there is none); a corrupt one is moved aside and a new one created; the
-// batch that went to the old file is written again to the new one. Rows the
+// deleted or replaced is left (the -wal and -shm SQLite leaves beside it
+// moved aside), and the file at the path opened (created when there is
+// none); a corrupt one is moved aside and a new one created; the batch that
+// went to the old file is written again to the new one. Rows the
 // database does not take (a full disk, a read-only file, any failed commit)
 // wait in the spool: the spool file beside the database when it can be
 // written, else memory, up to Options.SpoolSize rows; past both they are
@@ -246,9 +247,12 @@ func (l *Ledger) Degraded() string {
 	return ""
 }
 
-// writeMarks keeps the spool's marks in meta.
-func writeMarks(tx *sql.Tx, marks map[string]uint64) error {
+// writeMarks keeps in meta the spool's marks that moved from was.
+func writeMarks(tx *sql.Tx, marks, was map[string]uint64) error {
 	for run, n := range marks {
+		if n == was[run] {
+			continue
+		}
 		if _, err := tx.Exec(`INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value`,
 			"spool:"+run, strconv.FormatUint(n, 10)); err != nil {
 			return err
