@@ -74,8 +74,10 @@ func openSpool(path string, max int64) (*spool, error) {
 	return s, nil
 }
 
-// append adds rows to the file and syncs it. On an error some of them may
-// be in the file: their marks keep them from being written twice.
+// append adds rows to the file and syncs it. On an error the file is cut
+// back to its size before, so that no partial line is left for the next
+// rows to follow; should some of them stay in it, their marks keep them
+// from being written twice.
 func (s *spool) append(rows []row) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -95,13 +97,13 @@ func (s *spool) append(rows []row) error {
 	if err == nil {
 		err = f.Sync()
 	}
+	if err != nil {
+		_ = f.Truncate(s.size)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		if fi, serr := os.Stat(s.path); serr == nil {
-			s.size = fi.Size()
-		}
 		return fmt.Errorf("writing the spool file %s: %w", s.path, err)
 	}
 	s.size += int64(buf.Len())
