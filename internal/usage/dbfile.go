@@ -33,7 +33,7 @@ type store struct {
 }
 
 // fileFault is what is wrong with the database file at the path: it is not
-// the file open any more (Kind "deleted", "replaced") or it is "corrupt",
+// the file open any more (kind "deleted", "replaced") or it is "corrupt",
 // as why says. Rows written to the open file since are written again to
 // the file at the path.
 type fileFault struct {

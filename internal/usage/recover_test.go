@@ -114,6 +114,34 @@ func TestLedgerWritesToTheFileThatReplacedItsFile(t *testing.T) {
 	}
 }
 
+func TestLedgerWaitsForItsDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	path := filepath.Join(dir, "usage.db")
+	l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
+	l.Request(record(0, "a"))
+	written(t, l, 1)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 100; i++ {
+		l.Request(record(i, "a"))
+	}
+	waitFor(t, "100 rows waiting", func() bool { return l.Status().Spooled == 100 })
+	if d := l.Degraded(); !strings.Contains(d, "not being written (100 wait in the spool)") {
+		t.Errorf("Degraded() = %q without a directory", d)
+	}
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	written(t, l, 101)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ids := requestIDs(t, path); !slices.Equal(ids, idsFrom(1, 101)) {
+		t.Errorf("once the directory is back the ledger holds %d rows, want r1 to r100", len(ids))
+	}
+}
+
 func TestLedgerMovesACorruptFileAside(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "usage.db")
