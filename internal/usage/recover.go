@@ -202,11 +202,27 @@ func (l *Ledger) settle() {
 }
 
 // drop counts and logs rows lost: neither the database nor the spool took
-// them.
+// them. The log of a lasting loss is one line every 10 s.
 func (l *Ledger) drop(rows []row, cause error) {
-	if len(rows) == 0 {
-		return
+	if n := l.countDropped(rows); n[kindRequest]+n[kindInterval] > 0 {
+		l.dropLog.Do(func() {
+			l.log.Error("usage ledger: rows dropped: the database did not take them and the spool is full", "requests", n[kindRequest], "intervals", n[kindInterval], "err", cause)
+		})
 	}
+}
+
+// abandon drops, at Close, what waits in memory: the database and the
+// spool file did not take it. Its log line is never held back: no scrape
+// will see the count.
+func (l *Ledger) abandon() {
+	if n := l.countDropped(l.held); n[kindRequest]+n[kindInterval] > 0 {
+		l.log.Error("usage ledger: rows lost at shutdown: neither the database nor the spool file took them", "requests", n[kindRequest], "intervals", n[kindInterval])
+	}
+	l.held = nil
+}
+
+// countDropped counts rows as dropped, by kind, and returns the counts.
+func (l *Ledger) countDropped(rows []row) [2]uint64 {
 	var n [2]uint64
 	for i := range rows {
 		n[rows[i].kind()]++
@@ -215,21 +231,14 @@ func (l *Ledger) drop(rows []row, cause error) {
 	for k := range n {
 		l.dropped[k] += n[k]
 	}
-	l.droppedAt = time.Now()
+	if len(rows) > 0 {
+		l.droppedAt = time.Now()
+	}
 	l.mu.Unlock()
 	for k := range n {
 		l.m.dropped[k].Add(float64(n[k]))
 	}
-	l.dropLog.Do(func() {
-		l.log.Error("usage ledger: rows dropped: the database did not take them and the spool is full", "requests", n[kindRequest], "intervals", n[kindInterval], "err", cause)
-	})
-}
-
-// abandon drops, at Close, what waits in memory: the database and the
-// spool file did not take it.
-func (l *Ledger) abandon() {
-	l.drop(l.held, errors.New("poold stopped with rows neither the database nor the spool file took"))
-	l.held = nil
+	return n
 }
 
 // Degraded says why rows are not all being written, for /health and
