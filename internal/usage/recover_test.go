@@ -143,54 +143,89 @@ func TestLedgerWaitsForItsDirectory(t *testing.T) {
 }
 
 func TestLedgerMovesACorruptFileAside(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "usage.db")
-	l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
-	for i := range 100 {
-		l.Request(record(i, "a"))
-	}
-	written(t, l, 100)
-	corrupt(t, path)
-	for i := 100; i < 300; i++ {
-		l.Request(record(i, "a"))
-	}
-	written(t, l, 300)
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if ids := requestIDs(t, path); !slices.Equal(ids, idsFrom(100, 300)) {
-		t.Errorf("the new file holds %d rows (%v...), want r100 to r299", len(ids), ids[:min(len(ids), 3)])
-	}
-	aside, _ := filepath.Glob(path + ".corrupt-*")
-	if len(aside) == 0 {
-		t.Fatal("the corrupt file was not moved aside")
-	}
+	for _, c := range []struct {
+		name    string
+		corrupt func(t *testing.T, path string)
+	}{
+		{"header", corruptHeader}, // the writer's check sees it
+		{"pages", corruptPages},   // SQLite does, reading them
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "usage.db")
+			l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
+			for i := range 2000 {
+				l.Request(record(i, "a"))
+			}
+			written(t, l, 2000)
+			c.corrupt(t, path)
+			for i := 2000; i < 2200; i++ {
+				l.Request(record(i, "a"))
+			}
+			written(t, l, 2200)
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if ids := requestIDs(t, path); !slices.Equal(ids, idsFrom(2000, 2200)) {
+				t.Errorf("the new file holds %d rows (%v...), want r2000 to r2199", len(ids), ids[:min(len(ids), 3)])
+			}
+			aside, _ := filepath.Glob(path + ".corrupt-*")
+			if len(aside) == 0 {
+				t.Fatal("the corrupt file was not moved aside")
+			}
 
-	// A corrupt file found at a start is moved aside too, and the ledger
-	// opens.
-	corrupt(t, path)
-	l = openLedger(t, Options{Path: path})
-	l.Request(record(1, "a"))
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if ids := requestIDs(t, path); !slices.Equal(ids, []string{"r1"}) {
-		t.Errorf("after a start on a corrupt file: %v", ids)
-	}
-	if again, _ := filepath.Glob(path + ".corrupt-*"); len(again) <= len(aside) {
-		t.Errorf("moved aside at the start: %v, before %v", again, aside)
+			// A corrupt file found at a start is moved aside too, and the
+			// ledger opens.
+			corruptHeader(t, path)
+			l = openLedger(t, Options{Path: path})
+			l.Request(record(1, "a"))
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if ids := requestIDs(t, path); !slices.Equal(ids, []string{"r1"}) {
+				t.Errorf("after a start on a corrupt file: %v", ids)
+			}
+			if again, _ := filepath.Glob(path + ".corrupt-*"); len(again) <= len(aside) {
+				t.Errorf("moved aside at the start: %v, before %v", again, aside)
+			}
+		})
 	}
 }
 
-// corrupt overwrites the start of the file at path.
-func corrupt(t *testing.T, path string) {
+// corruptHeader overwrites the start of the file at path.
+func corruptHeader(t *testing.T, path string) {
+	t.Helper()
+	overwrite(t, path, 0, 4096)
+}
+
+// corruptPages checkpoints the database at path, so that its pages are in
+// the file, and overwrites all but the first.
+func corruptPages(t *testing.T, path string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var busy, frames, done int
+	if err := db.QueryRow(`PRAGMA wal_checkpoint(TRUNCATE)`).Scan(&busy, &frames, &done); err != nil || busy != 0 {
+		t.Fatalf("checkpoint: busy %d, %v", busy, err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	overwrite(t, path, 4096, int(fi.Size())-4096)
+}
+
+// overwrite writes n bytes of 0xff at off in the file at path.
+func overwrite(t *testing.T, path string, off int64, n int) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.WriteAt(bytes.Repeat([]byte("Z"), 4096), 0); err != nil {
+	if _, err := f.WriteAt(bytes.Repeat([]byte{0xff}, n), off); err != nil {
 		t.Fatal(err)
 	}
 }
