@@ -20,7 +20,7 @@ import (
 // moved aside), and the file at the path opened (created when there is
 // none); a corrupt one is moved aside and a new one created; the batch that
 // went to the old file is written again to the new one. Rows the
-// database does not take (a full disk, a read-only file, any failed commit)
+// database does not take (a full disk, a read-only file system, any failed commit)
 // wait in the spool: the spool file beside the database when it can be
 // written, else memory, up to Options.SpoolSize rows; past both they are
 // dropped and counted. After a failure the writer opens the database again
