@@ -190,14 +190,19 @@ func (l *Ledger) hold(rows []row) {
 	}
 }
 
-// settle publishes the spool's size, and clears the failure Degraded gives
-// once nothing waits and the last attempt succeeded.
+// settle publishes the spool's size, and clears (and logs the end of) the
+// failure Degraded gives once nothing waits and the last attempt
+// succeeded.
 func (l *Ledger) settle() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.spooled = len(l.held) + l.spool.rows
-	if l.spooled == 0 && l.retryAt.IsZero() {
+	recovered := l.stalled != nil && l.spooled == 0 && l.retryAt.IsZero()
+	if recovered {
 		l.stalled = nil
+	}
+	l.mu.Unlock()
+	if recovered {
+		l.log.Warn("usage ledger: rows are written again; none waits in the spool", "path", l.opts.Path)
 	}
 }
 
