@@ -153,10 +153,14 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		MaxEventBytes:         s.MaxEventBytes,
 		StreamIdleTimeout:     s.StreamIdleTimeout,
 		Degraded: func() []string {
+			var reasons []string
 			if access.DroppedWithin(accessDropWindow) {
-				return []string{"access log lines are being dropped: its destination does not keep up"}
+				reasons = append(reasons, "access log lines are being dropped: its destination does not keep up")
 			}
-			return nil
+			if r := usageLedger.degraded(); r != "" {
+				reasons = append(reasons, r)
+			}
+			return reasons
 		},
 		// The usage ledger: every finished request, and GET /usage.
 		Usage:       usageLedger.requests(),

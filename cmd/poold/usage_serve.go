@@ -90,3 +90,12 @@ func (u *servedLedger) status() *statusapi.Usage {
 	}
 	return u.l.Status()
 }
+
+// degraded says why the ledger's rows are not all being written, for
+// /health and /ready; "" when they are.
+func (u *servedLedger) degraded() string {
+	if u == nil {
+		return ""
+	}
+	return u.l.Degraded()
+}

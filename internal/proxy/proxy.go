@@ -47,7 +47,7 @@ type Options struct {
 	// no bound.
 	QueueBodyBytes int64
 	// Degraded, if not nil, lists why the daemon serves in a degraded state
-	// (nil or empty: it does not); /health shows them.
+	// (nil or empty: it does not); /health and /ready show them (both 200).
 	Degraded func() []string
 	// Status fills the daemon-wide part of GET /status.
 	Status func() statusapi.Poold

@@ -26,20 +26,29 @@ const (
 // serveReady is poold's readiness for load balancers: 200 while every pool
 // with demand (a request in flight or waiting) can take more, 503 with the
 // saturated pools and why (saturation), or 503 once a shutdown drains.
-// /health stays liveness only.
+// /health stays liveness only. A daemon that serves with something wrong
+// (Options.Degraded: a usage ledger that does not write) stays ready, 200
+// with status "degraded" and the reasons: it serves every request as well,
+// and taking it out of a balancer would turn a bookkeeping fault into lost
+// capacity; the reasons are for the operator, and the alerts.
 func (h *Handler) serveReady(w http.ResponseWriter, r *http.Request) {
 	body := statusapi.Ready{Status: "ready"}
+	if h.opts.Degraded != nil {
+		body.Reasons = h.opts.Degraded()
+	}
 	switch {
 	case h.draining.Load():
 		body.Status = "draining"
 	default:
 		if body.Saturated = h.saturation(h.PoolStatus(), h.cfg.Load()); len(body.Saturated) > 0 {
 			body.Status = "saturated"
+		} else if len(body.Reasons) > 0 {
+			body.Status = "degraded"
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	if body.Status != "ready" {
+	if body.Status != "ready" && body.Status != "degraded" {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_ = json.NewEncoder(w).Encode(body)

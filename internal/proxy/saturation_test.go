@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,4 +129,30 @@ func TestReadyEndpoint(t *testing.T) {
 	ready(http.StatusOK, "ready")
 	h.Drain()
 	ready(http.StatusServiceUnavailable, "draining")
+}
+
+// A degraded daemon (its usage ledger does not write) stays ready, 200,
+// with the reasons on /ready as on /health.
+func TestReadyWhileDegraded(t *testing.T) {
+	cfg, err := profile.Parse([]byte(adminConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reason := "usage ledger rows are not being written (3 wait in the spool): database or disk is full"
+	h := New(cfg, pool.NewSet(cfg, pool.Options{}), Options{Degraded: func() []string { return []string{reason} }})
+	for _, path := range []string{"/ready", "/health"} {
+		rec := get(h, path)
+		var body struct {
+			Status  string
+			Reasons []string
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusOK || body.Status != "degraded" ||
+			len(body.Reasons) != 1 || body.Reasons[0] != reason {
+			t.Errorf("GET %s: %d %s; want 200, degraded, the reason", path, rec.Code, rec.Body)
+		}
+	}
+	h.Drain()
+	if rec := get(h, "/ready"); rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), reason) {
+		t.Errorf("GET /ready while draining: %d %s; want 503 with the reason", rec.Code, rec.Body)
+	}
 }

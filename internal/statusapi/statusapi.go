@@ -39,12 +39,14 @@ type Containment struct {
 }
 
 // Usage is the usage ledger's state (docs/usage.md): its database, the rows
-// waiting for its writer, those written and those lost since start, the
+// waiting for its writer, those the database did not take yet (in the
+// spool), those written and those lost since start, the
 // last failed write (nil after a good one), and, when it ships rows to
 // PostgreSQL, the shipping.
 type Usage struct {
 	Path      string    `json:"path"`
 	Queued    int       `json:"queued"`
+	Spooled   int       `json:"spooled"`
 	Written   uint64    `json:"written"`
 	Dropped   uint64    `json:"dropped"`
 	LastError *string   `json:"lastError"`
@@ -190,11 +192,14 @@ type EngineStats struct {
 }
 
 // Ready is the body of poold's GET /ready: Status "ready" (200) while every
-// pool with demand can take more; "saturated" (503) with the Saturated
-// pools and why; "draining" (503) once a shutdown began.
+// pool with demand can take more; "degraded" (200) likewise, while poold
+// serves with something wrong, the Reasons (as /health's); "saturated"
+// (503) with the Saturated pools and why; "draining" (503) once a shutdown
+// began. Reasons are given whatever the status.
 type Ready struct {
 	Status    string       `json:"status"`
 	Saturated []Saturation `json:"saturated,omitempty"`
+	Reasons   []string     `json:"reasons,omitempty"`
 }
 
 // Saturation is one reason a pool with demand can take no more: Reason

@@ -3,21 +3,21 @@ package usage
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
 
 	"github.com/poold/poold/internal/metrics"
@@ -31,6 +31,8 @@ const (
 	DefaultFlushInterval = 100 * time.Millisecond
 	DefaultBatchSize     = 1000
 	DefaultRetention     = 90 * 24 * time.Hour
+	DefaultSpoolSize     = 50_000
+	DefaultSpoolBytes    = 64 << 20
 	// activityReserve is room in the queue that only activity changes may
 	// use: a flood of requests must not cost a pool's intervals.
 	activityReserve = 1024
@@ -59,6 +61,12 @@ type Options struct {
 	// Retention is how long rows are kept; older ones are pruned unless
 	// they wait to be shipped.
 	Retention time.Duration
+	// SpoolSize bounds the rows the database did not take that wait in
+	// memory (when the spool file cannot take them either), and
+	// SpoolBytes the spool file beside the database (recover.go); a row
+	// past both is dropped and counted.
+	SpoolSize  int
+	SpoolBytes int64
 	// GPUModel names the model of the given GPUs (from NVML).
 	GPUModel func(gpus []int) string
 	// Postgres is the DSN of the fleet's PostgreSQL (postgres.go).
@@ -69,34 +77,45 @@ type Options struct {
 
 // Ledger records requests and pool activity in the local database. Its
 // Request and PoolActivity methods never block on storage: they queue the
-// row for the writer goroutine, which Open starts and Close ends. It
+// row for the writer goroutine, which Open starts and Close ends. Rows the
+// database does not take wait in the spool until it does (recover.go). It
 // implements proxy.Usage and pool.ActivityObserver.
 type Ledger struct {
-	opts Options
-	log  *slog.Logger
-	db   *sql.DB // one connection: the writer, the shipper's marks, retention
-	id   string  // the ledger's identity, random, kept in its meta table
-	m    *ledgerMetrics
-	ship *shipper // nil without Postgres
-	kick chan struct{}
-	stop chan struct{} // closed by Close
-	done chan struct{} // closed when the writer has ended
+	opts  Options
+	log   *slog.Logger
+	runID string // this run's identity, in the rows it spools
+	m     *ledgerMetrics
+	ship  *shipper // nil without Postgres
+	kick  chan struct{}
+	stop  chan struct{} // closed by Close
+	done  chan struct{} // closed when the writer has ended
 	// closed makes Close run once; closeErr is what it returned.
 	closed   sync.Once
 	closeErr error
 
-	mu      sync.Mutex // guards queue and the counts below
-	queue   []event    // rows waiting for the writer, in order
-	written [2]uint64  // rows committed, by kind
-	dropped [2]uint64  // rows lost (queue full, failed commit), by kind
-	lastErr error      // the last failed commit; nil after a good one
+	mu        sync.Mutex // guards cur, queue and the state below
+	cur       *store     // the open database; nil while none could be opened
+	queue     []event    // rows waiting for the writer, in order
+	written   [2]uint64  // rows committed, by kind
+	dropped   [2]uint64  // rows lost (queue or spool full), by kind
+	lastErr   error      // the last failed commit; nil after a good one
+	stalled   error      // why rows wait in the spool; nil while they are written
+	spooled   int        // rows in the spool, in memory and in its file
+	droppedAt time.Time  // when a row was last dropped; zero when never
+
+	// errLog and dropLog bound the ERROR lines of a lasting failure.
+	errLog, dropLog rate.Sometimes
 
 	// Owned by the writer goroutine.
-	spare      []event                  // the last batch's array, reused
-	open       map[string]*openInterval // each pool's current interval
-	insReq     *sql.Stmt                // one request row
-	insReqs    *sql.Stmt                // rowsPerInsert request rows
-	args       []any                    // insReqs' arguments, reused
+	spare      []event              // the last batch's array, reused
+	rows       []row                // the flush's rows, reused
+	held       []row                // rows waiting in memory, oldest first (recover.go)
+	spool      *spool               // the spool file
+	spoolN     uint64               // the number of this run's last spooled row
+	retryAt    time.Time            // after a failure, when to try again; zero when none
+	lastFile   os.FileInfo          // the last database file opened
+	open       map[string]*interval // each pool's current interval
+	args       []any                // insReqs' arguments, reused
 	checkpoint time.Time
 	pruned     time.Time
 }
@@ -130,26 +149,18 @@ type change struct {
 	profile  string
 }
 
-// openInterval is a pool's current interval, held by the writer. seq is its
-// row once a checkpoint wrote it; 0 before.
-type openInterval struct {
-	seq      int64
-	pool     string
-	activity pool.Activity
-	profile  string
-	gpus     []int
-	gpuModel string
-	start    time.Time
-}
-
-// Open opens (creating and migrating) the ledger at opts.Path, closes the
-// intervals a crashed predecessor left open at their last checkpoint, and
-// starts the writer (and, with Postgres, the shipper). Close ends them.
+// Open opens (creating and migrating) the ledger at opts.Path, moving a
+// corrupt one aside, closes the intervals a crashed predecessor left open
+// at their last checkpoint, and starts the writer (and, with Postgres, the
+// shipper), which first writes what a predecessor left in the spool. Close
+// ends them.
 func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	opts.QueueSize = cmp.Or(opts.QueueSize, DefaultQueueSize)
 	opts.FlushInterval = cmp.Or(opts.FlushInterval, DefaultFlushInterval)
 	opts.BatchSize = cmp.Or(opts.BatchSize, DefaultBatchSize)
 	opts.Retention = cmp.Or(opts.Retention, DefaultRetention)
+	opts.SpoolSize = cmp.Or(opts.SpoolSize, DefaultSpoolSize)
+	opts.SpoolBytes = cmp.Or(opts.SpoolBytes, DefaultSpoolBytes)
 	opts.ShipTimeout = cmp.Or(opts.ShipTimeout, 10*time.Second)
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -157,17 +168,20 @@ func Open(ctx context.Context, opts Options) (*Ledger, error) {
 	if err := os.MkdirAll(filepath.Dir(opts.Path), 0o750); err != nil {
 		return nil, fmt.Errorf("usage ledger: %w", err)
 	}
-	db, err := openSQLite(opts.Path, false)
+	log := opts.Logger.With("component", "usage")
+	sp, err := openSpool(opts.Path+".spool", opts.SpoolBytes)
 	if err != nil {
 		return nil, err
 	}
-	l := &Ledger{opts: opts, log: opts.Logger.With("component", "usage"), db: db,
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		open: make(map[string]*openInterval)}
-	if err := l.init(ctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("usage ledger %s: %w", opts.Path, err)
+	st, err := openStore(ctx, opts.Path, true, log)
+	if err != nil {
+		return nil, err
 	}
+	l := &Ledger{opts: opts, log: log, runID: randomID(), cur: st, spool: sp, spooled: sp.rows,
+		errLog: rate.Sometimes{Interval: 10 * time.Second}, dropLog: rate.Sometimes{Interval: 10 * time.Second},
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		open: make(map[string]*interval)}
+	l.lastFile, _ = st.file.Stat()
 	l.m = newLedgerMetrics(opts.Registerer, l)
 	if opts.Postgres != "" {
 		l.ship = newShipper(l, opts.Postgres)
@@ -205,36 +219,6 @@ func openSQLite(path string, reader bool) (*sql.DB, error) {
 	return db, nil
 }
 
-// init migrates the schema, reads or makes the ledger's id, closes leftover
-// open intervals and prepares the writer's statement.
-func (l *Ledger) init(ctx context.Context) error {
-	if err := migrateSQLite(ctx, l.db); err != nil {
-		return err
-	}
-	err := l.db.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'ledger'`).Scan(&l.id)
-	if errors.Is(err, sql.ErrNoRows) {
-		b := make([]byte, 8)
-		_, _ = rand.Read(b)
-		l.id = hex.EncodeToString(b)
-		_, err = l.db.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES ('ledger', ?)`, l.id)
-	}
-	if err != nil {
-		return fmt.Errorf("ledger id: %w", err)
-	}
-	res, err := l.db.ExecContext(ctx, `UPDATE intervals SET is_open = 0 WHERE is_open = 1`)
-	if err != nil {
-		return fmt.Errorf("closing intervals left open: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n > 0 {
-		l.log.Warn("closed pool intervals left open by a previous run at their last checkpoint", "intervals", n)
-	}
-	if l.insReq, err = l.db.PrepareContext(ctx, insertRequests(1)); err != nil {
-		return err
-	}
-	l.insReqs, err = l.db.PrepareContext(ctx, insertRequests(rowsPerInsert))
-	return err
-}
-
 // rowsPerInsert is how many request rows one INSERT statement carries: a
 // statement per row would cost the writer several times the CPU.
 const rowsPerInsert = 64
@@ -250,8 +234,21 @@ func insertRequests(n int) string {
 		strings.Repeat(row+", ", n-1) + row
 }
 
-// ID is the ledger's identity: with the host name, it keys shipped rows.
-func (l *Ledger) ID() string { return l.id }
+// ID is the identity of the ledger in the open database: with the host
+// name, it keys shipped rows. It is "" while no database is open.
+func (l *Ledger) ID() string {
+	if st := l.store(); st != nil {
+		return st.id
+	}
+	return ""
+}
+
+// store is the open database; nil while none could be opened.
+func (l *Ledger) store() *store {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cur
+}
 
 // Request queues a finished request's row. It implements proxy.Usage: it
 // never blocks; when the queue is full the row is dropped and counted.
@@ -274,6 +271,7 @@ func (l *Ledger) enqueue(ev event, limit int) {
 	l.mu.Lock()
 	if len(l.queue) >= limit {
 		l.dropped[kind]++
+		l.droppedAt = time.Now()
 		l.mu.Unlock()
 		l.m.dropped[kind].Inc()
 		return
@@ -299,13 +297,17 @@ func (l *Ledger) Close() error {
 		if l.ship != nil {
 			l.ship.close()
 		}
-		l.closeErr = l.db.Close()
+		if st := l.store(); st != nil {
+			l.closeErr = st.db.Close()
+			_ = st.file.Close()
+		}
 	})
 	return l.closeErr
 }
 
 // run is the writer: it commits what waits every FlushInterval or as soon
-// as a batch is full, until Close, when it writes the rest.
+// as a batch is full, until Close, when it writes the rest: to the
+// database, else to the spool file, else it is lost, and counted.
 func (l *Ledger) run() {
 	defer close(l.done)
 	tick := time.NewTicker(l.opts.FlushInterval)
@@ -313,8 +315,10 @@ func (l *Ledger) run() {
 	for {
 		select {
 		case <-l.stop:
+			l.retryAt = time.Time{} // one last attempt, whatever the backoff
 			l.flush()
 			l.closeOpen(time.Now())
+			l.abandon()
 			return
 		case <-tick.C:
 		case <-l.kick:
@@ -323,27 +327,42 @@ func (l *Ledger) run() {
 	}
 }
 
-// flush writes everything queued, BatchSize rows per transaction, then
-// brings the open intervals' rows up to date once a second and prunes old
-// rows once an hour.
+// flush turns what is queued into rows and saves them, then brings the
+// open intervals' rows up to date once a second and prunes old rows once
+// an hour.
 func (l *Ledger) flush() {
 	l.mu.Lock()
 	all := l.queue
 	l.queue, l.spare = l.spare[:0], nil
 	l.mu.Unlock()
-	for b := all; len(b) > 0; {
-		n := min(len(b), l.opts.BatchSize)
-		l.write(b[:n])
-		b = b[n:]
+	rows := l.rows[:0]
+	var changes uint64 // activity changes that end no interval: nothing to write
+	for _, ev := range all {
+		switch {
+		case ev.rec != nil:
+			rows = append(rows, row{Request: ev.rec, End: ev.at})
+		default:
+			if iv := l.applyActivity(ev.change, ev.at); iv != nil {
+				rows = append(rows, row{Interval: iv})
+			} else {
+				changes++
+			}
+		}
 	}
 	clear(all) // let the records go
 	l.spare = all[:0]
+	l.count(kindInterval, changes)
 	now := time.Now()
-	if now.Sub(l.checkpoint) >= checkpointEvery {
+	retrying := !l.retryAt.IsZero()
+	ok := l.save(rows, now)
+	clear(rows)
+	l.rows = rows[:0]
+	// A retry that found nothing to write tries the checkpoint instead.
+	if ok && (retrying || now.Sub(l.checkpoint) >= checkpointEvery) {
 		l.checkpoint = now
-		l.commit("checkpoint", func(tx *sql.Tx) error { return l.checkpointOpen(tx, now) })
+		l.checkpointOpen(now)
 	}
-	if now.Sub(l.pruned) >= retentionEvery {
+	if ok && now.Sub(l.pruned) >= retentionEvery {
 		l.pruned = now
 		l.prune(now)
 	}
@@ -352,31 +371,41 @@ func (l *Ledger) flush() {
 	}
 }
 
-// write commits one batch of rows in one transaction.
-func (l *Ledger) write(batch []event) {
-	var n [2]uint64
-	for _, ev := range batch {
-		if ev.rec != nil {
-			n[kindRequest]++
-		} else {
-			n[kindInterval]++
-		}
+// write commits one batch of rows in one transaction: nil, a *fileFault
+// when the batch went to a file the path no longer names (found after the
+// commit, or by SQLite), or the commit's error.
+func (l *Ledger) write(batch []row) error {
+	st := l.cur
+	marks := st.marks
+	spooled := slices.ContainsFunc(batch, func(r row) bool { return r.Run != "" })
+	if spooled {
+		marks = maps.Clone(st.marks)
 	}
-	ok := l.commit("write", func(tx *sql.Tx) error {
-		one, many := tx.Stmt(l.insReq), tx.Stmt(l.insReqs)
-		// Runs of request rows go rowsPerInsert at a time; an activity
-		// change between them is applied in its place, so that rows keep
-		// their order.
+	var n [2]uint64
+	err := l.commit(st, "write", func(tx *sql.Tx) error {
+		one, many := tx.Stmt(st.insReq), tx.Stmt(st.insReqs)
 		for i := 0; i < len(batch); {
-			if batch[i].rec == nil {
-				if err := l.applyActivity(tx, batch[i].change, batch[i].at); err != nil {
+			r := &batch[i]
+			if r.Run != "" {
+				if r.N <= marks[r.Run] {
+					i++ // spooled, and written already
+					continue
+				}
+				marks[r.Run] = r.N
+			}
+			if r.Interval != nil {
+				if err := l.endInterval(tx, st, r.Interval); err != nil {
 					return err
 				}
+				n[kindInterval]++
 				i++
 				continue
 			}
-			j := i
-			for j < len(batch) && j-i < rowsPerInsert && batch[j].rec != nil {
+			// Runs of request rows go rowsPerInsert at a time (spooled
+			// ones one by one, for their marks); an interval between them
+			// is written in its place, so that rows keep their order.
+			j := i + 1
+			for j < len(batch) && j-i < rowsPerInsert && batch[j].Request != nil && batch[j].Run == "" {
 				j++
 			}
 			stmt := many
@@ -385,38 +414,51 @@ func (l *Ledger) write(batch []event) {
 			}
 			l.args = l.args[:0]
 			for k := i; k < j; k++ {
-				l.args = appendRequest(l.args, batch[k].rec, batch[k].at)
+				l.args = appendRequest(l.args, batch[k].Request, batch[k].End)
 			}
 			if _, err := stmt.Exec(l.args...); err != nil {
 				return err
 			}
+			n[kindRequest] += uint64(j - i)
 			i = j
 		}
 		clear(l.args)
+		if spooled {
+			return writeMarks(tx, marks, st.marks)
+		}
 		return nil
 	})
-	l.mu.Lock()
-	for k := range n {
-		if ok {
-			l.written[k] += n[k]
-		} else {
-			l.dropped[k] += n[k]
+	if err == nil {
+		if f := st.fault(l.opts.Path); f != nil {
+			return f
 		}
+	} else if isCorrupt(err) {
+		return &fileFault{kind: faultCorrupt, why: err.Error()}
 	}
-	l.mu.Unlock()
-	for k := range n {
-		if ok {
-			l.m.written[k].Add(float64(n[k]))
-		} else {
-			l.m.dropped[k].Add(float64(n[k]))
-		}
+	if err != nil {
+		return err
 	}
+	st.marks = marks
+	l.count(kindRequest, n[kindRequest])
+	l.count(kindInterval, n[kindInterval])
+	return nil
 }
 
-// commit runs f in a transaction and commits it; a failure is logged,
-// counted and kept for /status, and reported as false.
-func (l *Ledger) commit(what string, f func(tx *sql.Tx) error) bool {
-	tx, err := l.db.Begin()
+// count adds n rows of the kind written.
+func (l *Ledger) count(kind int, n uint64) {
+	if n == 0 {
+		return
+	}
+	l.mu.Lock()
+	l.written[kind] += n
+	l.mu.Unlock()
+	l.m.written[kind].Add(float64(n))
+}
+
+// commit runs f in a transaction on st and commits it; a failure is
+// logged, counted and kept for /status, and returned.
+func (l *Ledger) commit(st *store, what string, f func(tx *sql.Tx) error) error {
+	tx, err := st.db.Begin()
 	if err == nil {
 		if err = f(tx); err == nil {
 			err = tx.Commit()
@@ -429,10 +471,10 @@ func (l *Ledger) commit(what string, f func(tx *sql.Tx) error) bool {
 	l.mu.Unlock()
 	if err != nil {
 		l.m.errors.Inc()
-		l.log.Error("usage ledger: "+what+" failed", "err", err)
-		return false
+		l.errLog.Do(func() { l.log.Error("usage ledger: "+what+" failed", "err", err) })
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	return true
+	return nil
 }
 
 // appendRequest appends the values of r's row, which ended at end.
@@ -442,102 +484,13 @@ func appendRequest(args []any, r *metrics.Record, end time.Time) []any {
 		r.QueueWait.Microseconds(), r.TTFB.Microseconds(), r.Duration.Microseconds(), r.CausedSwap)
 }
 
-// applyActivity ends the pool's current interval at the change and begins
-// the next (none after ActivityNone). An interval that never reached a
-// checkpoint is written whole when it ends; one of zero length is dropped.
-func (l *Ledger) applyActivity(tx *sql.Tx, c *change, at time.Time) error {
-	cur := l.open[c.pool]
-	if cur != nil && cur.activity == c.activity && cur.profile == c.profile {
-		return nil
-	}
-	if cur != nil {
-		if err := l.endInterval(tx, cur, at); err != nil {
-			return err
-		}
-		delete(l.open, c.pool)
-	}
-	if c.activity == pool.ActivityNone {
-		return nil
-	}
-	model := ""
-	if l.opts.GPUModel != nil {
-		model = l.opts.GPUModel(c.gpus)
-	}
-	l.open[c.pool] = &openInterval{pool: c.pool, activity: c.activity, profile: c.profile, gpus: c.gpus, gpuModel: model, start: at}
-	return nil
-}
-
-// endInterval writes cur's row with its end.
-func (l *Ledger) endInterval(tx *sql.Tx, cur *openInterval, end time.Time) error {
-	switch {
-	case cur.seq != 0:
-		_, err := tx.Exec(`UPDATE intervals SET end_us = ?, is_open = 0 WHERE seq = ?`, end.UnixMicro(), cur.seq)
-		return err
-	case !end.After(cur.start):
-		return nil
-	}
-	_, err := l.insertInterval(tx, cur, end, false)
-	return err
-}
-
-func (l *Ledger) insertInterval(tx *sql.Tx, iv *openInterval, end time.Time, open bool) (int64, error) {
-	res, err := tx.Exec(`INSERT INTO intervals (pool, activity, profile, gpus, gpu_model, start_us, end_us, is_open)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, iv.pool, string(iv.activity), iv.profile, formatGPUs(iv.gpus), iv.gpuModel,
-		iv.start.UnixMicro(), end.UnixMicro(), open)
-	if err != nil {
-		return 0, err
-	}
-	return res.LastInsertId()
-}
-
-// checkpointOpen writes each open interval's row, with now as its end so
-// far: a report sees the time up to now, and a crash loses at most a
-// second of it.
-func (l *Ledger) checkpointOpen(tx *sql.Tx, now time.Time) error {
-	for _, iv := range l.open {
-		if iv.seq != 0 {
-			if _, err := tx.Exec(`UPDATE intervals SET end_us = ? WHERE seq = ?`, now.UnixMicro(), iv.seq); err != nil {
-				return err
-			}
-			continue
-		}
-		end := now
-		if end.Before(iv.start) {
-			end = iv.start
-		}
-		seq, err := l.insertInterval(tx, iv, end, true)
-		if err != nil {
-			return err
-		}
-		iv.seq = seq
-	}
-	return nil
-}
-
-// closeOpen ends every open interval at now (at Close: the pools have
-// reported their end already, unless something still ran).
-func (l *Ledger) closeOpen(now time.Time) {
-	if len(l.open) == 0 {
-		return
-	}
-	l.commit("closing intervals", func(tx *sql.Tx) error {
-		for name, iv := range l.open {
-			if err := l.endInterval(tx, iv, now); err != nil {
-				return err
-			}
-			delete(l.open, name)
-		}
-		return nil
-	})
-}
-
 // prune deletes rows that ended before the retention, except those that
 // wait to be shipped.
 func (l *Ledger) prune(now time.Time) {
 	cut := now.Add(-l.opts.Retention).UnixMicro()
 	keepUnshipped := l.ship != nil
 	var n [2]int64
-	l.commit("pruning", func(tx *sql.Tx) error {
+	_ = l.commit(l.cur, "pruning", func(tx *sql.Tx) error {
 		for k, q := range [2]string{
 			`DELETE FROM requests WHERE ended_us < ? AND (shipped = 1 OR NOT ?)`,
 			`DELETE FROM intervals WHERE end_us < ? AND is_open = 0 AND (shipped = 1 OR NOT ?)`,
@@ -590,6 +543,7 @@ func (l *Ledger) Status() *statusapi.Usage {
 	st := &statusapi.Usage{
 		Path:    l.opts.Path,
 		Queued:  len(l.queue),
+		Spooled: l.spooled,
 		Written: l.written[kindRequest] + l.written[kindInterval],
 		Dropped: l.dropped[kindRequest] + l.dropped[kindInterval],
 	}
@@ -602,38 +556,4 @@ func (l *Ledger) Status() *statusapi.Usage {
 		st.Shipping = l.ship.status()
 	}
 	return st
-}
-
-// queued is the number of rows waiting for the writer.
-func (l *Ledger) queued() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.queue)
-}
-
-// ledgerMetrics are the ledger's collectors.
-type ledgerMetrics struct {
-	written, dropped [2]prometheus.Counter
-	errors           prometheus.Counter
-}
-
-func newLedgerMetrics(reg prometheus.Registerer, l *Ledger) *ledgerMetrics {
-	written := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "poold_usage_records_written_total", Help: "Usage ledger records committed to the local database, by kind (request: a request's row; activity: a pool's activity change).",
-	}, []string{"kind"})
-	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "poold_usage_records_dropped_total", Help: "Usage ledger records lost, by kind (request, activity): the writer's queue was full, or their commit failed.",
-	}, []string{"kind"})
-	m := &ledgerMetrics{errors: prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "poold_usage_write_errors_total", Help: "Usage ledger transactions that failed.",
-	})}
-	for k, name := range kindNames {
-		m.written[k], m.dropped[k] = written.WithLabelValues(name), dropped.WithLabelValues(name)
-	}
-	if reg != nil {
-		reg.MustRegister(written, dropped, m.errors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "poold_usage_queue_records", Help: "Usage ledger records waiting for the writer.",
-		}, func() float64 { return float64(l.queued()) }))
-	}
-	return m
 }

@@ -161,7 +161,7 @@ func TestLedgerCheckpointsOpenIntervalsAndClosesThemAfterACrash(t *testing.T) {
 	// it by hand; the database stays as a killed process leaves it.)
 	close(l.stop)
 	<-l.done
-	l.closed.Do(func() { l.db.Close() })
+	l.closed.Do(func() { l.cur.close() })
 	l2 := openLedger(t, Options{Path: path})
 	if err := l2.Close(); err != nil {
 		t.Fatal(err)

@@ -254,12 +254,20 @@ func (s *shipper) drain() error {
 
 // shipOnce ships one batch of each kind in one PostgreSQL transaction, and
 // marks them shipped once it committed. It returns the rows shipped.
+//
+// It works on the database open when it begins: rows read from one are
+// marked shipped in that one, under its ledger id, even if the writer
+// replaces it meanwhile (a closed one fails the round).
 func (s *shipper) shipOnce() (int, error) {
-	reqs, err := readRequests(s.ctx, s.l.db, `WHERE shipped = 0 ORDER BY seq LIMIT ?`, shipBatch)
+	st := s.l.store()
+	if st == nil {
+		return 0, errors.New("no usage database is open")
+	}
+	reqs, err := readRequests(s.ctx, st.db, `WHERE shipped = 0 ORDER BY seq LIMIT ?`, shipBatch)
 	if err != nil {
 		return 0, fmt.Errorf("reading unshipped requests: %w", err)
 	}
-	ivs, err := readIntervals(s.ctx, s.l.db, `WHERE shipped = 0 AND is_open = 0 ORDER BY seq LIMIT ?`, shipBatch)
+	ivs, err := readIntervals(s.ctx, st.db, `WHERE shipped = 0 AND is_open = 0 ORDER BY seq LIMIT ?`, shipBatch)
 	if err != nil {
 		return 0, fmt.Errorf("reading unshipped intervals: %w", err)
 	}
@@ -287,7 +295,7 @@ func (s *shipper) shipOnce() (int, error) {
 		return 0, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	host, ledger := s.l.opts.Host, s.l.id
+	host, ledger := s.l.opts.Host, st.id
 	if len(reqs) > 0 {
 		if err := insertPGRequests(ctx, tx, host, ledger, reqs); err != nil {
 			return 0, err
@@ -303,8 +311,8 @@ func (s *shipper) shipOnce() (int, error) {
 	}
 	// Only now are they PostgreSQL's; if marking them fails, they are
 	// shipped again, which changes nothing there.
-	if !s.l.commit("marking rows shipped", func(tx *sql.Tx) error { return markShipped(tx, reqs, ivs) }) {
-		return 0, errors.New("marking rows shipped failed")
+	if err := s.l.commit(st, "marking rows shipped", func(tx *sql.Tx) error { return markShipped(tx, reqs, ivs) }); err != nil {
+		return 0, err
 	}
 	s.shipped[kindRequest].Add(float64(len(reqs)))
 	s.shipped[kindInterval].Add(float64(len(ivs)))
@@ -390,11 +398,15 @@ func markShipped(tx *sql.Tx, reqs []Request, ivs []Interval) error {
 
 // refreshBacklog counts the rows not shipped yet and finds the oldest.
 func (s *shipper) refreshBacklog() {
+	st := s.l.store()
+	if st == nil {
+		return
+	}
 	var n [2]int64
 	var oldest [2]int64
-	err := s.l.db.QueryRowContext(s.ctx, `SELECT count(*), coalesce(min(ended_us), 0) FROM requests WHERE shipped = 0`).Scan(&n[0], &oldest[0])
+	err := st.db.QueryRowContext(s.ctx, `SELECT count(*), coalesce(min(ended_us), 0) FROM requests WHERE shipped = 0`).Scan(&n[0], &oldest[0])
 	if err == nil {
-		err = s.l.db.QueryRowContext(s.ctx, `SELECT count(*), coalesce(min(end_us), 0) FROM intervals WHERE shipped = 0 AND is_open = 0`).Scan(&n[1], &oldest[1])
+		err = st.db.QueryRowContext(s.ctx, `SELECT count(*), coalesce(min(end_us), 0) FROM intervals WHERE shipped = 0 AND is_open = 0`).Scan(&n[1], &oldest[1])
 	}
 	if err != nil {
 		s.l.log.Warn("counting unshipped usage rows", "err", err)

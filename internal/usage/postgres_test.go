@@ -120,7 +120,7 @@ func TestShippingSurvivesAnOutageAndNeverDuplicates(t *testing.T) {
 
 	// A crash between PostgreSQL's commit and the local mark: the rows are
 	// shipped again, and PostgreSQL keeps one of each.
-	if _, err := l.db.Exec(`UPDATE requests SET shipped = 0 WHERE seq > 1000`); err != nil {
+	if _, err := l.store().db.Exec(`UPDATE requests SET shipped = 0 WHERE seq > 1000`); err != nil {
 		t.Fatal(err)
 	}
 	l.ship.wake()
