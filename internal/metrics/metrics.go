@@ -278,6 +278,10 @@ type Record struct {
 	TTFT           time.Duration
 	ITLGaps        int
 	ITLP50, ITLMax time.Duration
+	// KeepAlive is the keep_alive the request asked, within its tenant's
+	// bound (negative: as long as allowed), when HasKeepAlive.
+	KeepAlive    time.Duration
+	HasKeepAlive bool
 }
 
 // Observe adds a finished request to the metrics. Requests that reached no
@@ -316,7 +320,7 @@ func (m *Metrics) Observe(r *Record) {
 // adds its ttft_ms, and with two chunks or more its itl_ms_p50 and
 // itl_ms_max.
 func (r *Record) Log(log *slog.Logger) {
-	var buf [17]slog.Attr
+	var buf [18]slog.Attr
 	attrs := append(buf[:0],
 		slog.String("request_id", r.RequestID),
 		slog.String("pool", r.Pool),
@@ -338,6 +342,14 @@ func (r *Record) Log(log *slog.Logger) {
 	}
 	if r.ITLGaps > 0 {
 		attrs = append(attrs, slog.Int64("itl_ms_p50", r.ITLP50.Milliseconds()), slog.Int64("itl_ms_max", r.ITLMax.Milliseconds()))
+	}
+	if r.HasKeepAlive {
+		// In milliseconds; -1: as long as allowed.
+		ms := r.KeepAlive.Milliseconds()
+		if r.KeepAlive < 0 {
+			ms = -1
+		}
+		attrs = append(attrs, slog.Int64("keep_alive_ms", ms))
 	}
 	log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
