@@ -1,8 +1,12 @@
 package pool
 
 import (
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // The idle release policy, driven by hand with the fake clock of
@@ -169,5 +173,54 @@ func TestNoIdleReleaseWhileRequestsWait(t *testing.T) {
 	s.Begin("b")
 	if got := releaseAt(s); got != "none" {
 		t.Fatalf("during a swap: releaseAt = %s, want none", got)
+	}
+}
+
+// withIdle adds an idleTimeout to a profile's JSON.
+func withIdle(prof, idle string) string {
+	return strings.TrimSuffix(prof, "}") + `,"idleTimeout":"` + idle + `"}`
+}
+
+// An idle engine whose profile sleeps is put to sleep at its idleTimeout,
+// one that does not is stopped; either way the pool is empty, the usage
+// ledger's idle interval ends there (the activity goes from idle through
+// the release to asleep or empty), the observer counts the release with
+// its action, and a request brings the engine back.
+func TestIdleReleaseSleepOrStop(t *testing.T) {
+	plain := strings.Replace(sleepProfile("y"), `"sleep":{"level":1},`, "", 1)
+	for _, tt := range []struct {
+		name, prof, action, end string
+	}{
+		{"sleep", withIdle(sleepProfile("x"), "1s"), "x:sleep", "a/[0]/asleep:x"},
+		{"stop", withIdle(strings.ReplaceAll(plain, `"y"`, `"x"`), "1s"), "x:stop", "a/[0]/empty:"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := reloadConfig(t, sleepPool, tt.prof)
+			log, obs := &activityLog{}, &exitObserver{}
+			s, _ := runSleepSet(t, cfg, Options{Activity: log, Observer: obs})
+			st := waitFor(t, s, "a", "x ready", readyWith("x"))
+			if st.ReleaseAt == nil || st.ReleaseAction != tt.name {
+				t.Fatalf("ready: releaseAt %v, action %q; want one, %q", st.ReleaseAt, st.ReleaseAction, tt.name)
+			}
+			log.waitActivity(t, tt.end)
+			st = waitFor(t, s, "a", "empty", func(st statusapi.Pool) bool { return st.State == StateEmpty })
+			if st.Profile != nil || st.Engine != nil || st.ReleaseAt != nil {
+				t.Fatalf("released: %+v, want no profile, engine or release due", st)
+			}
+			if got, want := strings.Join(log.take(), " "), "a/[0]/idle:x a/[0]/swapping: "+tt.end; !strings.HasSuffix(got, want) {
+				t.Fatalf("activity %q, want it to end with %q", got, want)
+			}
+			obs.mu.Lock()
+			releases := slices.Clone(obs.releases)
+			obs.mu.Unlock()
+			if !slices.Equal(releases, []string{tt.action}) {
+				t.Fatalf("releases %v, want [%s]", releases, tt.action)
+			}
+			l := acquire(t, s, cfg, "x")
+			if st := s.Pool("a").Status(); st.ReleaseAt != nil {
+				t.Errorf("a request in flight, releaseAt %v, want none", st.ReleaseAt)
+			}
+			l.Release()
+		})
 	}
 }
