@@ -173,6 +173,9 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 			for _, r := range exitReasons {
 				m.engineExits.WithLabelValues(pl, prof, r)
 			}
+			for _, a := range []string{statusapi.ReleaseSleep, statusapi.ReleaseStop} {
+				m.idleReleases.WithLabelValues(pl, prof, a)
+			}
 		}
 	}
 	m.configured = next
