@@ -109,6 +109,19 @@ func TestKeepAliveBoundedByMaxKeepAlive(t *testing.T) {
 	}
 }
 
+// A reload's idle timeout applies at once to the engine loaded, from its
+// last request's end.
+func TestIdleTimeoutOfAReloadAppliesAtOnce(t *testing.T) {
+	s := loadedAt(Policy{}, "a", t0)
+	if got := releaseAt(s); got != "none" {
+		t.Fatalf("without an idle timeout: releaseAt = %s, want none", got)
+	}
+	s.Policy = idlePolicy
+	if got := releaseAt(s); got != "1m0s" {
+		t.Fatalf("after the reload: releaseAt = %s, want 1m0s", got)
+	}
+}
+
 // keep_alive 0 releases as soon as the answer is complete: Next asks for it
 // at the release's instant.
 func TestKeepAliveZeroReleasesAtOnce(t *testing.T) {

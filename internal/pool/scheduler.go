@@ -209,11 +209,10 @@ type Scheduler struct {
 	// tenant, the finish tag of its last admitted request.
 	vtime  float64
 	finish map[string]float64
-	// idle is how long the loaded profile stays once idle, unless
-	// forever: its idle timeout, or what the last request to end asked
-	// (Policy.stay). Ready sets it.
-	idle    time.Duration
-	forever bool
+	// keep is what the last request to end asked of the loaded profile's
+	// stay once idle (Policy.stay reads it under the policy in force, so
+	// that a reload's applies at once); Ready clears it.
+	keep KeepAlive
 }
 
 // Arrive admits w at once (true) when its profile is ready (for an unload
@@ -300,9 +299,7 @@ func (s *Scheduler) Release(now time.Time, k KeepAlive) {
 	s.inFlight--
 	s.lastUsed = now
 	s.released = s.inFlight == 0
-	if s.loaded != "" {
-		s.idle, s.forever = s.Policy.stay(s.loaded, k)
-	}
+	s.keep = k
 }
 
 // ReleaseAt is when the loaded profile's engine is to be released, and
@@ -310,10 +307,14 @@ func (s *Scheduler) Release(now time.Time, k KeepAlive) {
 // waits, or a swap is under way. The stay counts from the end of the last
 // request (from Ready, when none came).
 func (s *Scheduler) ReleaseAt() (time.Time, bool) {
-	if s.loaded == "" || s.swapping || s.closing || s.forever || s.inFlight > 0 || len(s.queue) > 0 {
+	if s.loaded == "" || s.swapping || s.closing || s.inFlight > 0 || len(s.queue) > 0 {
 		return time.Time{}, false
 	}
-	return s.lastUsed.Add(s.idle), true
+	d, forever := s.Policy.stay(s.loaded, s.keep)
+	if forever {
+		return time.Time{}, false
+	}
+	return s.lastUsed.Add(d), true
 }
 
 // Next decides what the pool should do now.
@@ -388,7 +389,7 @@ func (s *Scheduler) Begin(profile string) {
 func (s *Scheduler) Ready(profile string, now time.Time) []*Waiter {
 	s.loaded, s.target, s.closing, s.swapping = profile, "", false, false
 	s.readyAt, s.lastUsed = now, now
-	s.idle, s.forever = s.Policy.stay(profile, KeepAlive{})
+	s.keep = KeepAlive{}
 	return s.admit(profile, now)
 }
 
