@@ -129,12 +129,12 @@ func TestIdleReleaseSleep(t *testing.T) {
 	}
 }
 
-// TestKeepAlive: a request's keep_alive sets when its engine is released,
+// TestRequestKeepAlive: a request's keep_alive sets when its engine is released,
 // on a profile that never releases on its own; the access log records it;
 // keep_alive 0 releases once the answer is complete; a keep_alive that is
 // neither a number nor a duration is a 400 naming it, before any engine
 // starts.
-func TestKeepAlive(t *testing.T) {
+func TestRequestKeepAlive(t *testing.T) {
 	tag := t.Name()
 	d := startPoold(t, tag, profilesJSON(tag,
 		[]pool{{Name: "p0", GPUs: []int{0}}, {Name: "p1", GPUs: []int{1}}},
@@ -204,4 +204,29 @@ func TestIdleReleaseNeverCutsStream(t *testing.T) {
 	checkStream(t, r.body, "a", tokens)
 	d.waitPool("p0", 10*time.Second, "empty after the stream", func(p poolView) bool { return p.State == "empty" })
 	d.waitMetric(`poold_idle_releases_total{action="stop",pool="p0",profile="a"}`, 1)
+}
+
+// TestRequestKeepAliveNotForwarded: the engine never sees keep_alive (vLLM does
+// not know it); the rest of the body reaches it.
+func TestRequestKeepAliveNotForwarded(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag, []pool{{Name: "p0", GPUs: []int{0}}}, []sim{helperSim(tag, "h", "log-body")}, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, _, body, err := d.post(ctx, "/v1/chat/completions", withKeepAlive(chatBody("h", false, 2), `"5m"`))
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("%d %s %v", code, body, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(d.engineLines("received")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the engine logged no body")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, m := range d.engineLines("received") {
+		if l, _ := m["line"].(string); strings.Contains(l, "keep_alive") || !strings.Contains(l, `"max_tokens":2`) {
+			t.Errorf("the engine received %s: want the body without keep_alive", l)
+		}
+	}
 }
