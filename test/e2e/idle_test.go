@@ -117,6 +117,9 @@ func TestIdleReleaseSleep(t *testing.T) {
 	if v := d.idle("p0"); len(v.Sleeping) != 1 || v.Sleeping[0].Profile != "a" || v.ReleaseAt != nil {
 		t.Fatalf("released: sleeping %+v, releaseAt %v; want a asleep, no release due", v.Sleeping, v.ReleaseAt)
 	}
+	if s := d.modelState("a"); s != "available" {
+		t.Errorf("/v1/models: a is %q, want available", s)
+	}
 	d.waitMetric(`poold_idle_releases_total{action="sleep",pool="p0",profile="a"}`, 1)
 	d.chat("a")
 	var kinds []string
