@@ -25,7 +25,8 @@ func status(args []string, stdout, stderr io.Writer) int {
 // printStatus writes the daemon line, the profiles line (and the refused
 // reload's errors, if any), then one row per pool (ENGINE: what its awake
 // engine reports running and waiting, and its KV cache use; ASLEEP: its
-// sleeping engines, docs/sleep-mode.md).
+// sleeping engines, docs/sleep-mode.md; IDLE RELEASE: what its idle engine
+// is due, docs/scheduling.md).
 func printStatus(w io.Writer, st statusapi.Poold) {
 	fmt.Fprintf(w, "poold %s on %s\n", st.Version, st.Host)
 	c := st.Config
@@ -38,14 +39,15 @@ func printStatus(w io.Writer, st statusapi.Poold) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tGPUS\tSTATE\tPROFILE\tIN-FLIGHT\tWAITING\tENGINE\tASLEEP\tLAST ERROR")
+	fmt.Fprintln(tw, "POOL\tGPUS\tSTATE\tPROFILE\tIN-FLIGHT\tWAITING\tENGINE\tASLEEP\tIDLE RELEASE\tLAST ERROR")
 	for _, p := range st.Pools {
 		gpus := make([]string, len(p.GPUs))
 		for i, g := range p.GPUs {
 			gpus[i] = strconv.Itoa(g)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", p.Name, strings.Join(gpus, ","), p.State,
-			profileCell(p.Profile, p.SwitchingTo), p.InFlight, waitingCell(p.Waiting), engineCell(p.EngineStats), sleepingCell(p.Sleeping), errorCell(p.LastError))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, strings.Join(gpus, ","), p.State,
+			profileCell(p.Profile, p.SwitchingTo), p.InFlight, waitingCell(p.Waiting), engineCell(p.EngineStats), sleepingCell(p.Sleeping),
+			releaseCell(p.ReleaseAt, p.ReleaseAction), errorCell(p.LastError))
 	}
 	tw.Flush()
 }
@@ -97,6 +99,15 @@ func sleepingCell(sleeping []statusapi.Sleeper) string {
 		cells[i] = fmt.Sprintf("%s:L%d", sl.Profile, sl.Level)
 	}
 	return strings.Join(cells, " ")
+}
+
+// releaseCell is the idle release due: "sleep at 2025-06-01T12:10:10Z", or
+// "-" when none is.
+func releaseCell(at *time.Time, action string) string {
+	if at == nil {
+		return "-"
+	}
+	return action + " at " + at.UTC().Format(time.RFC3339)
 }
 
 // errorCell is the first line of the pool's last error, or "-".

@@ -340,3 +340,14 @@ func TestRouteAffinity(t *testing.T) {
 		}
 	}
 }
+
+// fleetd prefers a host where the model is loaded over one where poold
+// released it, put to sleep (a wake) before stopped (a cold start).
+func TestRouteLoadedBeforeReleased(t *testing.T) {
+	releasedAsleep := PoolView{Name: "p0", State: "empty", Sleeping: []string{"m"}}
+	releasedStopped := PoolView{Name: "p0", State: "empty"}
+	hosts := []HostView{hv("stopped", releasedStopped), hv("asleep", releasedAsleep), hv("loaded", awake)}
+	if got := hostsOf(Route(hosts, "", RouteOptions{})); !slices.Equal(got, []string{"loaded/awake", "asleep/asleep", "stopped/empty"}) {
+		t.Fatalf("order %v, want loaded, asleep, stopped", got)
+	}
+}

@@ -479,3 +479,38 @@ func TestTenantLimitsOutage(t *testing.T) {
 		t.Fatalf("fail-closed outage not reported:\n%s", closedLogs.String())
 	}
 }
+
+// fleetd passes keep_alive through to the host, which acts on it: also when
+// it rewrites the body for a tenant's output cap.
+func TestKeepAlivePassesThrough(t *testing.T) {
+	var mu sync.Mutex // guards bodies
+	var bodies []string
+	h := newFakeHost(t, "h", []statusapi.Pool{readyPool("gpu0", "qwen", 0)}, model("chat", "qwen"))
+	h.set(func(fh *fakeHost) {
+		fh.post = func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			bodies = append(bodies, string(b))
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"ok": true}`)
+		}
+	})
+	path := filepath.Join(t.TempDir(), "tenants.json")
+	tenantsFile(t, path, `{"name": "team-a", "maxOutputTokens": 50}`)
+	tf, _ := startTenantFleet(t, path, TenantsOptions{}, h)
+	for _, body := range []string{
+		`{"model": "chat", "keep_alive": "10m", "messages": [{"role": "user", "content": "hi"}]}`,
+		`{"model": "chat", "keep_alive": 0, "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}`,
+	} {
+		if resp, got := tf.post(body, "Authorization", "Bearer key-team-a"); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, got)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 2 || !strings.Contains(bodies[0], `"keep_alive": "10m"`) || !strings.Contains(bodies[1], `"keep_alive": 0`) ||
+		!strings.Contains(bodies[0], `"max_completion_tokens":50`) {
+		t.Fatalf("bodies at the host: %q, want each keep_alive kept and the cap added", bodies)
+	}
+}

@@ -47,6 +47,7 @@ type Metrics struct {
 	engineExits      *prometheus.CounterVec
 	vramHeld         *prometheus.CounterVec
 	sleepVRAMHeld    *prometheus.CounterVec
+	idleReleases     *prometheus.CounterVec
 	scrapeFailures   *prometheus.CounterVec
 	config           FileReload // the profiles file's loads
 }
@@ -102,6 +103,9 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		sleepVRAMHeld: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_sleep_vram_not_released_total", Help: "Engines put to sleep whose GPU memory did not drop within the bounded check; each was stopped instead of kept asleep.",
 		}, []string{"pool"}),
+		idleReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_idle_releases_total", Help: "Idle engines released (their idleTimeout or a request's keep_alive ran out), by what was done: sleep or stop.",
+		}, []string{"pool", "profile", "action"}),
 		scrapeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_engine_metrics_scrape_failures_total", Help: "Scrapes of an awake engine's own /metrics that failed (no answer in time, an error status, not vLLM's metrics).",
 		}, []string{"pool"}),
@@ -112,7 +116,7 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
 	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.tenantWait, m.ttft, m.itl, m.promptTokens, m.completionTokens,
-		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures, m.config.ok, m.config.at, build,
+		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures, m.config.ok, m.config.at, build,
 		&poolCollector{pools: pools}, &engineCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -145,7 +149,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 	defer m.mu.Unlock()
 	for pl, profs := range m.configured {
 		if _, kept := next[pl]; !kept {
-			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.scrapeFailures} {
+			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures} {
 				c.DeletePartialMatch(prometheus.Labels{"pool": pl})
 			}
 			continue
@@ -154,6 +158,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 			if !slices.Contains(next[pl], prof) {
 				m.engineStarts.DeletePartialMatch(prometheus.Labels{"pool": pl, "profile": prof})
 				m.engineExits.DeletePartialMatch(prometheus.Labels{"pool": pl, "profile": prof})
+				m.idleReleases.DeletePartialMatch(prometheus.Labels{"pool": pl, "profile": prof})
 			}
 		}
 	}
@@ -167,6 +172,9 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 			}
 			for _, r := range exitReasons {
 				m.engineExits.WithLabelValues(pl, prof, r)
+			}
+			for _, a := range []string{statusapi.ReleaseSleep, statusapi.ReleaseStop} {
+				m.idleReleases.WithLabelValues(pl, prof, a)
 			}
 		}
 	}
@@ -205,6 +213,11 @@ func (m *Metrics) VRAMNotReleased(poolName string) {
 // SleepVRAMNotReleased implements pool.Observer.
 func (m *Metrics) SleepVRAMNotReleased(poolName string) {
 	m.sleepVRAMHeld.WithLabelValues(poolName).Inc()
+}
+
+// IdleRelease implements pool.Observer.
+func (m *Metrics) IdleRelease(poolName, profile, action string) {
+	m.idleReleases.WithLabelValues(poolName, profile, action).Inc()
 }
 
 // EngineScrapeFailed counts a failed scrape of the metrics of pool's
@@ -268,6 +281,10 @@ type Record struct {
 	TTFT           time.Duration
 	ITLGaps        int
 	ITLP50, ITLMax time.Duration
+	// KeepAlive is the keep_alive the request asked, within its tenant's
+	// bound (negative: as long as allowed), when HasKeepAlive.
+	KeepAlive    time.Duration
+	HasKeepAlive bool
 }
 
 // Observe adds a finished request to the metrics. Requests that reached no
@@ -306,7 +323,7 @@ func (m *Metrics) Observe(r *Record) {
 // adds its ttft_ms, and with two chunks or more its itl_ms_p50 and
 // itl_ms_max.
 func (r *Record) Log(log *slog.Logger) {
-	var buf [17]slog.Attr
+	var buf [18]slog.Attr
 	attrs := append(buf[:0],
 		slog.String("request_id", r.RequestID),
 		slog.String("pool", r.Pool),
@@ -328,6 +345,14 @@ func (r *Record) Log(log *slog.Logger) {
 	}
 	if r.ITLGaps > 0 {
 		attrs = append(attrs, slog.Int64("itl_ms_p50", r.ITLP50.Milliseconds()), slog.Int64("itl_ms_max", r.ITLMax.Milliseconds()))
+	}
+	if r.HasKeepAlive {
+		// In milliseconds; -1: as long as allowed.
+		ms := r.KeepAlive.Milliseconds()
+		if r.KeepAlive < 0 {
+			ms = -1
+		}
+		attrs = append(attrs, slog.Int64("keep_alive_ms", ms))
 	}
 	log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }

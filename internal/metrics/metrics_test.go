@@ -46,6 +46,7 @@ func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics)
 	m.EngineExit("gpu0", "llama", "stopped")
 	m.VRAMNotReleased("gpu0")
 	m.SleepVRAMNotReleased("gpu0")
+	m.IdleRelease("gpu0", "qwen", "sleep")
 	m.EngineScrapeFailed("gpu0")
 	m.Observe(&Record{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
 		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second,

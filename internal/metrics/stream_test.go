@@ -192,6 +192,27 @@ func TestAccessLogStreamTiming(t *testing.T) {
 	}
 }
 
+// The access-log line records the keep_alive a request asked, in
+// milliseconds, -1 for as long as allowed; a request without one has none.
+func TestAccessLogKeepAlive(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	(&Record{Status: 200, HasKeepAlive: true, KeepAlive: 10 * time.Minute}).Log(log)
+	(&Record{Status: 200, HasKeepAlive: true, KeepAlive: -1}).Log(log)
+	(&Record{Status: 200, HasKeepAlive: true}).Log(log)
+	(&Record{Status: 200}).Log(log)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	for i, want := range []any{600000.0, -1.0, 0.0, nil} {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(lines[i]), &m); err != nil {
+			t.Fatal(err)
+		}
+		if got := m["keep_alive_ms"]; got != want {
+			t.Errorf("line %s: keep_alive_ms %v, want %v", lines[i], got, want)
+		}
+	}
+}
+
 // BenchmarkStreamTiming is the cost per content chunk of a stream's timing,
 // the gap's histogram included.
 func BenchmarkStreamTiming(b *testing.B) {

@@ -12,12 +12,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net/http"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -45,6 +47,12 @@ type Request struct {
 	// ChoicesParam names it.
 	Choices      int64
 	ChoicesParam string
+	// KeepAlive is how long the client asks the engine be kept once the
+	// answer ends (Ollama's keep_alive: a number of seconds or a duration
+	// string), when HasKeepAlive; negative asks as long as allowed, zero a
+	// release at once. A null keep_alive asks nothing.
+	KeepAlive    time.Duration
+	HasKeepAlive bool
 
 	modelSpan span // the model value's bytes, quotes included (a form's: its content)
 	// opts is the stream_options value's span; zero when absent.
@@ -52,6 +60,9 @@ type Request struct {
 	// bounds are the spans of the output bound members (key through
 	// value, null ones too), which a Rewrite with a Bound replaces.
 	bounds []memberSpan
+	// keepAlive is the keep_alive member's span (key through value);
+	// zero when absent.
+	keepAlive memberSpan
 	// formSeen is a form's stream fields seen (bit 1:
 	// stream_include_usage, 2: stream).
 	formSeen uint16
@@ -151,6 +162,9 @@ func parseRequest(body []byte) (Request, error) {
 		if outputParams[key] {
 			r.bounds = append(r.bounds, memberSpan{keyFrom, i})
 		}
+		if key == "keep_alive" {
+			r.keepAlive = memberSpan{keyFrom, i}
+		}
 	}
 	if r.modelSpan.empty() || r.Model == "" {
 		return r, &fieldError{"model", `"model" is required`}
@@ -163,7 +177,7 @@ func parseRequest(body []byte) (Request, error) {
 // of one, is refused, since engines differ on which copy they read (Python's
 // json keeps the last, Go's encoding/json matches keys without case), and
 // poold must read the request as the engine will.
-var requestKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of"}
+var requestKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "keep_alive"}
 
 // streamOptionKeys are the members of stream_options that poold acts on.
 var streamOptionKeys = []string{"include_usage", "continuous_usage_stats"}
@@ -238,6 +252,12 @@ func (r *Request) member(key string, raw []byte, sp span) error {
 		}
 		r.opts = sp
 		r.IncludeUsage = usage
+	case "keep_alive":
+		d, set, err := keepAlive(raw)
+		if err != nil {
+			return err
+		}
+		r.KeepAlive, r.HasKeepAlive = d, set
 	case "n", "best_of":
 		if string(raw) == "null" {
 			return nil
@@ -251,6 +271,42 @@ func (r *Request) member(key string, raw []byte, sp span) error {
 		}
 	}
 	return nil
+}
+
+// errKeepAlive refuses a keep_alive that is neither a number nor a duration.
+var errKeepAlive = &fieldError{"keep_alive", `"keep_alive" must be a number of seconds or a duration string such as "10m"`}
+
+// keepAlive reads a keep_alive value as Ollama does: a number is seconds
+// (a fraction too), a string a Go duration ("10m", "-1s"); either, when
+// negative, is -1 (as long as allowed). null is none (set false).
+func keepAlive(raw []byte) (d time.Duration, set bool, err error) {
+	switch {
+	case string(raw) == "null":
+		return 0, false, nil
+	case raw[0] == '"':
+		s := string(raw[1 : len(raw)-1])
+		if bytes.IndexByte(raw, '\\') >= 0 {
+			_ = json.Unmarshal(raw, &s) // valid: the body is
+		}
+		d, err = time.ParseDuration(s)
+	case raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9':
+		var f float64
+		f, err = strconv.ParseFloat(string(raw), 64)
+		switch {
+		case f < 0:
+			d = -1
+		case f >= math.MaxInt64/float64(time.Second):
+			d = math.MaxInt64
+		default:
+			d = time.Duration(f * float64(time.Second))
+		}
+	default:
+		return 0, false, errKeepAlive
+	}
+	if err != nil {
+		return 0, false, errKeepAlive
+	}
+	return max(d, -1), true, nil
 }
 
 // includeUsage reads a stream_options value as vLLM does: inside a present
@@ -340,6 +396,9 @@ type Changes struct {
 	// output bound member it has (null ones too) gives way to it, so that
 	// the engine reads exactly the bound poold enforces. JSON bodies only.
 	Bound *OutputCap
+	// DropKeepAlive removes the body's keep_alive member, which poold acts
+	// on and engines do not know. JSON bodies only.
+	DropKeepAlive bool
 }
 
 // memberSpan is a member's bytes in a body: from its key's opening quote to
@@ -352,7 +411,8 @@ type memberSpan span
 func Rewrite(body []byte, r Request, c Changes) []byte {
 	model := c.Model != "" && c.Model != r.Model
 	bound := c.Bound != nil && !(len(r.bounds) == 1 && len(r.OutputCaps) == 1 && r.OutputCaps[0] == *c.Bound)
-	if !model && !c.InjectUsage && !bound {
+	drop := c.DropKeepAlive && !span(r.keepAlive).empty()
+	if !model && !c.InjectUsage && !bound && !drop {
 		return body
 	}
 	type patch struct {
@@ -374,6 +434,10 @@ func Rewrite(body []byte, r Request, c Changes) []byte {
 			at, alt := removal(body, b)
 			patches = append(patches, patch{at: at, alt: alt})
 		}
+	}
+	if drop {
+		at, alt := removal(body, r.keepAlive)
+		patches = append(patches, patch{at: at, alt: alt})
 	}
 	if model {
 		q := []byte(c.Model)

@@ -423,6 +423,7 @@ func FuzzRewrite(f *testing.F) {
 		`{"model":"a","model":"b","stream_options":{},"stream_options":{"include_usage":true}}`,
 		`{"prompt":"{\"model\":1}","model":"\u0063anonical-id"}`,
 		`{"Model":"x","model":"y","MODEL":3}`,
+		`{"keep_alive":"5m","model":"m","max_tokens":1}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -435,7 +436,7 @@ func FuzzRewrite(f *testing.F) {
 			return
 		}
 		in := append([]byte(nil), body...)
-		got := Rewrite(body, r, Changes{Model: "canonical-id", InjectUsage: true})
+		got := Rewrite(body, r, Changes{Model: "canonical-id", InjectUsage: true, DropKeepAlive: true})
 		if !bytes.Equal(body, in) {
 			t.Fatalf("rewrite modified its input")
 		}
@@ -454,9 +455,12 @@ func FuzzRewrite(f *testing.F) {
 		if _, ok := o["continuous_usage_stats"]; ok {
 			t.Fatalf("continuous_usage_stats kept in %q", got)
 		}
+		if _, ok := out["keep_alive"]; ok {
+			t.Fatalf("keep_alive kept in %q", got)
+		}
 		inM := members(t, body)
 		for k, v := range inM {
-			if k == "model" || k == "stream_options" {
+			if k == "model" || k == "stream_options" || k == "keep_alive" {
 				continue
 			}
 			if !bytes.Equal(out[k], v) {

@@ -31,7 +31,13 @@ type Lease struct {
 	p    *Pool
 	eng  *engine // the engine the lease is on
 	once sync.Once
+	keep KeepAlive // what the request asked of its engine's stay (Keep)
 }
+
+// Keep records the request's keep_alive, which applies to its engine from
+// the lease's release: call it, if at all, before Release, from the
+// request's goroutine. Unless set, the profile's idleTimeout holds.
+func (l *Lease) Keep(d time.Duration) { l.keep = KeepAlive{Set: true, D: d} }
 
 // Fail reports that the engine behind the lease failed while it served the
 // request, though its process lives on (it stalled: it sent nothing for the
@@ -46,7 +52,7 @@ func (l *Lease) Release() {
 	l.once.Do(func() {
 		p := l.p
 		p.mu.Lock()
-		p.sched.Release(p.opts.Now())
+		p.sched.Release(p.opts.Now(), l.keep)
 		p.noteActivityLocked()
 		kick := p.loopWaitsLocked()
 		p.mu.Unlock()
@@ -57,13 +63,15 @@ func (l *Lease) Release() {
 }
 
 // loopWaitsLocked reports whether the run loop may act on a released lease:
-// requests wait, the gate is closed for a drain, a reload step waits for the
-// pool to empty, or a sleeper may need to go. In the steady state (an engine
+// requests wait, the gate is closed for a drain, an idle release is due
+// (its timer starts now), a reload step waits for the pool to empty, or a
+// sleeper may need to go. In the steady state (an engine
 // serving, nobody waiting) it does not, and a release wakes nothing: one
 // goroutine hand-off fewer per request. p.mu must be held.
 func (p *Pool) loopWaitsLocked() bool {
 	s := &p.sched
-	return s.QueueLen() > 0 || s.Closing() || s.Swapping() || s.Loaded() == "" ||
+	_, release := s.ReleaseAt()
+	return s.QueueLen() > 0 || s.Closing() || s.Swapping() || s.Loaded() == "" || release ||
 		p.reload.step != reloadNone || len(p.sleepers) > 0 || p.failed != nil
 }
 

@@ -29,7 +29,7 @@ func TestCeilingQueuesBeyondIt(t *testing.T) {
 	if s.InFlight() != 2 || s.QueueLen() != 1 {
 		t.Fatalf("in flight %d, queued %d; want 2 and 1", s.InFlight(), s.QueueLen())
 	}
-	s.Release(now)
+	s.Release(now, KeepAlive{})
 	// A fourth arrives while the third waits for the freed slot: it queues.
 	fourth := tenantWaiter("a", 1, false, now)
 	mustArrive(t, s, fourth, false)
@@ -61,7 +61,7 @@ func TestFairShareFollowsWeights(t *testing.T) {
 			t.Fatalf("admitted %d at once under a ceiling of 1", len(got))
 		}
 		counts[got[0].Tenant]++
-		s.Release(now)
+		s.Release(now, KeepAlive{})
 		got = s.Next(now).Admit
 	}
 	if r, sh := counts["reserved"], counts["shared"]; r < 90 || r > 110 || sh < 9 || sh > 11 {
@@ -89,11 +89,11 @@ func TestBackgroundTenant(t *testing.T) {
 	mustArrive(t, s, bg, false)
 	fg := tenantWaiter("interactive", 1, false, now.Add(time.Millisecond))
 	mustArrive(t, s, fg, false)
-	s.Release(now)
+	s.Release(now, KeepAlive{})
 	if d := s.Next(now); len(d.Admit) != 1 || d.Admit[0] != fg {
 		t.Fatalf("the background request went before the other: %+v", d)
 	}
-	s.Release(now)
+	s.Release(now, KeepAlive{})
 	if d := s.Next(now); len(d.Admit) != 1 || d.Admit[0] != bg {
 		t.Fatalf("with no other waiting, the background request did not go: %+v", d)
 	}
@@ -104,7 +104,7 @@ func TestBackgroundTenant(t *testing.T) {
 	mustArrive(t, s, old, false)
 	later := now.Add(2 * time.Minute)
 	mustArrive(t, s, tenantWaiter("interactive", 1, false, later), false)
-	s.Release(later)
+	s.Release(later, KeepAlive{})
 	if d := s.Next(later); len(d.Admit) != 1 || d.Admit[0] != old {
 		t.Fatalf("an aged background request was passed over: %+v", d)
 	}

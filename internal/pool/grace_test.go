@@ -21,7 +21,7 @@ func TestLearnedGraceKeepsAThinkingClient(t *testing.T) {
 		t.Helper()
 		mustArrive(t, s, waiter("A", 0, now), true)
 		now = now.Add(100 * time.Millisecond) // the answer
-		s.Release(now)
+		s.Release(now, KeepAlive{})
 		now = now.Add(2 * time.Second) // think
 	}
 	request()
@@ -51,7 +51,7 @@ func TestLearnedGraceKeepsAThinkingClient(t *testing.T) {
 func TestLearnedGraceLetsALoneClientSwapAtOnce(t *testing.T) {
 	s := loadedAt(learned(30*time.Second), "A", t0)
 	mustArrive(t, s, waiter("A", 0, t0), true)
-	s.Release(t0.Add(100 * time.Millisecond))
+	s.Release(t0.Add(100*time.Millisecond), KeepAlive{})
 	now := t0.Add(101 * time.Millisecond) // the client asks for B at once
 	mustArrive(t, s, waiter("B", 0, now), false)
 	d := s.Next(now)
@@ -69,7 +69,7 @@ func TestLearnedGraceBounds(t *testing.T) {
 	now := t0
 	for range 10 { // gaps of a minute: clamped to the 5 s residency
 		mustArrive(t, s, waiter("A", 0, now), true)
-		s.Release(now)
+		s.Release(now, KeepAlive{})
 		now = now.Add(time.Minute)
 	}
 	if g := s.IdleGrace(); g != 5*time.Second {
@@ -79,14 +79,14 @@ func TestLearnedGraceBounds(t *testing.T) {
 	now = t0
 	for range 10 { // back-to-back requests: no gap at all
 		mustArrive(t, fast, waiter("A", 0, now), true)
-		fast.Release(now)
+		fast.Release(now, KeepAlive{})
 	}
 	if g := fast.IdleGrace(); g != DefaultGraceFloor {
 		t.Fatalf("grace %s, want the %s floor", g, DefaultGraceFloor)
 	}
 	fixed := loadedAt(Policy{MinResidency: time.Minute, IdleGrace: time.Second}, "A", t0)
 	mustArrive(t, fixed, waiter("A", 0, t0), true)
-	fixed.Release(t0)
+	fixed.Release(t0, KeepAlive{})
 	mustArrive(t, fixed, waiter("A", 0, t0.Add(10*time.Second)), true)
 	if g := fixed.IdleGrace(); g != time.Second {
 		t.Fatalf("a fixed grace became %s", g)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // run is the pool's loop: it preloads the default, then acts on the scheduler's
@@ -59,8 +60,8 @@ func (p *Pool) run(ctx context.Context) {
 			} else {
 				retired = p.beginLocked(d.Load)
 			}
-		} else if d.Unload {
-			p.beginLocked("")
+		} else if d.Unload || d.Release {
+			retired = p.beginLocked("")
 		} else if p.sched.Closing() && p.state == StateReady {
 			p.setStateLocked(StateDraining)
 		} else if !p.sched.Closing() && p.state == StateDraining && p.reload.step != reloadRetire {
@@ -77,6 +78,10 @@ func (p *Pool) run(ctx context.Context) {
 		}
 		if d.Unload {
 			p.unload()
+			continue
+		}
+		if d.Release {
+			p.release(ctx, retired)
 			continue
 		}
 		var recheck <-chan time.Time
@@ -337,6 +342,43 @@ func (p *Pool) unload() {
 	p.lastErr = nil
 	p.setStateLocked(StateEmpty)
 	p.answerLocked(p.sched.Ready("", p.opts.Now()), nil)
+}
+
+// release puts the pool's idle engine to sleep, where its profile sleeps
+// and there is room (sleepOut), or stops it, and leaves the pool empty:
+// its idle timeout or a request's keep_alive ran out. beginLocked has
+// recorded it (retired is what it returned) and no lease is open; a
+// profile is loaded, so there is an engine. Requests that queued meanwhile
+// load the profile again, a wake or a start, on the loop's next turn.
+func (p *Pool) release(ctx context.Context, retired bool) {
+	p.mu.Lock()
+	e := p.eng
+	p.drainedAt = time.Time{}
+	p.setStateLocked(StateStopping)
+	p.mu.Unlock()
+	p.log.Info("releasing idle engine", "profile", e.profile.ID)
+	action := statusapi.ReleaseSleep
+	var err error
+	if !p.sleepOut(ctx, e, retired) {
+		action = statusapi.ReleaseStop
+		_, err = p.stopEngine(e)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.log.Error("idle release failed", "profile", e.profile.ID, "err", err)
+		p.lastErr = err
+		p.setStateLocked(StateFailed)
+		p.answerLocked(p.sched.Failed(""), err)
+		return
+	}
+	p.log.Info("idle engine released", "profile", e.profile.ID, "action", action)
+	p.lastErr = nil
+	p.setStateLocked(StateEmpty)
+	p.answerLocked(p.sched.Ready("", p.opts.Now()), nil)
+	if p.opts.Observer != nil {
+		p.opts.Observer.IdleRelease(p.name, e.profile.ID, action)
+	}
 }
 
 // stopUnready stops an engine that did not become ready, once its waiters

@@ -146,7 +146,7 @@ func TestNoSwapBehindAClosedGate(t *testing.T) {
 		x := waiter("x", 0, at(11*time.Second))
 		mustArrive(t, s, x, false)
 		checkDecision(t, "draining", s.Next(at(12*time.Second)), nil, "", time.Time{})
-		s.Release(at(13 * time.Second))
+		s.Release(at(13*time.Second), KeepAlive{})
 		checkDecision(t, "drained", s.Next(at(13*time.Second)), []*Waiter{ns}, "", time.Time{})
 	})
 }
@@ -189,7 +189,7 @@ func TestNoSwapAfterLost(t *testing.T) {
 			mustArrive(t, s, w, false)
 		}
 		s.Lost()
-		s.Release(at(4 * time.Second))
+		s.Release(at(4*time.Second), KeepAlive{})
 		if !withOther {
 			if d := s.Next(at(5 * time.Second)); d.Load != "" {
 				t.Fatalf("before Stranded: loaded for it: %+v", d)

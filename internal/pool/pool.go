@@ -63,6 +63,9 @@ type Observer interface {
 	// SleepVRAMNotReleased reports an engine put to sleep whose GPU memory did
 	// not drop; the pool stopped it instead of keeping it asleep.
 	SleepVRAMNotReleased(pool string)
+	// IdleRelease reports an idle engine released (its idleTimeout or a
+	// request's keep_alive): action is "sleep" or "stop", what was done.
+	IdleRelease(pool, profile, action string)
 }
 
 // VRAM reads the pool's GPU memory (through NVML in poold).
@@ -239,6 +242,18 @@ func policyFor(spec *profile.PoolSpec, cfg *profile.Config) Policy {
 				pol.MaxInFlight = make(map[string]int)
 			}
 			pol.MaxInFlight[prof.ID] = c
+		}
+		if d := prof.IdleTimeout.Duration; d > 0 {
+			if pol.IdleTimeout == nil {
+				pol.IdleTimeout = make(map[string]time.Duration)
+			}
+			pol.IdleTimeout[prof.ID] = d
+		}
+		if d := prof.MaxKeepAlive.Duration; d > 0 {
+			if pol.MaxKeepAlive == nil {
+				pol.MaxKeepAlive = make(map[string]time.Duration)
+			}
+			pol.MaxKeepAlive[prof.ID] = d
 		}
 	}
 	return pol

@@ -75,6 +75,39 @@ type Policy struct {
 	// before it counts as any other: background tenants are served when no
 	// other waits, and never starved. Zero: they age at once.
 	BackgroundAge time.Duration
+	// IdleTimeout is, per profile, how long its engine stays once no
+	// request is in flight or queued, before the pool releases it; a
+	// profile missing, or at zero, stays until another is wanted.
+	IdleTimeout map[string]time.Duration
+	// MaxKeepAlive bounds, per profile, the keep-alive a request may ask
+	// for (KeepAlive); a profile missing, or at zero, has no bound.
+	MaxKeepAlive map[string]time.Duration
+}
+
+// KeepAlive is how long a request asks its engine be kept once its answer
+// ends (Ollama's keep_alive). The zero value asks nothing: the profile's
+// idle timeout holds.
+type KeepAlive struct {
+	// Set reports that the request asked; D is what it asked for:
+	// negative, as long as allowed; zero, a release at once.
+	Set bool
+	D   time.Duration
+}
+
+// stay is how long profile's engine stays idle after a request that asked
+// k, bounded by MaxKeepAlive; forever when no release is due.
+func (p Policy) stay(profile string, k KeepAlive) (d time.Duration, forever bool) {
+	bound := p.MaxKeepAlive[profile]
+	switch {
+	case !k.Set:
+		d = p.IdleTimeout[profile]
+		return d, d <= 0
+	case k.D < 0:
+		return bound, bound <= 0
+	case bound > 0:
+		return min(k.D, bound), false
+	}
+	return k.D, false
 }
 
 // ceiling is profile's admission ceiling; zero: none.
@@ -136,6 +169,12 @@ type Decision struct {
 	// unload intent goes next): no lease is open, and the caller must call
 	// Begin("") and then Ready("") or Failed("").
 	Unload bool
+	// Release, when set, asks the pool to release its idle engine (put it
+	// to sleep or stop it) and stay empty: no lease is open and nothing
+	// waits, and the caller must call Begin("") and then Ready("") or
+	// Failed(""). Requests that arrive meanwhile queue, and load the
+	// profile again once the pool is empty.
+	Release bool
 	// Recheck, when non-zero, is when Next should be called again even if
 	// nothing else happens.
 	Recheck time.Time
@@ -170,6 +209,10 @@ type Scheduler struct {
 	// tenant, the finish tag of its last admitted request.
 	vtime  float64
 	finish map[string]float64
+	// keep is what the last request to end asked of the loaded profile's
+	// stay once idle (Policy.stay reads it under the policy in force, so
+	// that a reload's applies at once); Ready clears it.
+	keep KeepAlive
 }
 
 // Arrive admits w at once (true) when its profile is ready (for an unload
@@ -249,17 +292,41 @@ func (s *Scheduler) serves(profile string) bool {
 	return profile == s.loaded || s.swapping && profile == s.target
 }
 
-// Release ends one lease.
-func (s *Scheduler) Release(now time.Time) {
+// Release ends one lease, whose request asked k of the loaded profile's
+// stay: the last request to end sets how long the engine stays idle (its
+// keep_alive, or, when it asked none, the idle timeout), as in Ollama.
+func (s *Scheduler) Release(now time.Time, k KeepAlive) {
 	s.inFlight--
 	s.lastUsed = now
 	s.released = s.inFlight == 0
+	s.keep = k
+}
+
+// ReleaseAt is when the loaded profile's engine is to be released, and
+// false when no release is due: none is set, a request is in flight or
+// waits, or a swap is under way. The stay counts from the end of the last
+// request (from Ready, when none came).
+func (s *Scheduler) ReleaseAt() (time.Time, bool) {
+	if s.loaded == "" || s.swapping || s.closing || s.inFlight > 0 || len(s.queue) > 0 {
+		return time.Time{}, false
+	}
+	d, forever := s.Policy.stay(s.loaded, s.keep)
+	if forever {
+		return time.Time{}, false
+	}
+	return s.lastUsed.Add(d), true
 }
 
 // Next decides what the pool should do now.
 func (s *Scheduler) Next(now time.Time) Decision {
 	if s.swapping {
 		return Decision{}
+	}
+	if at, ok := s.ReleaseAt(); ok {
+		if now.Before(at) {
+			return Decision{Recheck: at}
+		}
+		return Decision{Release: true}
 	}
 	if s.loaded != "" && !s.hasOthers() {
 		// Only waiters for the loaded profile remain, or none (those for
@@ -322,6 +389,7 @@ func (s *Scheduler) Begin(profile string) {
 func (s *Scheduler) Ready(profile string, now time.Time) []*Waiter {
 	s.loaded, s.target, s.closing, s.swapping = profile, "", false, false
 	s.readyAt, s.lastUsed = now, now
+	s.keep = KeepAlive{}
 	return s.admit(profile, now)
 }
 

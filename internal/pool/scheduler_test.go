@@ -226,7 +226,7 @@ func (m *simulator) run(end time.Time) {
 			if !c.leaseEnd.IsZero() && !m.now.Before(c.leaseEnd) {
 				c.leaseEnd = time.Time{}
 				c.served++
-				m.s.Release(m.now)
+				m.s.Release(m.now, KeepAlive{})
 				m.wake()
 				if c.loop {
 					c.next = m.now.Add(c.think)
@@ -487,7 +487,7 @@ func TestBatchingReleasesAllWaitersOfAProfileTogether(t *testing.T) {
 	if !s.Closing() {
 		t.Fatal("gate open after the residency with others waiting")
 	}
-	s.Release(at(70 * time.Second))
+	s.Release(at(70*time.Second), KeepAlive{})
 	checkDecision(t, "drained", s.Next(at(70*time.Second)), nil, "B", time.Time{})
 	s.Begin("B")
 	b4 := waiter("B", 0, at(72*time.Second)) // arrives while B loads
@@ -507,7 +507,7 @@ func TestBatchingReleasesAllWaitersOfAProfileTogether(t *testing.T) {
 	// While B holds the pool a later B request is admitted straight away.
 	mustArrive(t, s, waiter("B", 0, at(76*time.Second)), true)
 	for range 5 {
-		s.Release(at(80 * time.Second))
+		s.Release(at(80*time.Second), KeepAlive{})
 	}
 	// B is idle once its grace has passed; then C's two waiters load and are
 	// released together: two swaps in all for B B B B C C, not one per request.
@@ -535,7 +535,7 @@ func TestBatchingWhenLoadedProfileGoesNext(t *testing.T) {
 	a1, a2 := waiter("A", 2, at(71*time.Second)), waiter("A", 2, at(72*time.Second))
 	mustArrive(t, s, a1, false)
 	mustArrive(t, s, a2, false)
-	s.Release(at(73 * time.Second))
+	s.Release(at(73*time.Second), KeepAlive{})
 	checkDecision(t, "drained, A's waiters outrank B", s.Next(at(73*time.Second)), []*Waiter{a1, a2}, "", time.Time{})
 	if s.Closing() {
 		t.Error("gate still closed after the loaded profile went next")
@@ -577,7 +577,7 @@ func TestPickPriorityWithAgeing(t *testing.T) {
 			}
 			now := at(10 * time.Minute)
 			checkDecision(t, "lease open", s.Next(now), nil, "", time.Time{})
-			s.Release(now)
+			s.Release(now, KeepAlive{})
 			checkDecision(t, "drained", s.Next(now), nil, tc.want, time.Time{})
 		})
 	}
@@ -601,10 +601,10 @@ func TestPriorityAgeingAcrossSwaps(t *testing.T) {
 	}
 	// A third H arrives after L has waited more than one level: L goes next
 	// even though H is loaded and of higher priority.
-	s.Release(at(130 * time.Second))
+	s.Release(at(130*time.Second), KeepAlive{})
 	high3 := waiter("H", 1, at(131*time.Second))
 	mustArrive(t, s, high3, false) // gate closed: residency 0 and L waits
-	s.Release(at(132 * time.Second))
+	s.Release(at(132*time.Second), KeepAlive{})
 	checkDecision(t, "L aged past H", s.Next(at(132*time.Second)), nil, "L", time.Time{})
 }
 
@@ -644,7 +644,7 @@ func TestQueueOverflow(t *testing.T) {
 	}
 	// Admission frees places too.
 	for range 2 {
-		s.Release(at(70 * time.Second))
+		s.Release(at(70*time.Second), KeepAlive{})
 	}
 	checkDecision(t, "drained", s.Next(at(70*time.Second)), nil, "B", time.Time{})
 	s.Begin("B")
@@ -697,7 +697,7 @@ func TestCancel(t *testing.T) {
 		t.Errorf("InFlight = %d, want 1 (Cancel of an admitted waiter must not touch it)", s.InFlight())
 	}
 	// Failed waiters are no longer queued either.
-	s.Release(at(16 * time.Second))
+	s.Release(at(16*time.Second), KeepAlive{})
 	checkDecision(t, "B idle", s.Next(at(17*time.Second)), nil, "C", time.Time{})
 	s.Begin("C")
 	if got := s.Failed("C"); !sameWaiters(got, []*Waiter{c}) {
@@ -721,7 +721,7 @@ func TestCancelledDemandCausesNoSwap(t *testing.T) {
 		checkDecision(t, "B waits", s.Next(at(2*time.Second)), nil, "", at(time.Minute))
 		s.Cancel(b)
 		checkDecision(t, "B gone", s.Next(at(3*time.Second)), nil, "", time.Time{})
-		s.Release(at(4 * time.Second))
+		s.Release(at(4*time.Second), KeepAlive{})
 		checkDecision(t, "A released", s.Next(at(70*time.Second)), nil, "", time.Time{})
 		if s.Loaded() != "A" || s.Closing() {
 			t.Errorf("loaded %q closing %v, want A open", s.Loaded(), s.Closing())
@@ -738,7 +738,7 @@ func TestCancelledDemandCausesNoSwap(t *testing.T) {
 		a := waiter("A", 0, at(71*time.Second))
 		mustArrive(t, s, a, false)
 		s.Cancel(b)
-		s.Release(at(72 * time.Second))
+		s.Release(at(72*time.Second), KeepAlive{})
 		checkDecision(t, "only A waits", s.Next(at(72*time.Second)), []*Waiter{a}, "", time.Time{})
 		if s.Closing() || s.Loaded() != "A" {
 			t.Errorf("closing %v loaded %q, want open, A", s.Closing(), s.Loaded())
@@ -819,7 +819,7 @@ func TestIdleGraceSwapsBeforeResidencyEnds(t *testing.T) {
 	pol := Policy{MinResidency: time.Minute, IdleGrace: time.Second}
 	s := loadedAt(pol, "A", t0)
 	mustArrive(t, s, waiter("A", 0, at(time.Second)), true)
-	s.Release(at(2 * time.Second))
+	s.Release(at(2*time.Second), KeepAlive{})
 	b := waiter("B", 0, at(2500*time.Millisecond))
 	mustArrive(t, s, b, false)
 	// A was used 0.5 s ago: still in demand until t0+3s.
@@ -827,7 +827,7 @@ func TestIdleGraceSwapsBeforeResidencyEnds(t *testing.T) {
 	// A request for A within the grace is served and pushes the idle time on.
 	mustArrive(t, s, waiter("A", 0, at(2800*time.Millisecond)), true)
 	checkDecision(t, "A busy", s.Next(at(2800*time.Millisecond)), nil, "", at(time.Minute))
-	s.Release(at(4 * time.Second))
+	s.Release(at(4*time.Second), KeepAlive{})
 	checkDecision(t, "released", s.Next(at(4*time.Second)), nil, "", at(5*time.Second))
 	checkDecision(t, "idle", s.Next(at(5*time.Second)), nil, "B", time.Time{})
 	if at(5 * time.Second).After(at(pol.MinResidency)) {
@@ -866,7 +866,7 @@ func TestRecheck(t *testing.T) {
 			}
 			if tc.inFlight == 0 && tc.lastUsed > 0 {
 				mustArrive(t, s, waiter("A", 0, at(tc.lastUsed-time.Millisecond)), true)
-				s.Release(at(tc.lastUsed))
+				s.Release(at(tc.lastUsed), KeepAlive{})
 			}
 			mustArrive(t, s, waiter("B", 0, at(tc.now)), false)
 			var want time.Time
@@ -967,9 +967,9 @@ func TestLostLoadsOldestWaiterOnceDrained(t *testing.T) {
 	a := waiter("A", 0, at(4*time.Second))
 	mustArrive(t, s, a, false)
 	checkDecision(t, "two leases open", s.Next(at(4*time.Second)), nil, "", time.Time{})
-	s.Release(at(5 * time.Second))
+	s.Release(at(5*time.Second), KeepAlive{})
 	checkDecision(t, "one lease open", s.Next(at(5*time.Second)), nil, "", time.Time{})
-	s.Release(at(6 * time.Second))
+	s.Release(at(6*time.Second), KeepAlive{})
 	// The residency of the lost engine no longer counts; B is the oldest waiter.
 	checkDecision(t, "drained", s.Next(at(6*time.Second)), nil, "B", time.Time{})
 }
@@ -1005,7 +1005,7 @@ func TestNothingLoadsWhileLeasesAreOpen(t *testing.T) {
 		// New A requests queue behind the closed gate.
 		mustArrive(t, s, waiter("A", 0, now), false)
 		now = now.Add(time.Second)
-		s.Release(now)
+		s.Release(now, KeepAlive{})
 	}
 	checkDecision(t, "drained", s.Next(now), nil, "B", time.Time{})
 	// The Load decision leaves the pool to Begin; a second Next before Begin
@@ -1117,7 +1117,7 @@ func TestResidencyAfterSwap(t *testing.T) {
 	mustArrive(t, s, waiter("B", 0, at(2*time.Second)), false)
 	s.Next(at(time.Minute))
 	mustArrive(t, s, waiter("A", 0, at(61*time.Second)), false)
-	s.Release(at(62 * time.Second))
+	s.Release(at(62*time.Second), KeepAlive{})
 	checkDecision(t, "drained", s.Next(at(62*time.Second)), nil, "B", time.Time{})
 	s.Begin("B")
 	if got := s.Ready("B", at(67*time.Second)); len(got) != 1 {
@@ -1149,7 +1149,7 @@ func TestPerProfileResidency(t *testing.T) {
 	mustArrive(t, s, waiter("small", 0, at(time.Second)), true)
 	mustArrive(t, s, waiter("B", 0, at(2*time.Second)), false)
 	mustArrive(t, s, waiter("small", 0, at(2*time.Second)), false) // residency 0: the gate closes at once
-	s.Release(at(3 * time.Second))
+	s.Release(at(3*time.Second), KeepAlive{})
 	checkDecision(t, "small drained", s.Next(at(3*time.Second)), nil, "B", time.Time{})
 
 	s = loadedAt(pol, "other", t0) // not listed: the pool's minute
@@ -1179,9 +1179,9 @@ func TestLoadIntentDrainsLikeASwap(t *testing.T) {
 	}
 	late := waiter("A", 0, at(61*time.Second))
 	mustArrive(t, s, late, false)
-	s.Release(at(62 * time.Second))
+	s.Release(at(62*time.Second), KeepAlive{})
 	checkDecision(t, "one lease open", s.Next(at(62*time.Second)), nil, "", time.Time{})
-	s.Release(at(63 * time.Second))
+	s.Release(at(63*time.Second), KeepAlive{})
 	checkDecision(t, "drained", s.Next(at(63*time.Second)), nil, "B", time.Time{})
 	s.Begin("B")
 	if got := s.Ready("B", at(68*time.Second)); !sameWaiters(got, []*Waiter{load}) {
@@ -1220,8 +1220,8 @@ func TestUnloadIntent(t *testing.T) {
 	checkDecision(t, "resident", s.Next(at(5*time.Second)), nil, "", at(10*time.Second))
 	s.Next(at(10 * time.Second))
 	mustArrive(t, s, waiter("A", 0, at(11*time.Second)), false)
-	s.Release(at(12 * time.Second))
-	s.Release(at(12 * time.Second))
+	s.Release(at(12*time.Second), KeepAlive{})
+	s.Release(at(12*time.Second), KeepAlive{})
 	d := s.Next(at(12 * time.Second))
 	if !d.Unload || d.Load != "" || len(d.Admit) != 0 {
 		t.Fatalf("drained: %+v, want Unload", d)
@@ -1253,7 +1253,7 @@ func TestUnloadOrderedBehindOlderWaiter(t *testing.T) {
 	if got := s.Ready("B", at(2*time.Second)); !sameWaiters(got, []*Waiter{b}) {
 		t.Fatalf("Ready(B) = [%s]", profiles(got))
 	}
-	s.Release(at(3 * time.Second))
+	s.Release(at(3*time.Second), KeepAlive{})
 	checkDecision(t, "B idle soon", s.Next(at(3*time.Second)), nil, "", at(4*time.Second))
 	if d := s.Next(at(4 * time.Second)); !d.Unload {
 		t.Fatalf("B idle: %+v, want Unload", d)

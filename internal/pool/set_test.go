@@ -71,7 +71,7 @@ func ready(profile string, inFlight int, used time.Duration, queued ...string) p
 		}
 		if inFlight == 0 && used > 0 {
 			mustArrive(t, s, waiter(profile, 0, now.Add(-used)), true)
-			s.Release(now.Add(-used))
+			s.Release(now.Add(-used), KeepAlive{})
 		}
 		for _, q := range queued {
 			if _, err := s.Arrive(waiter(q, 0, now.Add(-time.Second))); err != nil {

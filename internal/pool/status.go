@@ -30,6 +30,12 @@ func (p *Pool) Status() statusapi.Pool {
 	if t := s.Target(); t != "" {
 		st.SwitchingTo = &t
 	}
+	if at, ok := s.ReleaseAt(); ok {
+		st.ReleaseAt, st.ReleaseAction = &at, statusapi.ReleaseStop
+		if prof := p.cfg.Lookup(s.Loaded()); prof != nil && prof.SleepLevel() > 0 && p.spec.MaxSleeping > 0 && p.reload.step != reloadRetire {
+			st.ReleaseAction = statusapi.ReleaseSleep
+		}
+	}
 	if p.reload.step == reloadRetire && p.eng != nil {
 		st.Profile = &p.eng.profile.ID // still loaded, draining before a reload stops it
 	}

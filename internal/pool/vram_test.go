@@ -94,7 +94,8 @@ type exitObserver struct {
 	mu          sync.Mutex // guards the fields below
 	exits       []string
 	notReleased int
-	sleepHeld   int // SleepVRAMNotReleased calls
+	sleepHeld   int      // SleepVRAMNotReleased calls
+	releases    []string // IdleRelease calls, profile:action
 }
 
 func (o *exitObserver) Swap(string, string, string, string, string, map[string]time.Duration) {}
@@ -109,6 +110,12 @@ func (o *exitObserver) VRAMNotReleased(string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.notReleased++
+}
+
+func (o *exitObserver) IdleRelease(_, profile, action string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.releases = append(o.releases, profile+":"+action)
 }
 
 func (o *exitObserver) SleepVRAMNotReleased(string) {

@@ -237,6 +237,7 @@ var (
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"env", kEnv},
 		{"passEnv", kStrings}, {"minResidency", kDuration}, {"maxQueue", kInt},
 		{"maxQueueWait", kDuration}, {"sleepMemoryBudget", kInt},
+		{"idleTimeout", kDuration}, {"maxKeepAlive", kDuration},
 	}
 	profileFields = []field{
 		{"id", kString}, {"aliases", kStrings}, {"model", kString}, {"pools", kStrings},
@@ -245,6 +246,7 @@ var (
 		{"startupTimeout", kDuration}, {"stopTimeout", kDuration}, {"priority", kInt}, {"maxInFlight", kInt},
 		{"minResidency", kDuration}, {"maxQueueWait", kDuration},
 		{"sleep", kSleep}, {"weightBytes", kInt},
+		{"idleTimeout", kDuration}, {"maxKeepAlive", kDuration},
 	}
 	sleepFields = []field{{"level", kInt}}
 )

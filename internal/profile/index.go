@@ -25,6 +25,8 @@ func (c *Config) applyDefaults() {
 	for _, p := range c.Profiles {
 		p.StartupTimeout = p.StartupTimeout.or(d.StartupTimeout, DefaultStartupTimeout)
 		p.StopTimeout = p.StopTimeout.or(d.StopTimeout, DefaultStopTimeout)
+		p.IdleTimeout = p.IdleTimeout.or(d.IdleTimeout, 0)
+		p.MaxKeepAlive = p.MaxKeepAlive.or(d.MaxKeepAlive, p.IdleTimeout.Duration)
 		if len(d.Env) > 0 {
 			env := maps.Clone(d.Env)
 			maps.Copy(env, p.Env)
@@ -112,6 +114,8 @@ func (p *Profile) Equal(q *Profile) bool {
 		p.MaxInFlight == q.MaxInFlight &&
 		sameOverride(p.MinResidency, q.MinResidency) &&
 		sameOverride(p.MaxQueueWait, q.MaxQueueWait) &&
+		p.IdleTimeout.Duration == q.IdleTimeout.Duration &&
+		p.MaxKeepAlive.Duration == q.MaxKeepAlive.Duration &&
 		p.SleepLevel() == q.SleepLevel() &&
 		p.WeightBytes == q.WeightBytes
 }

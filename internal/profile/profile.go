@@ -71,6 +71,10 @@ type Defaults struct {
 	MinResidency Duration `json:"minResidency,omitzero"`
 	MaxQueue     int      `json:"maxQueue,omitempty"`
 	MaxQueueWait Duration `json:"maxQueueWait,omitzero"`
+	// IdleTimeout and MaxKeepAlive are the profiles' defaults of the same
+	// names.
+	IdleTimeout  Duration `json:"idleTimeout,omitzero"`
+	MaxKeepAlive Duration `json:"maxKeepAlive,omitzero"`
 	// SleepMemoryBudget bounds, in bytes, the host RAM that the sleeping
 	// engines of all pools hold (level 1 keeps a model's weights in host RAM);
 	// zero means no bound besides each pool's maxSleeping. It is a host
@@ -119,6 +123,15 @@ type Profile struct {
 	// pool swaps to another profile, and wakes it when the profile is wanted
 	// again (docs/sleep-mode.md); nil means a full stop.
 	Sleep *Sleep `json:"sleep,omitempty"`
+	// IdleTimeout is how long the engine stays once no request is in
+	// flight or queued for it, before the pool releases it (puts it to
+	// sleep where Sleep allows, else stops it) and stays empty; zero means
+	// never, unless a request's keep_alive asks for less.
+	IdleTimeout Duration `json:"idleTimeout,omitzero"`
+	// MaxKeepAlive bounds the keep_alive a request may ask for; unset
+	// means the file's default, else IdleTimeout (a client may shorten the
+	// stay, not lengthen it), and with neither, no bound.
+	MaxKeepAlive Duration `json:"maxKeepAlive,omitzero"`
 	// WeightBytes is the size of the model's weights, which a level-1 sleeper
 	// holds in host RAM; zero means estimated from the size of the model
 	// directory where it is readable (unknown otherwise).

@@ -111,6 +111,8 @@ func (d *Defaults) validate() []error {
 	v.duration("minResidency", d.MinResidency)
 	v.nonNegative("maxQueue", int64(d.MaxQueue))
 	v.duration("maxQueueWait", d.MaxQueueWait)
+	v.duration("idleTimeout", d.IdleTimeout)
+	v.duration("maxKeepAlive", d.MaxKeepAlive)
 	v.nonNegative("sleepMemoryBudget", d.SleepMemoryBudget)
 	return v.errs
 }
@@ -170,6 +172,8 @@ func (c *Config) validateProfiles(poolNames map[string]bool, byName map[string]i
 		v.duration("stopTimeout", p.StopTimeout)
 		v.duration("minResidency", p.MinResidency)
 		v.duration("maxQueueWait", p.MaxQueueWait)
+		v.duration("idleTimeout", p.IdleTimeout)
+		v.duration("maxKeepAlive", p.MaxKeepAlive)
 		if p.Sleep != nil && p.Sleep.Level != 1 && p.Sleep.Level != 2 {
 			v.add("sleep: level", "must be 1 or 2, not %d", p.Sleep.Level)
 		}
@@ -190,7 +194,7 @@ func (v *checker) add(field, format string, args ...any) {
 }
 
 func (v *checker) duration(field string, d Duration) {
-	if msg := d.problem(field == "minResidency"); msg != "" {
+	if msg := d.problem(field == "minResidency" || field == "idleTimeout"); msg != "" {
 		v.add(field, "%s", msg)
 	}
 }

@@ -409,7 +409,12 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		rec.Status = http.StatusBadRequest
 		return
 	}
-	x.body = openai.Rewrite(body, req, openai.Changes{Model: prof.ID, InjectUsage: inject, Bound: bound})
+	x.body = openai.Rewrite(body, req, openai.Changes{Model: prof.ID, InjectUsage: inject, Bound: bound, DropKeepAlive: true})
+	keep := req.KeepAlive
+	if req.HasKeepAlive && ten != nil {
+		keep = ten.KeepAlive(keep)
+	}
+	rec.KeepAlive, rec.HasKeepAlive = keep, req.HasKeepAlive
 	x.withhold = inject
 	x.choices, x.generates = int(max(1, req.Choices)), openai.OutputParams(rt.path) != nil
 	if !untokened[rt.path] {
@@ -444,6 +449,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		rec.Status = h.acquireError(w, r, prof, err)
 		return
+	}
+	if req.HasKeepAlive {
+		lease.Keep(keep) // from the answer's end: the lease's release
 	}
 	defer lease.Release()
 	rec.Pool, rec.QueueWait = lease.Pool, lease.Waited

@@ -159,7 +159,20 @@ type Pool struct {
 	// pool that the previous poold left running (keep-engines-on-restart);
 	// empty when there was none.
 	Adoption []Adoption `json:"adoption,omitempty"`
+	// ReleaseAt is when the idle engine is to be released (its profile's
+	// idleTimeout, or a request's keep_alive, after the last request
+	// ended); nil when no release is due. ReleaseAction is what the release
+	// will do: "sleep" where the profile sleeps (a full sleep budget stops
+	// it after all), else "stop"; "" when none is due.
+	ReleaseAt     *time.Time `json:"releaseAt,omitempty"`
+	ReleaseAction string     `json:"releaseAction,omitempty"`
 }
+
+// The actions of an idle release (Pool.ReleaseAction).
+const (
+	ReleaseStop  = "stop"
+	ReleaseSleep = "sleep"
+)
 
 // Adoption is one engine that the previous poold left running: adopted (it
 // serves, or sleeps, without a load), or stopped for Reason, after which

@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Tier is a class of service: its weight in the fair share of a pool, and
@@ -57,12 +58,27 @@ type Tenant struct {
 	// request there. Empty: none; a pinned request is then served only by
 	// a model loaded or loading there, or where poold would place it.
 	Pools []string `json:"pools,omitempty"`
+	// MaxKeepAlive, a duration ("10m"), bounds the keep_alive the tenant's
+	// requests may ask (KeepAlive), so that no tenant pins a GPU; ""
+	// means the profile's maxKeepAlive alone bounds it.
+	MaxKeepAlive string `json:"maxKeepAlive,omitempty"`
 
-	tier Tier
+	tier         Tier
+	maxKeepAlive time.Duration // MaxKeepAlive parsed; zero: none
 }
 
 // Weight is the tenant's weight in the fair share.
 func (t *Tenant) Weight() int { return t.tier.Weight }
+
+// KeepAlive is the keep_alive d that a request of the tenant asked (negative:
+// as long as allowed) within its MaxKeepAlive: d, or the bound when d is
+// beyond it or negative.
+func (t *Tenant) KeepAlive(d time.Duration) time.Duration {
+	if t.maxKeepAlive > 0 && (d < 0 || d > t.maxKeepAlive) {
+		return t.maxKeepAlive
+	}
+	return d
+}
 
 // Background reports whether the tenant is served only in the background.
 func (t *Tenant) Background() bool { return t.tier.Background }
@@ -246,6 +262,13 @@ func (c *Config) validate(t *Tenant, where string, keyOwner map[[sha256.Size]byt
 	}{{"rpm", t.RPM}, {"tpm", t.TPM}, {"maxOutputTokens", t.MaxOutputTokens}} {
 		if f.v < 0 {
 			bad("%s: must not be negative, not %d", f.name, f.v)
+		}
+	}
+	if t.MaxKeepAlive != "" {
+		if d, err := time.ParseDuration(t.MaxKeepAlive); err != nil || d <= 0 {
+			bad("maxKeepAlive %s: must be a positive duration such as \"10m\"", strconv.Quote(t.MaxKeepAlive))
+		} else {
+			t.maxKeepAlive = d
 		}
 	}
 	for _, f := range []struct {

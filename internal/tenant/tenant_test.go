@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/bad-*.errors from the current output")
@@ -65,6 +66,23 @@ func TestGood(t *testing.T) {
 	}
 	if c.Tenant("team-b") != c.Lookup("key-b") {
 		t.Fatal("Tenant and Lookup disagree")
+	}
+	// team-b's maxKeepAlive bounds what its requests ask, and "as long as
+	// allowed"; team-a has none.
+	for _, tc := range []struct {
+		tenant   string
+		ask, got time.Duration
+	}{
+		{"team-b", time.Minute, time.Minute},
+		{"team-b", time.Hour, 10 * time.Minute},
+		{"team-b", -1, 10 * time.Minute},
+		{"team-b", 0, 0},
+		{"team-a", time.Hour, time.Hour},
+		{"team-a", -1, -1},
+	} {
+		if got := c.Tenant(tc.tenant).KeepAlive(tc.ask); got != tc.got {
+			t.Errorf("%s: KeepAlive(%v) = %v, want %v", tc.tenant, tc.ask, got, tc.got)
+		}
 	}
 	for _, tc := range []struct {
 		names []string

@@ -43,6 +43,7 @@ func helperSim(tag, id, mode string, args ...string) sim {
 //   - "drop-second": every POST is logged ("received BODY") and answered,
 //     but the second on each connection, which is read whole and then
 //     dropped unanswered with its connection;
+//   - "log-body": every POST is logged ("received BODY") and answered;
 //   - "reuseport" FILE: waits (at most a minute) for FILE to exist, then
 //     listens with SO_REUSEPORT;
 //   - "slow-tail": a POST is answered with a completion whose first 64 KiB
@@ -102,6 +103,11 @@ func runHelperEngine(mode string, args []string) int {
 				}
 				return
 			}
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"served_by":"engine"}`)
+		case "log-body":
+			b, _ := io.ReadAll(r.Body)
+			fmt.Fprintf(os.Stderr, "received %s\n", b)
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprint(w, `{"served_by":"engine"}`)
 		case "slow-tail":
