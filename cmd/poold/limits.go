@@ -11,6 +11,7 @@ func (s *settings) checkLimits() []error {
 	}{
 		{"upstream-header-timeout", int64(s.UpstreamHeaderTimeout)},
 		{"stream-idle-timeout", int64(s.StreamIdleTimeout)},
+		{"client-write-timeout", int64(s.ClientWriteTimeout)},
 		{"read-timeout", int64(s.ReadTimeout)},
 		{"read-header-timeout", int64(s.ReadHeaderTimeout)},
 	} {
