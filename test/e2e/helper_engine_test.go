@@ -50,6 +50,9 @@ func helperSim(tag, id, mode string, args ...string) sim {
 //     prompt and 900 completion tokens among it, a second later;
 //   - "stream-no-usage": a POST is answered with a chat stream of three
 //     chunks of text and no usage, whatever the request asked for;
+//   - "drip": a POST is answered with an event stream that sends a byte
+//     every 100 ms and never completes an event, until the client leaves
+//     (ten minutes at most);
 //
 // and otherwise a POST is answered {"served_by":"engine"}.
 func runHelperEngine(mode string, args []string) int {
@@ -123,6 +126,20 @@ func runHelperEngine(mode string, args []string) int {
 				fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", text)
 			}
 			fmt.Fprint(w, "data: [DONE]\n\n")
+		case "drip":
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {")
+			for range 6000 {
+				if http.NewResponseController(w).Flush() != nil {
+					return
+				}
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				fmt.Fprint(w, "x")
+			}
 		case "early-413":
 			c, _, err := http.NewResponseController(w).Hijack()
 			if err != nil {
