@@ -180,3 +180,32 @@ func TestDrippingEngineTimesOut(t *testing.T) {
 	}
 	d.waitPool("p0", 30*time.Second, "the engine reported stalled", func(p poolView) bool { return strings.Contains(p.LastError, "stalled") })
 }
+
+// The same engine behind fleetd, with poold's own stream idle timeout off:
+// fleetd's --stream-idle-timeout ends the stream with host_timeout, counts
+// it as a cut, and cancels the host's request.
+func TestFleetDrippingHostTimesOut(t *testing.T) {
+	const idle = time.Second
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag, []pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
+		[]sim{helperSim(tag, "m", "drip")}, nil), "--stream-idle-timeout", "0")
+	d.waitPool("p0", 30*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	f := startFleetd(t, []*daemon{d}, "--stream-idle-timeout", idle.String())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	code, _, body, err := f.post(ctx, chatBody("m", true, 10))
+	took := time.Since(start)
+	if code != http.StatusOK || !strings.Contains(body, `"code":"host_timeout"`) || !strings.Contains(body, "no complete event") {
+		t.Fatalf("the dripping stream through fleetd: %d %v, ends %q (after %s)", code, err, tail(body, 2), took)
+	}
+	t.Logf("the dripping stream ended after %s (fleetd's stream-idle-timeout %s)", took.Round(time.Millisecond), idle)
+	if took > 10*idle {
+		t.Fatalf("the dripping stream ended after %s; want about %s", took, idle)
+	}
+	for deadline := time.Now().Add(10 * time.Second); countLines(f.stdout.String(), `"cut":true`) < 1 || countLines(d.stdout.String(), `"outcome":"client_aborted"`) < 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("want the stream cut in fleetd's access log and abandoned in poold's:\n%s\n%s", tail(f.stdout.String(), 3), tail(d.stdout.String(), 3))
+		}
+	}
+}
