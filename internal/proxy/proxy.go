@@ -671,8 +671,9 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 const shutdownRetry = 5 * time.Second
 
 // engineBody is an engine's response body. When it fails because poold's
-// shutdown cut it, or because the engine stalled (nothing for the stream
-// idle timeout: the engine is then reported failed to its pool), it fails
+// shutdown cut it, or because the engine stalled (no complete event of a
+// stream, or no byte of a plain body, for the stream idle timeout: the
+// engine is then reported failed to its pool), it fails
 // with the stream error that tells the client why (see openai.StreamError).
 type engineBody struct {
 	io.ReadCloser
