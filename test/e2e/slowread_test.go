@@ -13,11 +13,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// nonReader sends a streaming chat request for tokens tokens to base
-// (http://host:port) on a connection whose receive buffer is a few KiB,
-// and never reads it: its answer stops leaving the daemon once the socket
-// buffers are full. The connection closes at the test's end.
-func nonReader(t *testing.T, base, model string, tokens int) {
+// nonReader sends a chat request for tokens tokens to base
+// (http://host:port), streamed or not, on a connection whose receive
+// buffer is a few KiB, and never reads it: its answer stops leaving the
+// daemon once the socket buffers are full. The connection closes at the
+// test's end.
+func nonReader(t *testing.T, base, model string, stream bool, tokens int) {
 	t.Helper()
 	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
@@ -32,7 +33,7 @@ func nonReader(t *testing.T, base, model string, tokens int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	body := chatBody(model, true, tokens)
+	body := chatBody(model, stream, tokens)
 	if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestNonReadingStreamsReleaseTheirSlots(t *testing.T) {
 	d := startPoold(t, tag, slowReadProfile(tag, n), "--client-write-timeout", timeout.String())
 	d.waitPool("p0", 30*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	for range n {
-		nonReader(t, d.url, "m", 150000)
+		nonReader(t, d.url, "m", true, 150000)
 	}
 	waitRunning(t, d, 20*time.Second, "both streams running", func(v float64) bool { return v == n })
 	d.waitPool("p0", 5*time.Second, "every slot held", func(p poolView) bool { return p.InFlight == n })
@@ -117,6 +118,41 @@ func TestNonReadingStreamsReleaseTheirSlots(t *testing.T) {
 	}
 }
 
+// A plain answer too large for the socket buffers (16 MiB), to a client
+// that does not read it, holds its slot (maxInFlight 1) until
+// client-write-timeout too: then it is cut, client_stalled, and the next
+// client is served.
+func TestNonReadingPlainAnswerReleasesItsSlot(t *testing.T) {
+	const timeout = time.Second
+	tag := t.Name()
+	m := helperSim(tag, "m", "big-plain")
+	m.Extra["maxInFlight"] = 1
+	d := startPoold(t, tag, profilesJSON(tag, []pool{{Name: "p0", GPUs: []int{0}, Default: "m"}}, []sim{m}, nil),
+		"--client-write-timeout", timeout.String())
+	d.waitPool("p0", 30*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+	nonReader(t, d.url, "m", false, 2)
+	d.waitPool("p0", 20*time.Second, "the slot held", func(p poolView) bool { return p.InFlight == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	code, _, body, err := d.post(ctx, "/v1/chat/completions", chatBody("m", false, 2))
+	took := time.Since(start)
+	if err != nil || code != http.StatusOK || len(body) < 16<<20 {
+		t.Fatalf("the request behind the non-reader: %d %v, %d bytes (after %s)", code, err, len(body), took)
+	}
+	t.Logf("the request behind the non-reader answered after %s (client-write-timeout %s)", took.Round(time.Millisecond), timeout)
+	if took > 15*time.Second {
+		t.Fatalf("answered after %s; want about the client write timeout, %s", took, timeout)
+	}
+	for deadline := time.Now().Add(10 * time.Second); countLines(d.stdout.String(), `"outcome":"client_stalled"`, `"stream":false`) < 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("want an access log line with outcome client_stalled:\n%s", tail(d.stdout.String(), 10))
+		}
+	}
+	d.waitPool("p0", 5*time.Second, "the slot free", func(p poolView) bool { return p.InFlight == 0 })
+}
+
 // The same through fleetd, whose own client-write-timeout cuts the
 // non-readers (poold's is off): the host's requests are cancelled, the
 // slots on poold released, and another client served.
@@ -127,7 +163,7 @@ func TestFleetNonReadingStreamsReleaseTheirSlots(t *testing.T) {
 	d.waitPool("p0", 30*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	f := startFleetd(t, []*daemon{d}, "--client-write-timeout", timeout.String())
 	for range n {
-		nonReader(t, f.url, "m", 150000)
+		nonReader(t, f.url, "m", true, 150000)
 	}
 	waitRunning(t, d, 20*time.Second, "both streams running", func(v float64) bool { return v == n })
 	d.waitPool("p0", 5*time.Second, "every slot held", func(p poolView) bool { return p.InFlight == n })
