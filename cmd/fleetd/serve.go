@@ -20,6 +20,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/rdb"
 	"github.com/poold/poold/internal/watch"
 )
@@ -137,7 +138,8 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
-	srv := &http.Server{Handler: s.APIKeys.Require(h), ReadTimeout: s.ReadTimeout, ReadHeaderTimeout: s.ReadHeaderTimeout,
+	// Outermost: a client that stops reading is cut whatever answers it.
+	srv := &http.Server{Handler: openai.WriteDeadline(s.APIKeys.Require(h), s.ClientWriteTimeout), ReadTimeout: s.ReadTimeout, ReadHeaderTimeout: s.ReadHeaderTimeout,
 		MaxHeaderBytes: s.MaxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serving, servingCtx := errgroup.WithContext(ctx)
 	serving.Go(func() error {

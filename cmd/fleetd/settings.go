@@ -30,6 +30,9 @@ type settings struct {
 	// (431 above): the same limits as poold's.
 	ReadTimeout, ReadHeaderTimeout time.Duration
 	MaxHeaderBytes                 int
+	// ClientWriteTimeout bounds how long one write of an answer may wait for
+	// a client that does not read (openai.WriteDeadline; 0: none).
+	ClientWriteTimeout time.Duration
 	// RedisURL, when set, is the Redis the replicas share (rdb.Open):
 	// claims of new copies and the tenants' limits. RedisTimeout bounds each
 	// call; RedisFailClosed refuses the requests whose limits it could not
@@ -82,6 +85,8 @@ func serveFlags() *pflag.FlagSet {
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
+	fl.Duration(openai.ClientWriteTimeoutSetting, time.Minute, "how long a client may accept no byte of an answer before it is cut (clientStalled in the access log) and its host's request cancelled; 0: no bound")
+	fl.Duration("stream-idle-timeout", fleet.DefaultStreamIdleTimeout, "how long a host may go without completing an event of a stream (or sending a byte of a plain answer) before the answer ends (host_timeout) and counts as the host's failure; 0: no bound")
 	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys fleetd itself requires on /v1, one per line (KEY or sha256:HEX; # comments)")
 	fl.String("host-api-key-file", "", "file holding the API key fleetd presents on its polls of hosts whose poold requires keys")
@@ -97,18 +102,19 @@ func loadSettings(args []string) (settings, error) {
 		return settings{}, err
 	}
 	s := settings{
-		Listen:            v.String("listen"),
-		Hosts:             v.String("hosts"),
-		LogFormat:         v.String("log-format"),
-		MaxBodyBytes:      v.Bytes("max-body-bytes"),
-		ShutdownTimeout:   v.Duration("shutdown-timeout"),
-		ReadTimeout:       v.Duration("read-timeout"),
-		ReadHeaderTimeout: v.Duration("read-header-timeout"),
-		MaxHeaderBytes:    int(v.Bytes("max-header-bytes")),
-		RedisURL:          v.String("redis-url"),
-		RedisTimeout:      v.Duration("redis-timeout"),
-		RedisFailClosed:   v.Bool("redis-fail-closed"),
-		Tenants:           v.String("tenants"),
+		Listen:             v.String("listen"),
+		Hosts:              v.String("hosts"),
+		LogFormat:          v.String("log-format"),
+		MaxBodyBytes:       v.Bytes("max-body-bytes"),
+		ShutdownTimeout:    v.Duration("shutdown-timeout"),
+		ReadTimeout:        v.Duration("read-timeout"),
+		ReadHeaderTimeout:  v.Duration("read-header-timeout"),
+		MaxHeaderBytes:     int(v.Bytes("max-header-bytes")),
+		ClientWriteTimeout: v.Duration(openai.ClientWriteTimeoutSetting),
+		RedisURL:           v.String("redis-url"),
+		RedisTimeout:       v.Duration("redis-timeout"),
+		RedisFailClosed:    v.Bool("redis-fail-closed"),
+		Tenants:            v.String("tenants"),
 		Fleet: fleet.Options{
 			PollInterval:  v.Duration("poll-interval"),
 			PollTimeout:   v.Duration("poll-timeout"),
@@ -119,18 +125,19 @@ func loadSettings(args []string) (settings, error) {
 			ScaleInWindow: v.Duration("scale-in-window"),
 		},
 		Handler: fleet.HandlerOptions{
-			MaxBodyBytes:     v.Bytes("max-body-bytes"),
-			MaxEventBytes:    v.Bytes(openai.MaxEventSetting),
-			MaxAttempts:      v.Int("max-attempts"),
-			AffinityHeader:   v.String("affinity-header"),
-			AffinityBytes:    int(v.Bytes("affinity-bytes")),
-			AffinityEpsilon:  v.Float64("affinity-epsilon"),
-			LoadSlack:        v.Int("load-slack"),
-			ScaleOut:         v.Bool("scale-out"),
-			ScaleOutCooldown: v.Duration("scale-out-cooldown"),
-			ClaimLease:       v.Duration("claim-lease"),
-			ClaimTimeout:     v.Duration("redis-timeout"),
-			Version:          version,
+			MaxBodyBytes:      v.Bytes("max-body-bytes"),
+			MaxEventBytes:     v.Bytes(openai.MaxEventSetting),
+			MaxAttempts:       v.Int("max-attempts"),
+			AffinityHeader:    v.String("affinity-header"),
+			AffinityBytes:     int(v.Bytes("affinity-bytes")),
+			AffinityEpsilon:   v.Float64("affinity-epsilon"),
+			LoadSlack:         v.Int("load-slack"),
+			ScaleOut:          v.Bool("scale-out"),
+			ScaleOutCooldown:  v.Duration("scale-out-cooldown"),
+			ClaimLease:        v.Duration("claim-lease"),
+			ClaimTimeout:      v.Duration("redis-timeout"),
+			StreamIdleTimeout: v.Duration("stream-idle-timeout"),
+			Version:           version,
 		},
 		Loaded: v,
 	}
@@ -179,7 +186,8 @@ func loadSettings(args []string) (settings, error) {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"shutdown-timeout", s.ShutdownTimeout}, {"read-timeout", s.ReadTimeout}, {"read-header-timeout", s.ReadHeaderTimeout}} {
+	}{{"shutdown-timeout", s.ShutdownTimeout}, {"read-timeout", s.ReadTimeout}, {"read-header-timeout", s.ReadHeaderTimeout},
+		{openai.ClientWriteTimeoutSetting, s.ClientWriteTimeout}, {"stream-idle-timeout", s.Handler.StreamIdleTimeout}} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative", d.name))
 		}

@@ -1,6 +1,10 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/poold/poold/internal/openai"
+)
 
 // checkLimits validates the timeouts, limits and backoff settings.
 func (s *settings) checkLimits() []error {
@@ -11,6 +15,7 @@ func (s *settings) checkLimits() []error {
 	}{
 		{"upstream-header-timeout", int64(s.UpstreamHeaderTimeout)},
 		{"stream-idle-timeout", int64(s.StreamIdleTimeout)},
+		{openai.ClientWriteTimeoutSetting, int64(s.ClientWriteTimeout)},
 		{"read-timeout", int64(s.ReadTimeout)},
 		{"read-header-timeout", int64(s.ReadHeaderTimeout)},
 	} {

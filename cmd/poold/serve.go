@@ -25,6 +25,7 @@ import (
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/metrics"
+	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/proxy"
@@ -190,7 +191,8 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
 	srv := &http.Server{
-		Handler:           tenants.Gate().Require(s.APIKeys.Require(h)),
+		// Outermost: a client that stops reading is cut whatever answers it.
+		Handler:           openai.WriteDeadline(tenants.Gate().Require(s.APIKeys.Require(h)), s.ClientWriteTimeout),
 		ReadTimeout:       s.ReadTimeout,
 		ReadHeaderTimeout: s.ReadHeaderTimeout,
 		MaxHeaderBytes:    s.MaxHeaderBytes,

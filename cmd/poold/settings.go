@@ -87,8 +87,12 @@ type settings struct {
 	MaxEventBytes                                         int64
 	EngineHealthInterval                                  time.Duration
 	RestartBackoff, MaxRestartBackoff                     time.Duration
-	// StreamIdleTimeout bounds an engine's silence within an answer (0: none).
+	// StreamIdleTimeout bounds an engine's silence within an answer: between
+	// complete events of a stream, between bytes of a plain body (0: none).
 	StreamIdleTimeout time.Duration
+	// ClientWriteTimeout bounds how long one write of an answer may wait for
+	// a client that does not read (openai.WriteDeadline; 0: none).
+	ClientWriteTimeout time.Duration
 	// APIKeys, when non-nil, is required on the OpenAI API (api-keys,
 	// api-keys-file); only the keys' hashes are kept.
 	APIKeys *openai.APIKeys
@@ -141,7 +145,8 @@ func serveFlags() *pflag.FlagSet {
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
 	fl.Duration("upstream-header-timeout", 10*time.Minute, "how long an engine may take to start answering a request (504 after); 0 waits as long as the client")
-	fl.Duration("stream-idle-timeout", 2*time.Minute, "how long an engine may send nothing in the middle of an answer before the answer ends (engine_timeout) and the engine is restarted; 0: no bound")
+	fl.Duration("stream-idle-timeout", 2*time.Minute, "how long an engine may go without completing an event of a stream (or sending a byte of a plain answer) before the answer ends (engine_timeout) and the engine is restarted; 0: no bound")
+	fl.Duration(openai.ClientWriteTimeoutSetting, time.Minute, "how long a client may accept no byte of an answer before it is cut (outcome client_stalled), its engine slot released and the engine's request cancelled; 0: no bound")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
@@ -235,6 +240,7 @@ func loadSettings(args []string) (settings, error) {
 	errs = append(errs, usageErrs...)
 	s.UpstreamHeaderTimeout = v.Duration("upstream-header-timeout")
 	s.StreamIdleTimeout = v.Duration("stream-idle-timeout")
+	s.ClientWriteTimeout = v.Duration(openai.ClientWriteTimeoutSetting)
 	s.ReadTimeout = v.Duration("read-timeout")
 	s.ReadHeaderTimeout = v.Duration("read-header-timeout")
 	s.MaxHeaderBytes = int(v.Bytes("max-header-bytes"))

@@ -39,6 +39,10 @@ const (
 	// DefaultScaleOutCooldown is the least time between two scale-outs of
 	// one model by one fleetd; each fleetd draws a factor in [1, 2) for it.
 	DefaultScaleOutCooldown = 30 * time.Second
+	// DefaultStreamIdleTimeout is fleetd's stream-idle-timeout: longer than
+	// poold's own (2m), so that a poold whose engine stalls ends the stream
+	// first, with its engine_timeout, and restarts the engine.
+	DefaultStreamIdleTimeout = 3 * time.Minute
 )
 
 // HandlerOptions configures a Handler. Zero values: MaxBodyBytes →
@@ -54,6 +58,11 @@ type HandlerOptions struct {
 	// MaxEventBytes bounds one server-sent event of a stream (larger ends
 	// the stream with an error event).
 	MaxEventBytes int64
+	// StreamIdleTimeout bounds a host's silence within an answer: a stream
+	// that completes no event for that long, or a plain body that sends no
+	// byte, ends (a stream with a host_timeout error event) and counts as
+	// the host's failure. Zero: no bound.
+	StreamIdleTimeout time.Duration
 	// MaxAttempts bounds the hosts one request is tried on: the next host is
 	// tried only when the last could not be reached, went silent, refused
 	// the key, or refused the request before starting anything (poold's
@@ -149,7 +158,7 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router"), tr: &upstream.Transport{},
+	h := &Handler{fleet: f, opts: opts, log: opts.Logger.With("component", "router"), tr: &upstream.Transport{BodyIdleTimeout: opts.StreamIdleTimeout},
 		cooldown: time.Duration(float64(opts.ScaleOutCooldown) * jitter())}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:    h.rewrite,
@@ -277,6 +286,11 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		}
 		for _, hs := range held {
 			h.fleet.release(hs)
+		}
+		if openai.ClientStalled(w) {
+			// Cut by openai.WriteDeadline: the host's request is cancelled.
+			log = append(log, slog.Bool("clientStalled", true))
+			h.log.Info("client stopped reading: answer cut", "requestId", id, "host", hostName, "setting", openai.ClientWriteTimeoutSetting)
 		}
 		if h.opts.AccessLog != nil {
 			if cut {
@@ -559,6 +573,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		wb.stream = true
 		sse := openai.NewSSEReader(wb, a.withhold, nil)
 		sse.SetMaxEvent(int(h.opts.MaxEventBytes))
+		sse.OnEvent(upstream.IdleByEvents(resp.Body))
 		resp.Body = sse
 		if a.meter {
 			a.sse = sse
@@ -663,6 +678,11 @@ type watchedBody struct {
 
 func (b *watchedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	if err != nil && errors.Is(err, upstream.ErrBodyIdle) {
+		b.h.log.Warn("host stalled while answering", "host", b.a.host.name, "requestId", b.a.id, "err", err)
+		err = &openai.StreamError{Status: http.StatusGatewayTimeout, Code: "host_timeout",
+			Message: fmt.Sprintf("host %q stalled: %v", b.a.host.name, err)}
+	}
 	if n > 0 {
 		now := b.a.now()
 		if b.chunks == 0 {

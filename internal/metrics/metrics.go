@@ -59,7 +59,7 @@ type Metrics struct {
 func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revision string) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, shutdown_cut, rate_limited).",
+			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, client_stalled, shutdown_cut, rate_limited).",
 		}, []string{"pool", "model", "code_class", "stream", "client", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_request_duration_seconds", Help: "Request duration from arrival to the last byte, queueing included.", Buckets: latencyBuckets,
@@ -237,6 +237,9 @@ const (
 	OutcomeUpstreamAborted = "upstream_aborted"
 	// OutcomeClientAborted: the client went away before the answer ended.
 	OutcomeClientAborted = "client_aborted"
+	// OutcomeClientStalled: the client stopped reading, and the answer was
+	// cut when it had accepted nothing for the client write timeout.
+	OutcomeClientStalled = "client_stalled"
 	// OutcomeShutdownCut: poold's shutdown cut the answer at the end of the
 	// drain.
 	OutcomeShutdownCut = "shutdown_cut"

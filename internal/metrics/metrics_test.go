@@ -75,7 +75,7 @@ func TestObserveCountsTokensPerClient(t *testing.T) {
 # HELP poold_completion_tokens_total Completion tokens reported by the engines (or estimated, for a cut stream), by pool, model and client (the tenant).
 # TYPE poold_completion_tokens_total counter
 poold_completion_tokens_total{client="team-a",model="qwen",pool="gpu0"} 36
-# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, shutdown_cut, rate_limited).
+# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, client_stalled, shutdown_cut, rate_limited).
 # TYPE poold_requests_total counter
 poold_requests_total{client="none",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"} 1
 poold_requests_total{client="team-a",code_class="2xx",model="qwen",outcome="completed",pool="gpu0",stream="false"} 1

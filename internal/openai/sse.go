@@ -66,6 +66,7 @@ type SSEReader struct {
 	src      io.ReadCloser
 	withhold bool
 	onFirst  func() // called once, when the first bytes are returned
+	onEvent  func() // see OnEvent; nil: none
 	maxEvent int    // see SetMaxEvent; zero means DefaultMaxEvent
 
 	// buf holds the bytes read from src and not yet returned: buf[off:ready]
@@ -138,7 +139,9 @@ func (s *SSEReader) Read(p []byte) (int, error) {
 		n, err := s.src.Read(s.buf[len(s.buf):cap(s.buf)])
 		s.buf = s.buf[:len(s.buf)+n]
 		s.err = err
-		s.split()
+		if s.split() && s.onEvent != nil {
+			s.onEvent()
+		}
 		if len(s.buf)-s.ready > s.limit() && (s.err == nil || s.err == io.EOF) {
 			s.err = s.tooLarge()
 		}
@@ -158,6 +161,12 @@ func (s *SSEReader) Close() error { return s.src.Close() }
 // DefaultMaxEvent); a larger one ends the stream with an error event that
 // names the limit and MaxEventSetting. Call it before the first Read.
 func (s *SSEReader) SetMaxEvent(n int) { s.maxEvent = n }
+
+// OnEvent makes the reader call f, after a read from src, when that read
+// completed one event or more (upstream.IdleByEvents takes it as a sign
+// of life). A comment counts; a blank line alone, which makes no event,
+// does not. Call it before the first Read; nil: no call.
+func (s *SSEReader) OnEvent(f func()) { s.onEvent = f }
 
 func (s *SSEReader) limit() int {
 	if s.maxEvent <= 0 {
@@ -194,23 +203,27 @@ func (s *SSEReader) Err() error {
 }
 
 // split marks every complete event after buf[:ready] ready, or removes it when
-// it is withheld. It resumes the search for an event's end where the last one
+// it is withheld, and reports whether it found one that is not a blank line
+// alone. It resumes the search for an event's end where the last one
 // stopped (less the two bytes a terminator could straddle), so an event
 // arriving in many small reads costs linear time, not quadratic.
-func (s *SSEReader) split() {
+func (s *SSEReader) split() (found bool) {
 	for {
 		from := s.ready + max(0, s.scanned-2)
 		end := eventEnd(s.buf[from:])
 		if end < 0 {
 			s.scanned = len(s.buf) - s.ready
-			return
+			return found
 		}
 		end += from - s.ready
 		if end > s.limit() {
 			// Too large whether or not it arrived whole: the limit must not
 			// depend on how the engine's bytes were chunked.
 			s.err = s.tooLarge()
-			return
+			return found
+		}
+		if c := s.buf[s.ready]; c != '\n' && c != '\r' {
+			found = true
 		}
 		if s.keep(s.buf[s.ready : s.ready+end]) {
 			s.ready += end

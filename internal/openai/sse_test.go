@@ -482,3 +482,37 @@ func TestSSEReaderAPIs(t *testing.T) {
 		})
 	}
 }
+
+// OnEvent is called after each read from the source that completed an
+// event, a comment included, and not for bytes that complete none, nor
+// for a blank line alone; an event that arrives in pieces counts once,
+// when its blank line comes.
+func TestSSEReaderOnEvent(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		parts []string
+		want  int
+	}{
+		{"whole events", []string{evHello, evHello + evHello, evDone}, 3},
+		{"dripped", []string{"da", "ta: {", "}\n", "\n"}, 1},
+		{"no event", []string{"data: ", "x", "x", "x"}, 0},
+		{"blank lines", []string{"\n", "\n\n", "\r\n\r\n"}, 0},
+		{"a comment", []string{": ping\n\n"}, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var parts [][]byte
+			for _, p := range tt.parts {
+				parts = append(parts, []byte(p))
+			}
+			n := 0
+			s := NewSSEReader(&scriptReader{parts: parts}, false, nil)
+			s.OnEvent(func() { n++ })
+			if _, err := io.ReadAll(s); err != nil {
+				t.Fatal(err)
+			}
+			if n != tt.want {
+				t.Fatalf("OnEvent called %d times, want %d", n, tt.want)
+			}
+		})
+	}
+}

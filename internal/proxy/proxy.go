@@ -74,10 +74,11 @@ type Options struct {
 	// (larger ends the stream with an error event); zero means
 	// openai.DefaultMaxEvent.
 	MaxEventBytes int64
-	// StreamIdleTimeout bounds the silence of an engine's answer, between
-	// the bytes of its body: past it the answer ends (a stream with an
-	// engine_timeout error event) and the engine, stalled, is restarted.
-	// Zero: no bound.
+	// StreamIdleTimeout bounds the silence of an engine's answer: between
+	// the complete events of a stream, whatever bytes trickle between them,
+	// and between the bytes of a plain body. Past it the answer ends (a
+	// stream with an engine_timeout error event) and the engine, stalled,
+	// is restarted. Zero: no bound.
 	StreamIdleTimeout time.Duration
 	// Usage, when set, receives every finished request's record (usage.go);
 	// UsageReport, when set with an AdminToken or Tenants, serves GET
@@ -332,6 +333,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Request-Id", rec.RequestID)
 	x := &exchange{id: rec.RequestID, start: start, client: rec.Client}
+	client := w   // the writer that ClientStalled knows; w is wrapped below
 	reserved := 0 // the tokens reserved against the tenant's limit, settled at the end
 	defer func() {
 		if rec.Status == 0 {
@@ -348,6 +350,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		x.timing.Record(rec)
 		if rec.Outcome == "" {
 			rec.Outcome = x.outcome(rec.Status, r.Context().Err() != nil)
+		}
+		if openai.ClientStalled(client) {
+			// Cut by openai.WriteDeadline: the lease is released and the
+			// engine's request cancelled as the handler returns.
+			rec.Outcome = metrics.OutcomeClientStalled
+			h.log.Info("client stopped reading: answer cut", "requestId", rec.RequestID, "pool", rec.Pool, "profile", rec.Profile,
+				"setting", openai.ClientWriteTimeoutSetting)
 		}
 		// Cut by a shutdown: an answer under way, or none yet from the engine.
 		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != metrics.OutcomeCompleted || x.sse == nil && x.tail == nil) {
@@ -598,10 +607,12 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	// The client has poold's X-Request-Id already; an engine's echo of it
 	// (vLLM's --enable-request-id-headers) would be a second.
 	resp.Header.Del("X-Request-Id")
+	raw := resp.Body // the Transport's, which IdleByEvents knows
 	resp.Body = &engineBody{ReadCloser: resp.Body, x: x}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))
+		x.sse.OnEvent(upstream.IdleByEvents(raw))
 		resp.Body = h.timeStream(x, x.sse)
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
@@ -668,8 +679,9 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 const shutdownRetry = 5 * time.Second
 
 // engineBody is an engine's response body. When it fails because poold's
-// shutdown cut it, or because the engine stalled (nothing for the stream
-// idle timeout: the engine is then reported failed to its pool), it fails
+// shutdown cut it, or because the engine stalled (no complete event of a
+// stream, or no byte of a plain body, for the stream idle timeout: the
+// engine is then reported failed to its pool), it fails
 // with the stream error that tells the client why (see openai.StreamError).
 type engineBody struct {
 	io.ReadCloser

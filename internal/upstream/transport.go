@@ -82,7 +82,9 @@ type Transport struct {
 	HeaderTimeout time.Duration
 	// BodyIdleTimeout bounds the wait for each read of a response body: an
 	// upstream that sends nothing for that long (a stalled engine) fails the
-	// body with an error wrapping ErrBodyIdle. Zero: no bound.
+	// body with an error wrapping ErrBodyIdle. For a body passed to
+	// IdleByEvents it bounds instead the time between events, whatever
+	// bytes trickle between them. Zero: no bound.
 	BodyIdleTimeout time.Duration
 	IdleTimeout     time.Duration
 	MaxIdlePerHost  int
@@ -124,8 +126,27 @@ func WithIdleTimeout(ctx context.Context, d time.Duration) context.Context {
 func (t *Transport) UpstreamClosed() uint64 { return t.upstreamClosed.Load() }
 
 // ErrBodyIdle is wrapped by the error of a response body whose upstream sent
-// nothing for Transport.BodyIdleTimeout.
-var ErrBodyIdle = errors.New("the upstream stalled: no byte within the body idle timeout")
+// nothing (or, under IdleByEvents, completed no event) for
+// Transport.BodyIdleTimeout.
+var ErrBodyIdle = errors.New("the upstream stalled")
+
+// IdleByEvents makes body, a response body of a Transport with a
+// BodyIdleTimeout, time its upstream's silence between events rather than
+// between reads: the timeout runs from now and from each call of the
+// returned func, which the body's reader makes when an event completes
+// (openai.SSEReader.OnEvent), so that an upstream dripping bytes that
+// never complete one still times out. Call it before the body's first
+// Read, and the func from the goroutine that reads it. For any other body
+// it returns nil.
+func IdleByEvents(body io.ReadCloser) func() {
+	b, ok := body.(*upBody)
+	if !ok || b.t.BodyIdleTimeout <= 0 || b.c == nil {
+		return nil
+	}
+	b.byEvents = true
+	b.arm()
+	return b.event
+}
 
 // sweepEvery is how often idle connections are checked: no goroutine watches
 // them between requests, and one whose upstream went away (an engine that
@@ -328,17 +349,17 @@ type upBody struct {
 	keep bool // the connection may carry another request
 	// maxIdle is the request's WithIdleTimeout, or zero.
 	maxIdle time.Duration
+	// byEvents: the BodyIdleTimeout runs between events (IdleByEvents),
+	// not between reads.
+	byEvents bool
 }
 
 func (b *upBody) Read(p []byte) (int, error) {
 	if b.c == nil {
 		return 0, io.EOF
 	}
-	if d := b.t.BodyIdleTimeout; d > 0 {
-		_ = b.c.SetReadDeadline(time.Now().Add(d))
-		if b.ctx.Err() != nil { // the cancel may have run before the line above
-			_ = b.c.SetDeadline(aLongTimeAgo)
-		}
+	if b.t.BodyIdleTimeout > 0 && !b.byEvents {
+		b.arm()
 	}
 	n, err := b.body.Read(p)
 	switch {
@@ -346,13 +367,31 @@ func (b *upBody) Read(p []byte) (int, error) {
 		b.release(true)
 	case err != nil:
 		b.release(false)
-		if b.ctx.Err() != nil {
+		switch {
+		case b.ctx.Err() != nil:
 			err = b.ctx.Err()
-		} else if isTimeout(err) {
-			err = fmt.Errorf("%w: nothing for %s", ErrBodyIdle, b.t.BodyIdleTimeout)
+		case isTimeout(err) && b.byEvents:
+			err = fmt.Errorf("%w: no complete event for %s", ErrBodyIdle, b.t.BodyIdleTimeout)
+		case isTimeout(err):
+			err = fmt.Errorf("%w: no byte for %s", ErrBodyIdle, b.t.BodyIdleTimeout)
 		}
 	}
 	return n, err
+}
+
+// arm gives the body's reads BodyIdleTimeout from now.
+func (b *upBody) arm() {
+	_ = b.c.SetReadDeadline(time.Now().Add(b.t.BodyIdleTimeout))
+	if b.ctx.Err() != nil { // the cancel may have run before the line above
+		_ = b.c.SetDeadline(aLongTimeAgo)
+	}
+}
+
+// event restarts the idle clock of a body read by events.
+func (b *upBody) event() {
+	if b.c != nil {
+		b.arm()
+	}
 }
 
 func (b *upBody) Close() error {

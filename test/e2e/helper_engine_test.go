@@ -51,6 +51,11 @@ func helperSim(tag, id, mode string, args ...string) sim {
 //     prompt and 900 completion tokens among it, a second later;
 //   - "stream-no-usage": a POST is answered with a chat stream of three
 //     chunks of text and no usage, whatever the request asked for;
+//   - "big-plain": a POST is answered with a chat completion of 16 MiB,
+//     its usage at the end;
+//   - "drip": a POST is answered with an event stream that sends a byte
+//     every 100 ms and never completes an event, until the client leaves
+//     (ten minutes at most);
 //
 // and otherwise a POST is answered {"served_by":"engine"}.
 func runHelperEngine(mode string, args []string) int {
@@ -129,6 +134,24 @@ func runHelperEngine(mode string, args []string) int {
 				fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", text)
 			}
 			fmt.Fprint(w, "data: [DONE]\n\n")
+		case "big-plain":
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"%s"},"finish_reason":"length"}],"usage":{"prompt_tokens":7,"total_tokens":907,"completion_tokens":900}}`,
+				model, strings.Repeat("t", 16<<20))
+		case "drip":
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {")
+			for range 6000 {
+				if http.NewResponseController(w).Flush() != nil {
+					return
+				}
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				fmt.Fprint(w, "x")
+			}
 		case "early-413":
 			c, _, err := http.NewResponseController(w).Hijack()
 			if err != nil {
