@@ -285,14 +285,15 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 	d.waitPool("p0", 5*time.Second, "disconnected lease released", func(p poolView) bool { return p.InFlight == 0 })
 
 	raw, mfs := waitScrape(t, d, disconnectID, accessPath)
-	// The abandoned stream's completion tokens are poold's estimate: the
-	// chunks of text that reached the client (at least the one read).
+	// The abandoned stream's tokens are poold's estimate: the chunks of
+	// text that reached the client (at least the one read), and its
+	// prompt from the body's size.
 	lines := accessLines(t, accessPath)
-	estimate := 0
-	if l := lines[disconnectID]; l["client"] != "rest" || l["outcome"] != "client_aborted" || l["tokens_estimated"] != true || l["completion_tokens"].(float64) < 1 {
+	estimate, promptEstimate := 0, 0
+	if l := lines[disconnectID]; l["client"] != "rest" || l["outcome"] != "client_aborted" || l["tokens_estimated"] != true || l["completion_tokens"].(float64) < 1 || l["prompt_tokens"].(float64) < 1 {
 		t.Errorf("access log for the disconnected stream: %v", l)
 	} else {
-		estimate = int(l["completion_tokens"].(float64))
+		estimate, promptEstimate = int(l["completion_tokens"].(float64)), int(l["prompt_tokens"].(float64))
 	}
 	checkSeries(t, mfs, "poold_requests_total",
 		`{client="team-a",code_class="2xx",model="a",outcome="completed",pool="p0",stream="false"} 2`,
@@ -308,7 +309,7 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 		fmt.Sprintf(`{client="team-a",model="a",pool="p0"} %d`, r1.prompt+r2.prompt),
 		fmt.Sprintf(`{client="batch",model="a",pool="p0"} %d`, r3.prompt),
 		fmt.Sprintf(`{client="rest",model="a",pool="p0"} %d`, r4.prompt+r5.prompt),
-		fmt.Sprintf(`{client="rest",model="b",pool="p0"} %d`, r6.prompt),
+		fmt.Sprintf(`{client="rest",model="b",pool="p0"} %d`, r6.prompt+promptEstimate),
 	)
 	checkSeries(t, mfs, "poold_completion_tokens_total",
 		`{client="team-a",model="a",pool="p0"} 7`,
