@@ -20,6 +20,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/headerbudget"
 	"github.com/poold/poold/internal/rdb"
 	"github.com/poold/poold/internal/watch"
 )
@@ -137,11 +138,15 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
+	// The headers of connections not yet authenticated are bounded
+	// together, and their memory returned after a flood.
+	headers := headerbudget.New(s.HeaderBytesBudget)
+	reg.MustRegister(fleet.HeaderBudgetRefused(headers.Refused))
 	srv := &http.Server{Handler: s.APIKeys.Require(h), ReadTimeout: s.ReadTimeout, ReadHeaderTimeout: s.ReadHeaderTimeout,
-		MaxHeaderBytes: s.MaxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		MaxHeaderBytes: s.MaxHeaderBytes, ConnState: headers.ConnState, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serving, servingCtx := errgroup.WithContext(ctx)
 	serving.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(headers.Listener(ln)); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving: %w", err)
 		}
 		return nil
