@@ -26,12 +26,12 @@ const DefaultMaxHeaderBytes = 64 << 10
 // in the middle of their headers hold together.
 const DefaultMaxBytes = 32 << 20
 
-// SmallBlock is the size up to which a header block counts as a real
+// smallBlock is the size up to which a header block counts as a real
 // client's (OpenAI's SDKs send under 2 KiB, browsers with cookies a few):
 // such blocks may use the whole budget, larger ones only what leaves a
 // quarter of it to the small ones, so that a flood of large blocks never
 // keeps the small ones out.
-const SmallBlock = 16 << 10
+const smallBlock = 16 << 10
 
 // Returning memory to the OS: once the header bytes held at once have passed
 // a quarter of the budget, memory is returned freeDelay after none is held
@@ -42,8 +42,8 @@ const (
 	freeEvery = 10 * time.Second
 )
 
-// ErrRefused is the error of a connection's read that the budget refused.
-var ErrRefused = errors.New("header budget exhausted")
+// errRefused is the error of a connection's read that the budget refused.
+var errRefused = errors.New("header budget exhausted")
 
 // refusal is the answer of a refused connection; like net/http's own 431, it
 // is plain text, since the request is never parsed.
@@ -105,7 +105,7 @@ func (b *Budget) ConnState(nc net.Conn, state http.ConnState) {
 // refuses them.
 func (b *Budget) take(held, n int64) bool {
 	limit := b.max
-	if held+n > SmallBlock {
+	if held+n > smallBlock {
 		limit -= b.max / 4
 	}
 	used := b.used.Add(n)
@@ -150,30 +150,39 @@ func (l listener) Accept() (net.Conn, error) {
 	return &conn{Conn: c, b: l.b}, nil // in its headers from the start
 }
 
-// notInHeaders is a conn's held while the server reads a body or answers.
-const notInHeaders = -1
+// A conn's held besides a byte count: notInHeaders while the server reads
+// a body or answers, refused once the conn has been answered 503 (every
+// later read fails).
+const (
+	notInHeaders = -1
+	refused      = -2
+)
 
 type conn struct {
 	net.Conn
 	b *Budget
 	// held is the bytes of the header block being read, counted in b.used,
-	// or notInHeaders. Reads add to it on the connection's goroutine; the
-	// server's ConnState hook swaps it, from there or from the goroutine
-	// closing idle connections.
+	// notInHeaders or refused. Reads add to it on the connection's
+	// goroutine; the server's ConnState hook swaps it, from there or from
+	// the goroutine closing idle connections.
 	held atomic.Int64
 }
 
 func (c *conn) Read(p []byte) (int, error) {
+	if c.held.Load() == refused {
+		return 0, c.refusedError()
+	}
 	n, err := c.Conn.Read(p)
 	if n == 0 {
 		return n, err
 	}
 	h := c.held.Load()
-	if h == notInHeaders {
+	if h < 0 {
 		return n, err
 	}
 	if !c.b.take(h, int64(n)) {
-		return 0, c.refuse()
+		c.refuse(h)
+		return 0, c.refusedError()
 	}
 	if !c.held.CompareAndSwap(h, h+int64(n)) {
 		c.b.release(int64(n)) // closed meanwhile: held nothing more
@@ -181,11 +190,21 @@ func (c *conn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// refuse answers 503 and returns the read error that makes the server close
-// the connection without an answer of its own.
-func (c *conn) refuse() error {
+// refuse gives back the h bytes the conn held and answers 503, once.
+func (c *conn) refuse(h int64) {
+	if !c.held.CompareAndSwap(h, refused) {
+		return // closed meanwhile
+	}
+	if h > 0 {
+		c.b.release(h)
+	}
 	c.b.refused.Add(1)
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(refusalWriteTimeout))
 	_, _ = c.Conn.Write(refusal)
-	return &net.OpError{Op: "read", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: ErrRefused}
+}
+
+// refusedError is the read error that makes the server close the
+// connection without an answer of its own.
+func (c *conn) refusedError() error {
+	return &net.OpError{Op: "read", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: errRefused}
 }

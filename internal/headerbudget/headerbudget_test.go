@@ -62,7 +62,7 @@ func TestFloodRefusedRealClientServed(t *testing.T) {
 	const max = 64 << 10
 	b := New(max)
 	addr := serve(t, b)
-	block := 20 << 10 // past SmallBlock: three fit under the 48 KiB left to large blocks, not four
+	block := 20 << 10 // past smallBlock: two fit under the 48 KiB left to large blocks, not three
 	var conns []net.Conn
 	for range 2 {
 		conns = append(conns, flood(t, addr, block))
@@ -113,7 +113,7 @@ func TestSmallBlocksBoundedByTheBudget(t *testing.T) {
 	const max = 32 << 10
 	b := New(max)
 	addr := serve(t, b)
-	block := 12 << 10 // under SmallBlock: two fit in 32 KiB, not three
+	block := 12 << 10 // under smallBlock: two fit in 32 KiB, not three
 	flood(t, addr, block)
 	flood(t, addr, block)
 	waitUsed(t, b, "two blocks held", func(u int64) bool { return u == int64(2*block) })
@@ -184,5 +184,25 @@ func TestKeepAliveHoldsNothingBetweenRequests(t *testing.T) {
 	}
 	if u := b.used.Load(); u != 0 {
 		t.Fatalf("%d bytes held after the cycles", u)
+	}
+}
+
+// Large blocks flooding at once are each refused, and counted, once; what
+// they held is given back.
+func TestEachRefusedOnce(t *testing.T) {
+	b := New(256 << 10)
+	addr := serve(t, b)
+	const conns = 40
+	for i := range conns {
+		c := flood(t, addr, 200<<10) // past the 192 KiB large blocks may use
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "HTTP/1.1 503 ") {
+			t.Fatalf("connection %d: %q %v", i, line, err)
+		}
+	}
+	waitUsed(t, b, "every refused connection released", func(u int64) bool { return u == 0 })
+	if n := b.Refused(); n != conns {
+		t.Fatalf("refused %d times for %d connections", n, conns)
 	}
 }
