@@ -64,12 +64,12 @@ const refusalWriteTimeout = time.Second
 // bound: the connection is answered 503 and closed. Make one with New; the
 // zero value is not usable.
 type Budget struct {
-	max      int64        // bound on the header bytes held at once
-	used     atomic.Int64 // header bytes held now by connections in their headers
-	high     atomic.Bool  // used has passed max/4 since memory was last returned
-	lastFree atomic.Int64 // unix nanoseconds of the last return; 0: none
-	freeing  atomic.Bool  // a return of memory to the OS is scheduled
-	refused  atomic.Uint64
+	max      int64         // bound on the header bytes held at once
+	used     atomic.Int64  // header bytes held now by connections in their headers
+	high     atomic.Bool   // used has passed max/4 since memory was last returned
+	lastFree atomic.Int64  // unix nanoseconds of the last return; 0: none
+	freeing  atomic.Bool   // a return of memory to the OS is scheduled
+	refused  atomic.Uint64 // connections refused so far
 }
 
 // New returns a budget of max bytes (positive).
