@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/headerbudget"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -83,7 +84,8 @@ func TestSettings(t *testing.T) {
 	if s.Hosts != "/env/hosts.json" || s.Fleet.ScaleInWindow != 3*time.Second || s.Handler.ScaleOut || s.Handler.LoadSlack != 0 ||
 		s.Fleet.PollInterval != fleet.DefaultPollInterval || s.Handler.AffinityHeader != fleet.DefaultAffinityHeader ||
 		!s.Fleet.KeepSilent || s.ReadTimeout != 5*time.Second || s.Fleet.SilentAfter != fleet.DefaultSilentAfter ||
-		s.Handler.AffinityEpsilon != fleet.DefaultAffinityEpsilon || s.MaxHeaderBytes != 1<<20 {
+		s.Handler.AffinityEpsilon != fleet.DefaultAffinityEpsilon || s.MaxHeaderBytes != headerbudget.DefaultMaxHeaderBytes ||
+		s.HeaderBytesBudget != headerbudget.DefaultMaxBytes {
 		t.Fatalf("settings: %+v", s)
 	}
 	keyFile := filepath.Join(t.TempDir(), "host-key")

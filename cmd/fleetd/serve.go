@@ -20,6 +20,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/headerbudget"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/rdb"
 	"github.com/poold/poold/internal/watch"
@@ -138,12 +139,16 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
-	// Outermost: a client that stops reading is cut whatever answers it.
+	// The headers of connections not yet authenticated are bounded
+	// together, and their memory returned after a flood; outermost of the
+	// handlers, a client that stops reading is cut whatever answers it.
+	headers := headerbudget.New(s.HeaderBytesBudget)
+	reg.MustRegister(fleet.HeaderBudgetRefused(headers.Refused))
 	srv := &http.Server{Handler: openai.WriteDeadline(s.APIKeys.Require(h), s.ClientWriteTimeout), ReadTimeout: s.ReadTimeout, ReadHeaderTimeout: s.ReadHeaderTimeout,
-		MaxHeaderBytes: s.MaxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		MaxHeaderBytes: s.MaxHeaderBytes, ConnState: headers.ConnState, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serving, servingCtx := errgroup.WithContext(ctx)
 	serving.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(headers.Listener(ln)); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving: %w", err)
 		}
 		return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/fleet"
+	"github.com/poold/poold/internal/headerbudget"
 	"github.com/poold/poold/internal/openai"
 )
 
@@ -27,9 +28,12 @@ type settings struct {
 	ShutdownTimeout time.Duration
 	// ReadTimeout bounds reading a request, body included (408 after), and
 	// ReadHeaderTimeout its headers; MaxHeaderBytes caps the headers' size
-	// (431 above): the same limits as poold's.
+	// (431 above), HeaderBytesBudget the header bytes of every connection
+	// still in its headers together (headerbudget): the same limits as
+	// poold's.
 	ReadTimeout, ReadHeaderTimeout time.Duration
 	MaxHeaderBytes                 int
+	HeaderBytesBudget              int64
 	// ClientWriteTimeout bounds how long one write of an answer may wait for
 	// a client that does not read (openai.WriteDeadline; 0: none).
 	ClientWriteTimeout time.Duration
@@ -84,7 +88,8 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("tenants", "", "tenants JSON file: API keys to tenants, with their rate limits, output caps and models, enforced before any host is asked; watched and reloaded (excludes api-keys)")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
-	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
+	cli.BytesFlag(fl, "max-header-bytes", headerbudget.DefaultMaxHeaderBytes, "largest request header block accepted (431 above)")
+	cli.BytesFlag(fl, "header-bytes-budget", headerbudget.DefaultMaxBytes, "header bytes that connections still sending their headers may hold together (503 and closed past it; blocks over 16KiB get three quarters)")
 	fl.Duration(openai.ClientWriteTimeoutSetting, time.Minute, "how long a client may accept no byte of an answer before it is cut (clientStalled in the access log) and its host's request cancelled; 0: no bound")
 	fl.Duration("stream-idle-timeout", fleet.DefaultStreamIdleTimeout, "how long a host may go without completing an event of a stream (or sending a byte of a plain answer) before the answer ends (host_timeout) and counts as the host's failure; 0: no bound")
 	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
@@ -110,6 +115,7 @@ func loadSettings(args []string) (settings, error) {
 		ReadTimeout:        v.Duration("read-timeout"),
 		ReadHeaderTimeout:  v.Duration("read-header-timeout"),
 		MaxHeaderBytes:     int(v.Bytes("max-header-bytes")),
+		HeaderBytesBudget:  v.Bytes("header-bytes-budget"),
 		ClientWriteTimeout: v.Duration(openai.ClientWriteTimeoutSetting),
 		RedisURL:           v.String("redis-url"),
 		RedisTimeout:       v.Duration("redis-timeout"),
@@ -191,6 +197,9 @@ func loadSettings(args []string) (settings, error) {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative", d.name))
 		}
+	}
+	if s.HeaderBytesBudget < int64(s.MaxHeaderBytes) {
+		errs = append(errs, fmt.Errorf("header-bytes-budget: must hold one largest header block (max-header-bytes, %d), not %d", s.MaxHeaderBytes, s.HeaderBytesBudget))
 	}
 	if s.Handler.AffinityEpsilon < 0 {
 		errs = append(errs, errors.New("affinity-epsilon: must not be negative"))

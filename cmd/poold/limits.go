@@ -26,6 +26,9 @@ func (s *settings) checkLimits() []error {
 	if s.MaxHeaderBytes <= 0 {
 		errs = append(errs, fmt.Errorf("max-header-bytes: must be positive, not %d", s.MaxHeaderBytes))
 	}
+	if s.HeaderBytesBudget < int64(s.MaxHeaderBytes) {
+		errs = append(errs, fmt.Errorf("header-bytes-budget: must hold one largest header block (max-header-bytes, %d), not %d", s.MaxHeaderBytes, s.HeaderBytesBudget))
+	}
 	if s.RestartBackoff <= 0 || s.MaxRestartBackoff < s.RestartBackoff {
 		errs = append(errs, fmt.Errorf("restart-backoff, restart-backoff-max: need 0 < restart-backoff (%s) <= restart-backoff-max (%s)", s.RestartBackoff, s.MaxRestartBackoff))
 	}

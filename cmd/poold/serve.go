@@ -23,6 +23,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/headerbudget"
 	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
@@ -190,12 +191,17 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", s.Listen, err)
 	}
+	// The headers of connections not yet authenticated are bounded
+	// together, host-wide, and their memory returned after a flood.
+	headers := headerbudget.New(s.HeaderBytesBudget)
+	reg.MustRegister(metrics.HeaderBudgetRefused(headers.Refused))
 	srv := &http.Server{
 		// Outermost: a client that stops reading is cut whatever answers it.
 		Handler:           openai.WriteDeadline(tenants.Gate().Require(s.APIKeys.Require(h)), s.ClientWriteTimeout),
 		ReadTimeout:       s.ReadTimeout,
 		ReadHeaderTimeout: s.ReadHeaderTimeout,
 		MaxHeaderBytes:    s.MaxHeaderBytes,
+		ConnState:         headers.ConnState,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	poolCtx, stopPools := context.WithCancel(context.Background())
@@ -213,7 +219,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	waitReloads := rl.start(servingCtx, s.Watch, s.ReloadDebounce)
 	waitTenants := tenants.start(servingCtx, s.Watch, s.ReloadDebounce)
 	serving.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(headers.Listener(ln)); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving: %w", err)
 		}
 		return nil

@@ -13,6 +13,7 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/headerbudget"
 	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
@@ -78,12 +79,15 @@ type settings struct {
 	// Limits and faults (docs/reliability.md). UpstreamHeaderTimeout bounds
 	// the wait for an engine's response headers (0: none). ReadTimeout bounds
 	// reading a request, body included, and ReadHeaderTimeout its headers;
-	// MaxHeaderBytes caps the headers' size, MaxEventBytes one server-sent
-	// event of an engine's stream. RestartBackoff and MaxRestartBackoff
+	// MaxHeaderBytes caps the headers' size, HeaderBytesBudget the header
+	// bytes of every connection still in its headers together
+	// (headerbudget), MaxEventBytes one server-sent event of an engine's
+	// stream. RestartBackoff and MaxRestartBackoff
 	// space out restarts of a failing engine. EngineHealthInterval is how
 	// often a serving engine's /health is polled (0: never).
 	UpstreamHeaderTimeout, ReadTimeout, ReadHeaderTimeout time.Duration
 	MaxHeaderBytes                                        int
+	HeaderBytesBudget                                     int64
 	MaxEventBytes                                         int64
 	EngineHealthInterval                                  time.Duration
 	RestartBackoff, MaxRestartBackoff                     time.Duration
@@ -149,7 +153,8 @@ func serveFlags() *pflag.FlagSet {
 	fl.Duration(openai.ClientWriteTimeoutSetting, time.Minute, "how long a client may accept no byte of an answer before it is cut (outcome client_stalled), its engine slot released and the engine's request cancelled; 0: no bound")
 	fl.Duration("read-timeout", time.Minute, "how long a client may take to send a whole request, body included (408 after)")
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
-	cli.BytesFlag(fl, "max-header-bytes", 1<<20, "largest request header block accepted (431 above)")
+	cli.BytesFlag(fl, "max-header-bytes", headerbudget.DefaultMaxHeaderBytes, "largest request header block accepted (431 above)")
+	cli.BytesFlag(fl, "header-bytes-budget", headerbudget.DefaultMaxBytes, "header bytes that connections still sending their headers may hold together, host-wide (503 and closed past it; blocks over 16KiB get three quarters)")
 	fl.Duration("engine-health-interval", pool.DefaultHealthInterval, "how often a serving engine's /health is polled; a 503 (vLLM's dead engine core) fails the engine over; 0 never polls")
 	fl.Duration("restart-backoff", pool.DefaultRestartBackoff, "wait before restarting an engine that failed twice in a row, doubling with each further failure")
 	fl.Duration("restart-backoff-max", pool.DefaultMaxRestartBackoff, "cap of the restart backoff; an engine ready this long ends a failure streak")
@@ -244,6 +249,7 @@ func loadSettings(args []string) (settings, error) {
 	s.ReadTimeout = v.Duration("read-timeout")
 	s.ReadHeaderTimeout = v.Duration("read-header-timeout")
 	s.MaxHeaderBytes = int(v.Bytes("max-header-bytes"))
+	s.HeaderBytesBudget = v.Bytes("header-bytes-budget")
 	s.RestartBackoff = v.Duration("restart-backoff")
 	s.EngineHealthInterval = v.Duration("engine-health-interval")
 	if s.EngineHealthInterval < 0 {

@@ -50,13 +50,30 @@ func TestAccessLogDefaultsToStdout(t *testing.T) {
 
 // TestSizesTakeUnits: byte sizes take a unit in every source.
 func TestSizesTakeUnits(t *testing.T) {
-	t.Setenv("POOLD_CONFIG", writeYAML(t, "max-header-bytes: 64KiB\n"))
+	t.Setenv("POOLD_CONFIG", writeYAML(t, "max-header-bytes: 128KiB\n"))
 	t.Setenv("POOLD_MAX_BODY_BYTES", "32MiB")
+	s, err := loadSettings([]string{"--profiles", "p.json", "--header-bytes-budget", "8MiB"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.MaxBodyBytes != 32<<20 || s.MaxHeaderBytes != 128<<10 || s.HeaderBytesBudget != 8<<20 {
+		t.Fatalf("max-body-bytes %d, max-header-bytes %d, header-bytes-budget %d; want 32MiB, 128KiB and 8MiB", s.MaxBodyBytes, s.MaxHeaderBytes, s.HeaderBytesBudget)
+	}
+}
+
+// TestHeaderBudgetDefaults: the header limits' defaults are sized for real
+// clients, and a budget that cannot hold one largest header block is
+// refused.
+func TestHeaderBudgetDefaults(t *testing.T) {
 	s, err := loadSettings([]string{"--profiles", "p.json"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.MaxBodyBytes != 32<<20 || s.MaxHeaderBytes != 64<<10 {
-		t.Fatalf("max-body-bytes %d, max-header-bytes %d; want 32MiB and 64KiB", s.MaxBodyBytes, s.MaxHeaderBytes)
+	if s.MaxHeaderBytes != 64<<10 || s.HeaderBytesBudget != 32<<20 {
+		t.Fatalf("max-header-bytes %d, header-bytes-budget %d; want 64KiB and 32MiB", s.MaxHeaderBytes, s.HeaderBytesBudget)
+	}
+	_, err = loadSettings([]string{"--profiles", "p.json", "--header-bytes-budget", "32KiB"})
+	if err == nil || !strings.Contains(err.Error(), "header-bytes-budget: must hold one largest header block") {
+		t.Fatalf("a budget under max-header-bytes: %v", err)
 	}
 }

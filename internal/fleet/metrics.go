@@ -189,3 +189,12 @@ func (m *Metrics) forget(host string) {
 		m.requests.DeletePartialMatch(l)
 	}
 }
+
+// HeaderBudgetRefused counts the client connections refused (503) because
+// the headers in progress held header-bytes-budget.
+func HeaderBudgetRefused(refused func() uint64) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "fleetd_header_budget_refused_connections_total",
+		Help: "Client connections answered 503 and closed while sending their headers: the headers in progress held header-bytes-budget.",
+	}, func() float64 { return float64(refused()) })
+}
