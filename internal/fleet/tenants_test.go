@@ -412,7 +412,9 @@ func TestTenantLimitsOutage(t *testing.T) {
 	srv := rdbtest.Run(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rc, err := rdb.Open(ctx, srv.URL, rdb.Options{Prefix: "test:"})
+	// A short breaker backoff: the outage trips it, and Redis's return is
+	// found within waitFor's bound.
+	rc, err := rdb.Open(ctx, srv.URL, rdb.Options{Prefix: "test:", BreakerBackoff: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
