@@ -155,6 +155,7 @@ func (f *Fleet) run(ctx context.Context, h *host) {
 	defer close(h.done)
 	t := time.NewTimer(0)
 	defer t.Stop()
+	first := false // the host has had a successful poll
 	for {
 		select {
 		case <-ctx.Done():
@@ -165,6 +166,10 @@ func (f *Fleet) run(ctx context.Context, h *host) {
 		next := f.poll(ctx, h)
 		if ctx.Err() != nil {
 			return
+		}
+		if !first && h.healthy() {
+			first = true
+			f.polledOnce(h)
 		}
 		if !t.Stop() {
 			select {
