@@ -56,20 +56,24 @@ func disagreements(ours map[string]string, peers map[string]map[string]string) [
 }
 
 // ShareLimits publishes the limits in force as replica's to peers every
-// interval (zero: DefaultShareEvery) until ctx ends, and compares them with
-// the other replicas': each disagreement is logged once, and those of the
-// last round are shown in Status. A round that cannot reach the store
-// keeps the last round's.
-func (ts *Tenants) ShareLimits(ctx context.Context, peers PeerLimits, replica string, every time.Duration) {
+// interval (zero: DefaultShareEvery), each round bounded by timeout (zero:
+// the interval), until ctx ends, and compares them with the other
+// replicas': each disagreement is logged once, and those of the last round
+// are shown in Status. A round that cannot reach the store keeps the last
+// round's.
+func (ts *Tenants) ShareLimits(ctx context.Context, peers PeerLimits, replica string, every, timeout time.Duration) {
 	if every <= 0 {
 		every = DefaultShareEvery
+	}
+	if timeout <= 0 {
+		timeout = every
 	}
 	warned := make(map[statusapi.LimitsDisagreement]bool) // those logged
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		ours := limitsOf(ts.gate.Config())
-		rctx, cancel := context.WithTimeout(ctx, every)
+		rctx, cancel := context.WithTimeout(ctx, timeout)
 		theirs, err := peers.ShareLimits(rctx, replica, ours, 3*every)
 		cancel()
 		if err == nil {

@@ -71,7 +71,7 @@ func TestLimitsDisagreementShown(t *testing.T) {
 		replicas[i] = ts
 		done := make(chan struct{})
 		rounds[i] = &countedPeers{PeerLimits: c}
-		go func() { ts.ShareLimits(ctx, rounds[i], "replica-"+rpm, 20*time.Millisecond); close(done) }()
+		go func() { ts.ShareLimits(ctx, rounds[i], "replica-"+rpm, 20*time.Millisecond, 0); close(done) }()
 		defer func() { cancel(); <-done }()
 	}
 	for i, want := range []statusapi.LimitsDisagreement{
