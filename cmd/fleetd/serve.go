@@ -107,7 +107,10 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if ts := hopts.Tenants; ts != nil {
 		fleetGroup.Go(func() error { ts.Watch(tenantChanges); return nil })
 		if rc != nil {
-			fleetGroup.Go(func() error { ts.ShareLimits(fleetCtx, rc, replicaName(), fleet.DefaultShareEvery, s.RedisTimeout); return nil })
+			fleetGroup.Go(func() error {
+				ts.ShareLimits(fleetCtx, rc, replicaName(), fleet.DefaultShareEvery, s.RedisTimeout)
+				return nil
+			})
 		}
 	}
 	fleetGroup.Go(func() error {
