@@ -321,11 +321,10 @@ func (f *Fleet) reconcileLocked() {
 			}
 			want[spec.Name] = true
 			h, ok := f.hosts[spec.Name]
-			if !ok {
-				if h, ok = f.retiring[spec.Name]; ok && h.spec.URL == spec.URL {
-					delete(f.retiring, spec.Name) // back before it was retired
-					f.hosts[spec.Name] = h
-				}
+			if r := f.retiring[spec.Name]; !ok && r != nil && r.spec.URL == spec.URL {
+				delete(f.retiring, spec.Name) // back before it was retired
+				f.hosts[spec.Name] = r
+				h, ok = r, true
 			}
 			if ok && h.spec.URL == spec.URL {
 				h.mu.Lock()

@@ -80,3 +80,31 @@ func TestHostsChangeBounded(t *testing.T) {
 		t.Fatalf("after the bound, with no host polled: %d, want 404", resp.StatusCode)
 	}
 }
+
+// A host removed and listed again before it left (the file flipped back)
+// serves on, polled by the same poller; one listed again at another URL
+// while retiring waits for the new one like any added host.
+func TestHostsChangeBack(t *testing.T) {
+	pool := []statusapi.Pool{readyPool("gpu0", "qwen", 0)}
+	a := newFakeHost(t, "a", pool, model("chat", "qwen"))
+	b := newFakeHost(t, "b", pool, model("chat", "qwen"))
+	c := newFakeHost(t, "c", pool, model("chat", "qwen"))
+	hold := make(chan struct{})
+	defer close(hold)
+	b.set(func(fh *fakeHost) { fh.hold = hold })
+	c.set(func(fh *fakeHost) { fh.hold = hold })
+	tf := startFleet(t, Options{PollTimeout: 4 * time.Second}, HandlerOptions{}, a)
+	tf.fleet.Apply(&File{Hosts: []HostSpec{b.spec()}})
+	tf.fleet.Apply(&File{Hosts: []HostSpec{a.spec(), b.spec()}}) // a back
+	if resp, body := tf.post(chat); resp.StatusCode != 200 || !strings.Contains(body, `"a"`) {
+		t.Fatalf("a, listed again: %d %s", resp.StatusCode, body)
+	}
+	elsewhere := c.spec()
+	elsewhere.Name = "a" // a's name at c's URL
+	tf.fleet.Apply(&File{Hosts: []HostSpec{elsewhere}})
+	for range 20 {
+		if resp, body := tf.post(chat); resp.StatusCode != 200 || !strings.Contains(body, `"a"`) || c.postCount() > 0 {
+			t.Fatalf("a at a new URL not yet polled: %d %s", resp.StatusCode, body)
+		}
+	}
+}

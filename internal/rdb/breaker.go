@@ -39,7 +39,8 @@ func (s BreakerState) String() string {
 // Breaker is a circuit breaker on the clock it is given: After failures in
 // a row open it for Backoff, during which Allow refuses every call; then
 // one call at a time probes, and its success closes the breaker while its
-// failure opens it again for twice as long, up to MaxBackoff. It is pure
+// failure opens it again for twice as long, up to MaxBackoff (any call that
+// Redis answered closes it, as a late one while open). It is pure
 // policy: the caller says when and how each call ended. Zero values: After
 // → DefaultBreakerAfter, Backoff → DefaultBreakerBackoff, MaxBackoff →
 // DefaultBreakerMaxBackoff; the zero Breaker is closed and ready. It is
