@@ -26,7 +26,8 @@ func open(t *testing.T, url string) *rdb.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := rdb.Open(ctx, url, rdb.Options{Prefix: "test:"})
+	// A short breaker backoff: a test that stops Redis sees it back soon.
+	c, err := rdb.Open(ctx, url, rdb.Options{Prefix: "test:", BreakerBackoff: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
