@@ -35,7 +35,9 @@ func TestStatusTable(t *testing.T) {
 		{Name: "gpu-3"},
 	}}
 	st.TenantsFile = &statusapi.File{Path: "/etc/poold/tenants.json", LastError: &badTenants}
-	st.TenantLimits = &statusapi.TenantLimits{Store: "redis", Reachable: false}
+	st.TenantLimits = &statusapi.TenantLimits{Store: "redis", Reachable: false, Disagreements: []statusapi.LimitsDisagreement{
+		{Tenant: "team-a", Replica: "fleetd-2/41", Limits: "rpm=60 tpm=0", Ours: "rpm=600 tpm=0"},
+	}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/status" {
 			http.NotFound(w, r)
@@ -53,6 +55,7 @@ func TestStatusTable(t *testing.T) {
 	for _, want := range []string{
 		"fleetd v1, hosts file /etc/poold/hosts.json (last reload refused: hosts[0]: url: required)",
 		`tenants file /etc/poold/tenants.json, limits in redis (fail-open), unreachable: requests let through unchecked (last reload refused: tenants[0] "a": tier "gold": no such tier (tiers: shared))`,
+		"tenant team-a: limits rpm=600 tpm=0 here, rpm=60 tpm=0 at replica fleetd-2/41 (buckets of their own: the tenants files differ)",
 		"HOST   HEALTH   POOL  STATE  PROFILE  SWITCHING  IN FLIGHT  WAITING        POLL   LAST ERROR",
 		"gpu-1  up       gpu0  ready  qwen     -          2          bge:3,llama:1  1.2ms  -",
 		"gpu-2  ejected  -     -      -        -          -          -              0.5ms  " + unauthorized,

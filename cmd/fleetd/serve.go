@@ -70,12 +70,13 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	if s.RedisURL != "" {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		var err error
-		rc, err = rdb.Open(rctx, s.RedisURL, rdb.Options{Logger: log})
+		rc, err = rdb.Open(rctx, s.RedisURL, rdb.Options{Logger: log, OnBreaker: breakerHook(opts.Metrics, log, s.RedisFailClosed)})
 		cancel()
 		if err != nil {
 			return fmt.Errorf("redis-url: %w", err)
 		}
 		defer rc.Close()
+		opts.Metrics.RedisConnected()
 		hopts.Claims = rc
 		log.Info("claims of new copies shared in redis")
 	}
@@ -107,6 +108,12 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	fleetGroup.Go(func() error { f.WatchFile(s.Hosts, changes); return nil }) // until fleetCtx closes changes
 	if ts := hopts.Tenants; ts != nil {
 		fleetGroup.Go(func() error { ts.Watch(tenantChanges); return nil })
+		if rc != nil {
+			fleetGroup.Go(func() error {
+				ts.ShareLimits(fleetCtx, rc, replicaName(), fleet.DefaultShareEvery, s.RedisTimeout)
+				return nil
+			})
+		}
 	}
 	fleetGroup.Go(func() error {
 		for {
@@ -173,6 +180,33 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	log.Info("fleetd stopped")
 	return nil
+}
+
+// replicaName names this fleetd among the replicas sharing a Redis: its
+// host's name and its process id.
+func replicaName() string {
+	name, err := os.Hostname()
+	if err != nil {
+		name = "fleetd"
+	}
+	return fmt.Sprintf("%s/%d", name, os.Getpid())
+}
+
+// breakerHook reports the changes of Redis's breaker in m and the log.
+func breakerHook(m *fleet.Metrics, log *slog.Logger, failClosed bool) func(rdb.BreakerState, time.Duration) {
+	rule := "tenant limits fail open"
+	if failClosed {
+		rule = "tenant limits fail closed"
+	}
+	return func(state rdb.BreakerState, backoff time.Duration) {
+		open := state == rdb.BreakerOpen
+		m.RedisBreaker(open)
+		if open {
+			log.Warn("redis breaker open: calls to redis failed in a row; not asking it, "+rule+" and claims are this fleetd's own, until a probe succeeds", "probeIn", backoff)
+			return
+		}
+		log.Info("redis breaker closed: redis answers again")
+	}
 }
 
 // loadTenants reads the tenants file, whose limits are kept in rc when

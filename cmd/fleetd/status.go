@@ -45,6 +45,9 @@ func printStatus(out io.Writer, st statusapi.Fleetd) {
 			fmt.Fprintf(out, " (last reload refused: %s)", firstLine(*tf.LastError))
 		}
 		fmt.Fprintln(out)
+		for _, d := range limits.Disagreements {
+			fmt.Fprintf(out, "tenant %s: limits %s here, %s at replica %s (buckets of their own: the tenants files differ)\n", d.Tenant, d.Ours, d.Limits, d.Replica)
+		}
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOST\tHEALTH\tPOOL\tSTATE\tPROFILE\tSWITCHING\tIN FLIGHT\tWAITING\tPOLL\tLAST ERROR")

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -127,7 +126,13 @@ type Fleet struct {
 	// dns maps a DNS entry (as formatted by dnsKey) to its discovery's cancel.
 	dns   map[string]context.CancelFunc
 	hosts map[string]*host
-	wg    sync.WaitGroup // pollers and discoveries
+	// retiring holds the hosts that left the membership while the hosts
+	// that came with them (awaiting) had no successful poll yet: they
+	// still route, so that a model served before and after a change is
+	// never unknown in between (retire.go).
+	retiring map[string]*host
+	awaiting map[*host]bool
+	wg       sync.WaitGroup // pollers and discoveries
 }
 
 // New returns a Fleet with no hosts.
@@ -174,7 +179,8 @@ func New(opts Options) *Fleet {
 		opts.Now = time.Now
 	}
 	return &Fleet{opts: opts, polls: polls, log: opts.Logger.With("component", "fleet"), metrics: opts.Metrics,
-		sources: make(map[string][]HostSpec), dns: make(map[string]context.CancelFunc), hosts: make(map[string]*host)}
+		sources: make(map[string][]HostSpec), dns: make(map[string]context.CancelFunc), hosts: make(map[string]*host),
+		retiring: make(map[string]*host), awaiting: make(map[*host]bool)}
 }
 
 // Run polls the hosts and resolves the DNS names until ctx ends, then waits
@@ -307,38 +313,50 @@ func (f *Fleet) reconcileLocked() {
 		}
 		return cmp.Compare(a, b)
 	})
+	var gone, started []*host
 	for _, source := range sources {
 		for _, spec := range f.sources[source] {
 			if want[spec.Name] {
 				continue
 			}
 			want[spec.Name] = true
-			if h, ok := f.hosts[spec.Name]; ok {
-				if h.spec.URL == spec.URL {
-					h.mu.Lock()
-					h.spec, h.source = spec, source
-					h.mu.Unlock()
-					continue
-				}
-				f.stopLocked(h)
+			h, ok := f.hosts[spec.Name]
+			if r := f.retiring[spec.Name]; !ok && r != nil && r.spec.URL == spec.URL {
+				delete(f.retiring, spec.Name) // back before it was retired
+				f.hosts[spec.Name] = r
+				h, ok = r, true
 			}
-			f.startLocked(spec, source)
+			if ok && h.spec.URL == spec.URL {
+				h.mu.Lock()
+				h.spec, h.source = spec, source
+				h.mu.Unlock()
+				continue
+			}
+			if ok {
+				delete(f.hosts, h.name)
+				gone = append(gone, h)
+			}
+			if h := f.startLocked(spec, source); h != nil {
+				started = append(started, h)
+			}
 		}
 	}
 	for name, h := range f.hosts {
 		if !want[name] {
-			f.stopLocked(h)
+			delete(f.hosts, name)
+			gone = append(gone, h)
 		}
 	}
-	hosts := maps.Clone(f.hosts)
-	f.routing.Store(&hosts)
+	f.retireLocked(gone, started)
 }
 
-func (f *Fleet) startLocked(spec HostSpec, source string) {
+// startLocked starts a poller for a new host, and returns the host (nil
+// when its spec is unusable).
+func (f *Fleet) startLocked(spec HostSpec, source string) *host {
 	h, err := newHost(spec, source)
 	if err != nil {
 		f.log.Error("host not added", "host", spec.Name, "err", err)
-		return
+		return nil
 	}
 	ctx, cancel := context.WithCancel(f.ctx)
 	h.stop = cancel
@@ -346,18 +364,20 @@ func (f *Fleet) startLocked(spec HostSpec, source string) {
 	f.metrics.setUp(spec.Name, false)
 	f.log.Info("host added", "host", spec.Name, "url", spec.URL, "source", source)
 	f.wg.Go(func() { f.run(ctx, h) })
+	return h
 }
 
-// stopLocked stops h's poller and takes it out of the fleet; its series
-// stay until the requests that tried it are counted (release).
+// stopLocked stops the poller of h, which has left f.hosts and f.retiring;
+// its series stay until the requests that tried it are counted (release),
+// and those of a host of the same name in the fleet stay.
 func (f *Fleet) stopLocked(h *host) {
 	h.stop()
-	delete(f.hosts, h.name)
+	delete(f.awaiting, h)
 	h.mu.Lock()
 	h.removed = true
 	gone := h.refs == 0
 	h.mu.Unlock()
-	if gone {
+	if _, back := f.hosts[h.name]; gone && !back {
 		f.metrics.forget(h.name)
 	}
 	f.log.Info("host removed", "host", h.name)

@@ -35,10 +35,13 @@ type fakeHost struct {
 	pools     []statusapi.Pool
 	models    []hostModel
 	failPolls bool
-	post      http.HandlerFunc
-	posts     int
-	auth      []string // Authorization of each POST
-	paths     []string // the path of each POST
+	// hold, when not nil, holds every poll until it is closed (or the poll
+	// is given up).
+	hold  chan struct{}
+	post  http.HandlerFunc
+	posts int
+	auth  []string // Authorization of each POST
+	paths []string // the path of each POST
 }
 
 func newFakeHost(t testing.TB, name string, pools []statusapi.Pool, models ...hostModel) *fakeHost {
@@ -51,6 +54,15 @@ func newFakeHost(t testing.TB, name string, pools []statusapi.Pool, models ...ho
 
 func (fh *fakeHost) serve(w http.ResponseWriter, r *http.Request) {
 	fh.mu.Lock()
+	if hold := fh.hold; hold != nil && r.Method == http.MethodGet {
+		fh.mu.Unlock()
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+			return
+		}
+		fh.mu.Lock()
+	}
 	fail, post := fh.failPolls, fh.post
 	switch {
 	case r.Method == http.MethodGet && fail:

@@ -155,6 +155,7 @@ func (f *Fleet) run(ctx context.Context, h *host) {
 	defer close(h.done)
 	t := time.NewTimer(0)
 	defer t.Stop()
+	first := false // the host has had a successful poll
 	for {
 		select {
 		case <-ctx.Done():
@@ -165,6 +166,10 @@ func (f *Fleet) run(ctx context.Context, h *host) {
 		next := f.poll(ctx, h)
 		if ctx.Err() != nil {
 			return
+		}
+		if !first && h.healthy() {
+			first = true
+			f.polledOnce(h)
 		}
 		if !t.Stop() {
 			select {
@@ -194,6 +199,9 @@ func (f *Fleet) poll(ctx context.Context, h *host) time.Duration {
 	if err == nil {
 		_, err = f.getJSON(pctx, h.base.JoinPath("v1", "models"), &models)
 	}
+	if err == nil {
+		err = checkBounds(len(st.Pools), len(models.Data))
+	}
 	now := f.opts.Now()
 	took := now.Sub(start)
 	if ctx.Err() != nil {
@@ -212,6 +220,9 @@ func (f *Fleet) poll(ctx context.Context, h *host) time.Duration {
 			h.silentPolls++
 		} else {
 			h.silentPolls = 0
+		}
+		if errors.Is(err, errTooLarge) && h.lastErr != err.Error() {
+			f.log.Warn("host status refused", "host", h.name, "err", err)
 		}
 		h.lastErr = err.Error()
 		switch {
@@ -449,8 +460,29 @@ func addDelta(m map[string]int, root string, d int) map[string]int {
 	return m
 }
 
-// maxStatusBytes bounds a host's /status or /v1/models body.
-const maxStatusBytes = 8 << 20
+// maxStatusBytes bounds a host's /status or /v1/models body; maxPools and
+// maxModels the pools of its /status and the models of its /v1/models, far
+// above any real host's (a pool per GPU, a few names per profile), so that
+// a host cannot fill fleetd's memory, its routing and its /status.
+const (
+	maxStatusBytes = 8 << 20
+	maxPools       = 256
+	maxModels      = 4096
+)
+
+// errTooLarge is the error of a poll whose answers are over the bounds.
+var errTooLarge = errors.New("over fleetd's bounds")
+
+// checkBounds says whether a host's pools and models are within the bounds.
+func checkBounds(pools, models int) error {
+	switch {
+	case pools > maxPools:
+		return fmt.Errorf("%w: %d pools in /status, at most %d", errTooLarge, pools, maxPools)
+	case models > maxModels:
+		return fmt.Errorf("%w: %d models in /v1/models, at most %d", errTooLarge, models, maxModels)
+	}
+	return nil
+}
 
 // getJSON reads u into v, and returns the answer's Date (zero when it has
 // none).

@@ -23,6 +23,9 @@ type Metrics struct {
 	tenantTokens   *prometheus.CounterVec
 	unchecked      *prometheus.CounterVec
 	tenantsReload  *prometheus.GaugeVec
+	// Redis's breaker: no series without --redis-url.
+	breakerOpen  *prometheus.GaugeVec
+	breakerTrips *prometheus.CounterVec
 }
 
 // NewMetrics registers fleetd's collectors with reg.
@@ -69,8 +72,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fleetd_tenants_file_last_reload_successful", Help: "1 when the last load of the tenants file succeeded; absent without one.",
 		}, nil),
 	}
+	m.breakerOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fleetd_redis_breaker_open", Help: "1 while Redis's breaker is open (calls failed in a row: claims and limit checks are not sent, the fail-open or fail-closed rule applies at once), 0 once a probe succeeded; absent without Redis.",
+	}, nil)
+	m.breakerTrips = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleetd_redis_breaker_trips_total", Help: "Openings of Redis's breaker: after calls that failed in a row, and after each probe that failed.",
+	}, nil)
 	reg.MustRegister(m.requests, m.decisions, m.retries, m.hostUp, m.ejections, m.claims, m.scaling, m.polls, m.reload,
-		m.tenantRequests, m.tenantTokens, m.unchecked, m.tenantsReload)
+		m.tenantRequests, m.tenantTokens, m.unchecked, m.tenantsReload, m.breakerOpen, m.breakerTrips)
 	return m
 }
 
@@ -175,6 +184,25 @@ func (m *Metrics) tenantRequest(tenant string, status int, cut bool, prompt, com
 func (m *Metrics) limitsUnchecked(step string) {
 	if m != nil {
 		m.unchecked.WithLabelValues(step).Inc()
+	}
+}
+
+// RedisBreaker records a change of Redis's breaker: opened (each opening
+// counted) or closed.
+func (m *Metrics) RedisBreaker(open bool) {
+	if m != nil {
+		m.breakerOpen.WithLabelValues().Set(flag(open))
+		if open {
+			m.breakerTrips.WithLabelValues().Inc()
+		}
+	}
+}
+
+// RedisConnected gives Redis's breaker its series, closed: fleetd has a Redis.
+func (m *Metrics) RedisConnected() {
+	if m != nil {
+		m.breakerOpen.WithLabelValues().Set(0)
+		m.breakerTrips.WithLabelValues()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,8 +41,11 @@ type Tenants struct {
 	// of an outage to the line that says it ended.
 	down atomic.Bool
 
-	mu    sync.Mutex // guards fstat
+	mu    sync.Mutex // guards fstat and disagree
 	fstat statusapi.File
+	// disagree are the tenants whose limits another replica gives
+	// otherwise, from ShareLimits's last round; nil: none, or not shared.
+	disagree []statusapi.LimitsDisagreement
 }
 
 // LoadTenants reads the tenants file at path; a file that does not load is
@@ -114,6 +118,7 @@ func (ts *Tenants) Status() (statusapi.File, statusapi.TenantLimits) {
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
+	limits.Disagreements = slices.Clone(ts.disagree)
 	return ts.fstat, limits
 }
 

@@ -68,11 +68,13 @@ return {allowed, math.floor(retry), remaining, math.floor(tat - now)}
 // Limits is a tenant.Limiter whose buckets live in Redis, shared by every
 // fleetd replica: each check, reservation and settlement is one atomic
 // script (gcra) on the server's clock, so that N replicas together admit no
-// more than a tenant's limit, within one request per replica of burst. When
-// Redis cannot be reached, requests are let through (OnError is told, for
-// the warning and the metric), or refused with FailClosed; a settlement
-// that cannot reach it is lost (OnSettleError is told). Set the fields before the first
-// call.
+// more than a tenant's limit, within one request per replica of burst.
+// Each bucket's key carries the tenant's name and the limit (LimitKey). When
+// Redis cannot be reached, or the client's breaker is open after calls that
+// failed (ErrBreakerOpen, at once), requests are let through (OnError is
+// told, for the warning and the metric), or refused with FailClosed; a
+// settlement that cannot reach it is lost (OnSettleError is told). Set the
+// fields before the first call.
 type Limits struct {
 	c *Client
 	// FailClosed refuses the requests that cannot be checked.
@@ -97,17 +99,31 @@ type Limits struct {
 // Limits returns a tenant.Limiter on c.
 func (c *Client) Limits() *Limits { return &Limits{c: c} }
 
+// LimitKey is the key (after the client's prefix) of tenant's bucket for
+// dim ("rpm" or "tpm") at perMinute: the limit's own setting is part of
+// it, so that replicas whose tenants files give one tenant different limits
+// keep a bucket each rather than spend one another's, and a reload that
+// changes a limit starts from a full bucket, as in memory.
+func LimitKey(dim, tenant string, perMinute int) string {
+	return "limit:" + dim + ":" + strconv.Itoa(perMinute) + ":" + tenant
+}
+
 // run runs the script for one dimension of one tenant.
-func (l *Limits) run(dim string, perMinute int, cost int, mode string) (allowed bool, retry time.Duration, remaining int, reset time.Duration, err error) {
+func (l *Limits) run(dim, tenant string, perMinute int, cost int, mode string) (allowed bool, retry time.Duration, remaining int, reset time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cmpOr(l.Timeout, 250*time.Millisecond))
 	defer cancel()
 	period := float64(time.Minute/time.Microsecond) / float64(perMinute) // µs per unit
 	burst := period * float64(perMinute)                                 // a minute's worth
-	res, err := gcra.Run(ctx, l.c.rc, []string{l.c.prefix + "limit:" + dim},
-		strconv.FormatFloat(period, 'f', 3, 64), strconv.FormatFloat(burst, 'f', 0, 64), cost, mode).Int64Slice()
+	var res []int64
+	err = l.c.call(func() error {
+		var err error
+		res, err = gcra.Run(ctx, l.c.rc, []string{l.c.prefix + LimitKey(dim, tenant, perMinute)},
+			strconv.FormatFloat(period, 'f', 3, 64), strconv.FormatFloat(burst, 'f', 0, 64), cost, mode).Int64Slice()
+		return err
+	})
 	if err != nil {
 		l.failing.Store(true)
-		return false, 0, 0, 0, fmt.Errorf("redis rate limit %s: %w", dim, err)
+		return false, 0, 0, 0, fmt.Errorf("redis rate limit %s of %s: %w", dim, tenant, err)
 	}
 	if l.failing.Load() && l.failing.CompareAndSwap(true, false) && l.OnRecover != nil {
 		l.OnRecover()
@@ -142,7 +158,7 @@ func (l *Limits) Admit(t *tenant.Tenant, now time.Time) tenant.Decision {
 		if dim.limit <= 0 {
 			continue
 		}
-		ok, retry, left, reset, err := l.run(dim.name+":"+t.Name, dim.limit, dim.cost, dim.mode)
+		ok, retry, left, reset, err := l.run(dim.name, t.Name, dim.limit, dim.cost, dim.mode)
 		if err != nil {
 			return l.unchecked(l.OnError, err)
 		}
@@ -161,7 +177,7 @@ func (l *Limits) Reserve(t *tenant.Tenant, now time.Time, tokens int) tenant.Dec
 	if t.TPM <= 0 {
 		return tenant.Decision{Allowed: true}
 	}
-	ok, retry, left, reset, err := l.run("tpm:"+t.Name, t.TPM, tokens, "take")
+	ok, retry, left, reset, err := l.run("tpm", t.Name, t.TPM, tokens, "take")
 	if err != nil {
 		return l.unchecked(l.OnReserveError, err)
 	}
@@ -172,12 +188,13 @@ func (l *Limits) Reserve(t *tenant.Tenant, now time.Time, tokens int) tenant.Dec
 	return d
 }
 
-// Settle implements tenant.Limiter.
+// Settle implements tenant.Limiter. A request settles in the bucket it
+// was admitted to (t's limits then), whatever a reload changed since.
 func (l *Limits) Settle(t *tenant.Tenant, now time.Time, reserved, used int) {
 	if t.TPM <= 0 || reserved == used {
 		return
 	}
-	if _, _, _, _, err := l.run("tpm:"+t.Name, t.TPM, used-reserved, "settle"); err != nil && l.OnSettleError != nil {
+	if _, _, _, _, err := l.run("tpm", t.Name, t.TPM, used-reserved, "settle"); err != nil && l.OnSettleError != nil {
 		l.OnSettleError(err)
 	}
 }

@@ -2,6 +2,7 @@ package rdb_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,7 +26,8 @@ func open(t *testing.T, url string) *rdb.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := rdb.Open(ctx, url, rdb.Options{Prefix: "test:"})
+	// A short breaker backoff: a test that stops Redis sees it back soon.
+	c, err := rdb.Open(ctx, url, rdb.Options{Prefix: "test:", BreakerBackoff: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,22 +150,113 @@ func TestLimitsReservationsAcrossReplicas(t *testing.T) {
 	}
 }
 
-// A reload that changes a tenant's limit keeps its bucket (its key is the
-// tenant's name): what was reserved under the old limit stays reserved, and
-// settles in the new one.
+// A reload that changes a tenant's limit starts from a full bucket of the
+// new limit (its key carries the limit), as in memory; what was reserved
+// under the old one settles there.
 func TestLimitsReload(t *testing.T) {
 	l := limits(t, rdbtest.Start(t))
 	old, next := &tenant.Tenant{Name: "team-r", TPM: 1000}, &tenant.Tenant{Name: "team-r", TPM: 2000}
 	if d := l.Reserve(old, time.Now(), 800); !d.Allowed {
 		t.Fatalf("800 of 1,000: %+v", d)
 	}
-	// 800 of 1,000 reserved is 48 s of the bucket: 1,600 of 2,000.
-	if d := l.Reserve(next, time.Now(), 500); d.Allowed || d.Tokens.Limit != 2000 || d.Tokens.Remaining < 400 || d.Tokens.Remaining > 403 {
-		t.Fatalf("500 of the 400 left at 2,000: %+v", d)
+	if d := l.Reserve(next, time.Now(), 2000); !d.Allowed || d.Tokens.Limit != 2000 {
+		t.Fatalf("the whole new limit: %+v", d)
 	}
-	l.Settle(old, time.Now(), 800, 0) // 800 at 1,000 a minute back: full
-	if d := l.Reserve(next, time.Now(), 2000); !d.Allowed {
-		t.Fatalf("the whole new limit after the refund: %+v", d)
+	l.Settle(old, time.Now(), 800, 0) // back to the old bucket: full
+	if d := l.Reserve(old, time.Now(), 1000); !d.Allowed {
+		t.Fatalf("the old bucket after the refund: %+v", d)
+	}
+}
+
+// Two replicas whose tenants files give one tenant different limits (rpm
+// 60 and 600) keep a bucket each: the replica at 600 admits its 600 (to
+// 610 while they arrive) whatever the one at 60 spent first, and the one
+// at 60 its 60.
+func TestLimitsDifferentFiles(t *testing.T) {
+	url := rdbtest.Start(t)
+	slow, fast := limits(t, url), limits(t, url)
+	low, high := &tenant.Tenant{Name: "team-x", RPM: 60}, &tenant.Tenant{Name: "team-x", RPM: 600}
+	admit := func(l *rdb.Limits, ten *tenant.Tenant, n int) int {
+		var ok atomic.Int64
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				if l.Admit(ten, time.Now()).Allowed {
+					ok.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		return int(ok.Load())
+	}
+	if n := admit(slow, low, 100); n < 60 || n > 62 {
+		t.Fatalf("the replica at 60 rpm admitted %d of 100", n)
+	}
+	if n := admit(fast, high, 700); n < 600 || n > 610 {
+		t.Fatalf("the replica at 600 rpm admitted %d of 700 after the one at 60 spent its bucket, want its 600", n)
+	}
+	if d := slow.Admit(low, time.Now()); d.Allowed || d.Requests.Limit != 60 {
+		t.Fatalf("the replica at 60 after the one at 600: %+v", d)
+	}
+}
+
+// A stalled Redis (SIGSTOP) trips the client's breaker: after three checks
+// that time out, the next ones fail at once (ErrBreakerOpen) without asking,
+// the fail-open rule applied; the breaker is told each change, and once Redis
+// goes on (SIGCONT), the first probe after the backoff closes it.
+func TestLimitsBreaker(t *testing.T) {
+	srv := rdbtest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var mu sync.Mutex // guards states
+	var states []rdb.BreakerState
+	c, err := rdb.Open(ctx, srv.URL, rdb.Options{Prefix: "test:", BreakerBackoff: 500 * time.Millisecond,
+		OnBreaker: func(s rdb.BreakerState, _ time.Duration) { mu.Lock(); states = append(states, s); mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const timeout = 200 * time.Millisecond
+	l := c.Limits()
+	l.Timeout = timeout
+	var errs []error
+	l.OnError = func(err error) { errs = append(errs, err) }
+	ten := &tenant.Tenant{Name: "team-z", RPM: 6000}
+	if d := l.Admit(ten, time.Now()); !d.Allowed || len(errs) != 0 {
+		t.Fatalf("with Redis: %+v %v", d, errs)
+	}
+	srv.Pause()
+	slow := 0
+	for i := range 20 {
+		start := time.Now()
+		if d := l.Admit(ten, time.Now()); !d.Allowed {
+			t.Fatalf("fail-open refused: %+v", d)
+		}
+		if time.Since(start) >= timeout {
+			slow++
+			if i >= 3 {
+				t.Fatalf("check %d waited out the timeout: the breaker did not open after 3", i)
+			}
+		}
+	}
+	if slow != 3 || len(errs) != 20 || !errors.Is(errs[19], rdb.ErrBreakerOpen) {
+		t.Fatalf("%d checks waited out the timeout (want 3); %d unchecked, the last: %v", slow, len(errs), errs[len(errs)-1])
+	}
+	srv.Resume()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n := len(errs)
+		l.Admit(ten, time.Now())
+		if len(errs) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still unchecked 10s after Redis went on: %v", errs[len(errs)-1])
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(states) < 2 || states[0] != rdb.BreakerOpen || states[len(states)-1] != rdb.BreakerClosed {
+		t.Fatalf("breaker changes %v, want open … closed", states)
 	}
 }
 

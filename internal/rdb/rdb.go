@@ -20,10 +20,16 @@ import (
 type Client struct {
 	rc     *redis.Client
 	prefix string
+	// br guards every call: past a few failures in a row (a stalled or
+	// unreachable Redis), calls fail at once with ErrBreakerOpen instead of
+	// each waiting out its timeout.
+	br        Breaker
+	onBreaker func(BreakerState, time.Duration)
 }
 
 // Options configures Open. Zero values: Prefix → "fleetd:"; DialTimeout →
-// 2 s; Logger → go-redis's own lines discarded.
+// 2 s; Logger → go-redis's own lines discarded; BreakerAfter, BreakerBackoff
+// and BreakerMaxBackoff → Breaker's defaults; OnBreaker → none.
 type Options struct {
 	// Prefix starts every key, so that several fleets may share one Redis.
 	Prefix      string
@@ -32,6 +38,13 @@ type Options struct {
 	// instead of its stderr: the callers report what matters. go-redis has
 	// one logger per process, so the last Open's wins.
 	Logger *slog.Logger
+	// BreakerAfter failures in a row stop every call for BreakerBackoff,
+	// doubled at each failed probe up to BreakerMaxBackoff (see Breaker).
+	BreakerAfter                      int
+	BreakerBackoff, BreakerMaxBackoff time.Duration
+	// OnBreaker, if not nil, is told each change of the breaker's state,
+	// with the length of an opening; it must not block.
+	OnBreaker func(state BreakerState, backoff time.Duration)
 }
 
 // redisLog is a go-redis logger on a slog.Logger.
@@ -60,7 +73,8 @@ func Open(ctx context.Context, url string, opts Options) (*Client, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	redis.SetLogger(redisLog{log.With("component", "redis")})
-	c := &Client{rc: redis.NewClient(ro), prefix: opts.Prefix}
+	c := &Client{rc: redis.NewClient(ro), prefix: opts.Prefix, onBreaker: opts.OnBreaker,
+		br: Breaker{After: opts.BreakerAfter, Backoff: opts.BreakerBackoff, MaxBackoff: opts.BreakerMaxBackoff}}
 	if c.prefix == "" {
 		c.prefix = "fleetd:"
 	}
@@ -78,15 +92,46 @@ func cmpOr(d, dflt time.Duration) time.Duration {
 	return dflt
 }
 
+// ErrBreakerOpen is the error of a call that the breaker refused: Redis
+// failed the calls before it, and was not asked.
+var ErrBreakerOpen = errors.New("redis not asked: its breaker is open after calls that failed")
+
+// call runs fn, one round trip to Redis, unless the breaker refuses it,
+// and records how it ended: an answer (redis.Nil included) or a failure.
+func (c *Client) call(fn func() error) error {
+	if !c.br.Allow(time.Now()) {
+		return ErrBreakerOpen
+	}
+	err := fn()
+	state, changed, backoff := c.br.Record(time.Now(), err == nil || errors.Is(err, redis.Nil))
+	if changed && c.onBreaker != nil {
+		c.onBreaker(state, backoff)
+	}
+	return err
+}
+
 // Close closes the connections.
 func (c *Client) Close() error { return c.rc.Close() }
 
 // Claim sets key to value for lease unless key is set, and returns the value
 // in force: value when this claim won, else the earlier claim's. It is one
 // atomic command (SET key value NX PX lease GET), so that of concurrent
-// claims exactly one wins and every other learns the winner.
+// claims exactly one wins and every other learns the winner. A ctx
+// cancelled before its deadline (the client left) does not cut the claim
+// short: only its deadline bounds it, so that what the breaker is told is
+// Redis's doing.
 func (c *Client) Claim(ctx context.Context, key, value string, lease time.Duration) (string, error) {
-	old, err := c.rc.SetArgs(ctx, c.prefix+key, value, redis.SetArgs{Mode: "NX", TTL: lease, Get: true}).Result()
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), d)
+		defer cancel()
+	}
+	var old string
+	err := c.call(func() error {
+		var err error
+		old, err = c.rc.SetArgs(ctx, c.prefix+key, value, redis.SetArgs{Mode: "NX", TTL: lease, Get: true}).Result()
+		return err
+	})
 	switch {
 	case errors.Is(err, redis.Nil):
 		return value, nil // nothing was there: this claim is in force

@@ -74,3 +74,34 @@ func TestOpenUnreachable(t *testing.T) {
 		t.Fatal("a bad url gave no error")
 	}
 }
+
+// Each replica's limits reach the others until their ttl ends, and not
+// itself.
+func TestShareLimits(t *testing.T) {
+	url := rdbtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, b := open(t, url), open(t, url)
+	if peers, err := a.ShareLimits(ctx, "a", map[string]string{"team": "rpm=60 tpm=0"}, 200*time.Millisecond); err != nil || len(peers) != 0 {
+		t.Fatalf("the first replica: %v %v", peers, err)
+	}
+	peers, err := b.ShareLimits(ctx, "b", map[string]string{"team": "rpm=600 tpm=0"}, time.Minute)
+	if err != nil || len(peers) != 1 || peers["a"]["team"] != "rpm=60 tpm=0" {
+		t.Fatalf("the second replica sees %v %v", peers, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		peers, err := b.ShareLimits(ctx, "b", map[string]string{"team": "rpm=600 tpm=0"}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(peers) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a's entry outlived its ttl: %v", peers)
+		}
+	}
+	if peers, err := a.ShareLimits(ctx, "a", nil, time.Minute); err != nil || peers["b"]["team"] != "rpm=600 tpm=0" {
+		t.Fatalf("a back: %v %v", peers, err)
+	}
+}

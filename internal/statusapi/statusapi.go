@@ -308,6 +308,21 @@ type TenantLimits struct {
 	// Reachable is false while the store cannot be reached: since the last
 	// check that failed, none has succeeded.
 	Reachable bool `json:"reachable"`
+	// Disagreements are the tenants to whom another replica sharing the
+	// store gives other limits (its tenants file differs): each replica
+	// counts them in buckets of its own. Absent when every replica agrees,
+	// or without a shared store.
+	Disagreements []LimitsDisagreement `json:"disagreements,omitempty"`
+}
+
+// LimitsDisagreement is one tenant whose limits differ between this fleetd
+// and another replica.
+type LimitsDisagreement struct {
+	Tenant  string `json:"tenant"`
+	Replica string `json:"replica"`
+	// Limits are the other replica's ("rpm=60 tpm=0"), Ours this fleetd's.
+	Limits string `json:"limits"`
+	Ours   string `json:"ours"`
 }
 
 // Host is one host in fleetd's GET /status.

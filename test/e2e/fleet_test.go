@@ -27,6 +27,8 @@ type fleetd struct {
 	stdout *lockedBuffer // the access log
 	stderr *lockedBuffer
 	exited chan struct{}
+	// hostsPath is its hosts file.
+	hostsPath string
 }
 
 // startFleetd runs fleetd over hosts (named host1… in order) with fast polls
@@ -53,7 +55,7 @@ func startFleetdWeighted(t *testing.T, hosts []*daemon, weights []int, args ...s
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	f := &fleetd{t: t, url: "http://" + addr, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	f := &fleetd{t: t, url: "http://" + addr, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{}), hostsPath: path}
 	all := append([]string{"--listen", addr, "--hosts", path, "--log-format", "json", "--log-level", "debug",
 		"--poll-interval", "100ms", "--poll-timeout", "2s", "--eject-after", "2", "--max-backoff", "400ms"}, args...)
 	f.cmd = exec.Command(fleetdBin, all...)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -93,6 +94,31 @@ func (s *Server) Stop() {
 	_ = s.cmd.Process.Kill()
 	<-s.exited
 	s.cmd = nil
+}
+
+// Pause stops the server with SIGSTOP: it accepts connections (the kernel
+// does) but answers nothing, as a stalled Redis; Resume (SIGCONT) lets it
+// go on. A paused server is resumed when the test ends.
+func (s *Server) Pause() {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatal("pausing a stopped redis-server")
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("pausing redis-server: %v", err)
+	}
+	cmd := s.cmd
+	s.t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+// Resume lets a paused server go on (SIGCONT).
+func (s *Server) Resume() {
+	s.t.Helper()
+	if s.cmd != nil {
+		if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			s.t.Fatalf("resuming redis-server: %v", err)
+		}
+	}
 }
 
 // ping reports whether a Redis at addr answers PING.
