@@ -1,6 +1,6 @@
 package e2e
 
-// The header flood of issue 26: connections sending about a megabyte of
+// A header flood: connections sending about a megabyte of
 // headers that never end, before any authentication. The memory they cost is
 // bounded by header-bytes-budget and returned once they are gone
 // (docs/security.md, docs/reliability.md).

@@ -13,7 +13,7 @@ import (
 )
 
 // The state directory is trusted only when it is safe (docs/security.md,
-// "The state directory"): the attack of issue 26 wrote, into a state
+// "The state directory"): an attack wrote, into a state
 // directory others could write, an engines file naming a process and a
 // file that poold never started, and poold killed the one and removed the
 // other at its next start.
