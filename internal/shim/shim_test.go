@@ -139,8 +139,19 @@ func TestAttachedPooldGetsLinesThenExit(t *testing.T) {
 	s := startShim(t, newFakeEngine(false), time.Minute)
 	s.print(t, "one", "two", "three", "four")
 	c := s.attach(t)
-	if h := c.Hello; h.PID != 4242 || h.ShimPID != os.Getpid() || h.Fingerprint != "fp" || strings.Join(h.Backlog, ",") != "two,three,four" || h.Unseen != 3 || h.Protocol != Protocol {
-		t.Fatalf("hello %+v: want pid 4242, the last 3 lines, all unseen", h)
+	// The shim may take "four" from the engine's output just after the
+	// attach: it then comes as the first line after the hello, whose
+	// backlog is the 3 lines before it. Either way nothing is lost, and
+	// the 3 lines of the backlog were never seen.
+	h := c.Hello
+	got := strings.Join(h.Backlog, ",")
+	if got == "one,two,three" {
+		if m := next(t, c); m.Kind == KindLine {
+			got += "," + m.Line
+		}
+	}
+	if h.PID != 4242 || h.ShimPID != os.Getpid() || h.Fingerprint != "fp" || (got != "two,three,four" && got != "one,two,three,four") || h.Unseen != 3 || h.Protocol != Protocol {
+		t.Fatalf("hello %+v (then %q): want pid 4242, the last 3 lines, all unseen, and nothing lost", h, got)
 	}
 	s.print(t, "five")
 	if m := next(t, c); m.Kind != KindLine || m.Line != "five" {
@@ -191,8 +202,21 @@ func TestDetachAndAdopt(t *testing.T) {
 	c.Close()
 	s.print(t, "while away")
 	c = s.attach(t)
-	if h := c.Hello; strings.Join(h.Backlog, ",") != "seen,while away" || h.Unseen != 1 {
-		t.Fatalf("hello %+v: want both lines, the second unseen", h)
+	// The line printed while no poold was attached is counted unseen; the
+	// one the first poold got may be counted too, when its writer had not
+	// yet marked it written (a line shown twice, never one lost). The shim
+	// may take "while away" just after the attach: it then follows the
+	// hello.
+	h := c.Hello
+	got, unseen := strings.Join(h.Backlog, ","), 1 // the unseen the backlog must count, at least
+	if got == "seen" {
+		unseen = 0
+		if m := next(t, c); m.Kind == KindLine {
+			got += "," + m.Line
+		}
+	}
+	if got != "seen,while away" || h.Unseen < unseen || h.Unseen > unseen+1 {
+		t.Fatalf("hello %+v (then %q): want both lines, the second unseen", h, got)
 	}
 	if n := s.eng.stops.Load(); n != 0 {
 		t.Fatalf("the engine was stopped %d times while a poold came back in time", n)
