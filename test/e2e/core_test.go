@@ -290,7 +290,7 @@ func TestBadRequests(t *testing.T) {
 		{"empty", ``, 400, "", "empty"},
 		{"missing model", `{"messages": []}`, 400, "model", `"model" is required`},
 		{"model not a string", `{"model": 5}`, 400, "model", `"model" must be a string`},
-		{"stream not a bool", `{"model": "m", "stream": "yes"}`, 400, "", `"stream" must be a boolean`},
+		{"stream not a bool", `{"model": "m", "stream": "yes"}`, 400, "stream", `"stream" must be a boolean`},
 		{"unknown model", `{"model": "nope"}`, 404, "model", `available models: alias-m, m`},
 		{"too large", `{"model": "m", "x": "` + strings.Repeat("a", 2000) + `"}`, 413, "", "1024 byte limit"},
 	}

@@ -194,8 +194,8 @@ scrape_configs:
 			}
 		}
 	}
-	if n != 32 {
-		t.Errorf("Prometheus loaded %d rules, want 32", n)
+	if n != 35 {
+		t.Errorf("Prometheus loaded %d rules, want 35", n)
 	}
 	// Every dashboard query is valid PromQL for this server.
 	raw, err := os.ReadFile("../../deploy/grafana/poold-dashboard.json")
