@@ -172,7 +172,9 @@ func TestFleetHostsFileFlip(t *testing.T) {
 	if len(problems) > 0 {
 		t.Fatalf("%d requests failed, the first: %s", len(problems), problems[0])
 	}
-	if by["host1"]+by["host2"] != old || by["host3"] == 0 {
+	// Each of the 4 clients may have had one request on an old host when
+	// the fleet became host3 alone: those end after it, none starts.
+	if more := by["host1"] + by["host2"] - old; more > 4 || by["host3"] == 0 {
 		t.Fatalf("after the change the old hosts served %d more, host3 %d", by["host1"]+by["host2"]-old, by["host3"])
 	}
 }
