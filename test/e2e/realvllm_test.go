@@ -1,0 +1,660 @@
+package e2e
+
+// The real-vLLM suite: poold in front of vLLM's CPU build (scripts/install-vllm.sh)
+// serving tiny models made offline (make_models.py beside this file). It runs
+// only under `make test-vllm` (POOLD_VLLM_SUITE=1), after the other tests and
+// never beside them: each engine takes about 45 s to start and 3.7 GB.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// realVLLM is the installed vLLM and the suite's models.
+type realVLLM struct {
+	python string // the virtual environment's python
+	models string // the folder make_models.py wrote
+}
+
+var (
+	realOnce sync.Once
+	realEnv  realVLLM
+	realErr  error
+)
+
+// needVLLM returns the real-vLLM environment, or skips the test outside
+// `make test-vllm`. The models are made on first use, into
+// $POOLD_VLLM_MODELS (by default beside the virtual environment).
+func needVLLM(t *testing.T) realVLLM {
+	t.Helper()
+	if os.Getenv("POOLD_VLLM_SUITE") != "1" {
+		t.Skip("real vLLM: run by `make test-vllm` (POOLD_VLLM_SUITE=1)")
+	}
+	realOnce.Do(func() {
+		home := os.Getenv("POOLD_VLLM_HOME")
+		if home == "" {
+			realErr = fmt.Errorf("POOLD_VLLM_HOME is not set: it names the folder scripts/install-vllm.sh installed")
+			return
+		}
+		models := os.Getenv("POOLD_VLLM_MODELS")
+		if models == "" {
+			models = filepath.Join(home, "models")
+		}
+		python := filepath.Join(home, "bin", "python")
+		cmd := exec.Command(python, "make_models.py", models)
+		cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "HF_HUB_DISABLE_PROGRESS_BARS=1", "TQDM_DISABLE=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			realErr = fmt.Errorf("making the models: %w\n%s", err, out)
+			return
+		}
+		realEnv = realVLLM{python: python, models: models}
+	})
+	if realErr != nil {
+		t.Fatal(realErr)
+	}
+	return realEnv
+}
+
+// launcher is the vllm-command setting for the CPU build, whose `vllm`
+// script is broken.
+func (v realVLLM) launcher() string {
+	return v.python + " -m vllm.entrypoints.openai.api_server"
+}
+
+// realProfile is one profile of a real engine: the model made under the
+// name model, with extra fields.
+type realProfile struct {
+	ID, Model string
+	Pools     []string
+	Args      []string
+	Extra     map[string]any
+}
+
+// profiles renders a profiles file of real engines, each tagged with tag in
+// its environment (the leftover check finds the whole tree by it: vLLM's
+// processes inherit it).
+func (v realVLLM) profiles(tag string, pools []pool, profs []realProfile) []byte {
+	var ps []map[string]any
+	for _, p := range pools {
+		m := map[string]any{"name": p.Name, "gpus": p.GPUs}
+		if p.Default != "" {
+			m["default"] = p.Default
+		}
+		for k, val := range p.Extra {
+			m[k] = val
+		}
+		ps = append(ps, m)
+	}
+	var out []map[string]any
+	for _, p := range profs {
+		m := map[string]any{
+			"id":    p.ID,
+			"model": filepath.Join(v.models, p.Model),
+			"args":  append([]string{"--max-model-len", "2048", "--dtype", "float32"}, p.Args...),
+			"env": map[string]string{
+				"POOLD_E2E_TAG":          runTag(tag),
+				"VLLM_CPU_KVCACHE_SPACE": "1",
+				"HF_HUB_OFFLINE":         "1",
+				"VLLM_NO_USAGE_STATS":    "1",
+				"DO_NOT_TRACK":           "1",
+			},
+		}
+		if len(p.Pools) > 0 {
+			m["pools"] = p.Pools
+		}
+		for k, val := range p.Extra {
+			m[k] = val
+		}
+		out = append(out, m)
+	}
+	// Generous bounds: a start is 37-55 s on an idle 2-core machine.
+	defaults := map[string]any{"startupTimeout": "5m", "stopTimeout": "20s"}
+	b, _ := json.MarshalIndent(map[string]any{"pools": ps, "profiles": out, "defaults": defaults}, "", "  ")
+	return b
+}
+
+// treeOf lists the live processes tagged tag with their names (the API
+// server, its resource tracker, VLLM::EngineCore, VLLM::Worker).
+func treeOf(tag string) map[int]string {
+	tree := map[int]string{}
+	for _, pid := range taggedProcesses(tag) {
+		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		tree[pid] = strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " ")
+	}
+	return tree
+}
+
+// wholeTree fails the test unless tree holds all four of a vLLM engine's
+// processes.
+func wholeTree(t *testing.T, tree map[int]string) {
+	t.Helper()
+	for _, want := range []string{"vllm.entrypoints.openai.api_server", "resource_tracker", "VLLM::EngineCore", "VLLM::Worker"} {
+		found := false
+		for _, name := range tree {
+			found = found || strings.Contains(name, want)
+		}
+		if !found {
+			t.Fatalf("no %s among the engine's processes: %v", want, tree)
+		}
+	}
+}
+
+// waitGone waits until none of pids is alive.
+func waitGone(t *testing.T, what string, pids map[int]string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var left []string
+		for pid, name := range pids {
+			if alive(pid) {
+				left = append(left, fmt.Sprintf("%d %s", pid, name))
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still alive after %s: %v", what, timeout, left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// realChat is a chat request for model of exactly n generated tokens (the
+// models are random: without ignore_eos they may stop at once).
+func realChat(model string, stream bool, n int, extra string) string {
+	return fmt.Sprintf(`{"model":%q,"stream":%t,"max_tokens":%d,"ignore_eos":true,"messages":[{"role":"user","content":"say something nice"}]%s}`, model, stream, n, extra)
+}
+
+// streamTokens counts a chat or completions stream's content chunks and its
+// usage chunks.
+func streamTokens(t *testing.T, body []byte) (chunks, usage int, done bool) {
+	t.Helper()
+	for _, ev := range sseEvents(body) {
+		if ev == "[DONE]" {
+			done = true
+			continue
+		}
+		var c struct {
+			Choices []json.RawMessage `json:"choices"`
+			Usage   *struct{}         `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(ev), &c); err != nil {
+			t.Fatalf("stream event is not JSON: %v: %s", err, ev)
+		}
+		if c.Usage != nil {
+			usage++
+		}
+		if len(c.Choices) > 0 {
+			chunks++
+		}
+	}
+	return chunks, usage, done
+}
+
+// TestRealVLLMServes checks, against real engines on one pool, every contract
+// poold has with a serving vLLM: readiness, the JSON content type, usage in
+// streams, the Responses and Messages APIs metered exactly, request ids, the
+// engine's error shapes, its metrics, --max-num-seqs as the admission
+// ceiling, keep-alive past the engine's idle close, poold's polls kept out of
+// the log, a swap with a stream in flight and the old tree gone, a restart
+// that adopts the engine after a drain, a SIGKILLed poold whose successor
+// adopts it, and a shutdown that cuts a stream at its bound and leaves nothing.
+func TestRealVLLMServes(t *testing.T) {
+	v := needVLLM(t)
+	tag := t.Name()
+	state := filepath.Join(t.TempDir(), "state")
+	profiles := v.profiles(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "llama"}},
+		[]realProfile{
+			{ID: "llama", Model: "llama", Args: []string{"--max-num-seqs", "2"}},
+			{ID: "qwen", Model: "qwen"},
+		})
+	args := append(keepArgs(state, time.Minute), "--vllm-command", v.launcher())
+	d := startPoold(t, tag, profiles, args...)
+	d.waitPool("p0", 5*time.Minute, "llama ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "llama" })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	t.Run("content type", func(t *testing.T) {
+		// The engine refuses anything but application/json; poold sends a
+		// JSON body as such whatever the client said.
+		for _, ct := range []string{"", "application/x-www-form-urlencoded", "text/plain"} {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(realChat("llama", false, 3, "")))
+			req.Header.Del("Content-Type")
+			if ct != "" {
+				req.Header.Set("Content-Type", ct)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := readAllClose(t, resp)
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("Content-Type %q: %d %s", ct, resp.StatusCode, b)
+			}
+		}
+	})
+
+	t.Run("usage", func(t *testing.T) {
+		code, id, body := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 7, ""), nil)
+		if code != http.StatusOK {
+			t.Fatalf("plain chat: %d %s", code, body)
+		}
+		prompt, n := usageOf(t, body, false)
+		if n != 7 || prompt == 0 {
+			t.Fatalf("plain chat usage %d %d, want some and 7", prompt, n)
+		}
+		checkLogged(t, d, id, prompt, 7)
+		// A stream that did not ask gets no usage, and is counted exactly.
+		code, id, body = d.send(ctx, "/v1/chat/completions", realChat("llama", true, 9, ""), nil)
+		if chunks, usage, done := streamTokens(t, body); code != http.StatusOK || usage != 0 || !done || chunks < 9 {
+			t.Fatalf("chat stream without include_usage: %d, %d usage chunks, %d chunks, done %t:\n%s", code, usage, chunks, done, body)
+		}
+		checkLogged(t, d, id, prompt, 9)
+		// One that asked gets the engine's usage chunk, once.
+		code, id, body = d.send(ctx, "/v1/chat/completions", realChat("llama", true, 4, `,"stream_options":{"include_usage":true}`), nil)
+		if _, usage, done := streamTokens(t, body); code != http.StatusOK || usage != 1 || !done {
+			t.Fatalf("chat stream with include_usage: %d, %d usage chunks:\n%s", code, usage, body)
+		}
+		checkLogged(t, d, id, prompt, 4)
+		// Completions, plain and streamed.
+		comp := func(stream bool, n int) string {
+			return fmt.Sprintf(`{"model":"llama","prompt":"once upon a time","max_tokens":%d,"ignore_eos":true,"stream":%t}`, n, stream)
+		}
+		code, id, body = d.send(ctx, "/v1/completions", comp(false, 6), nil)
+		if code != http.StatusOK {
+			t.Fatalf("plain completion: %d %s", code, body)
+		}
+		cprompt, n := usageOf(t, body, false)
+		if n != 6 {
+			t.Fatalf("plain completion usage %d %d, want 6 generated", cprompt, n)
+		}
+		checkLogged(t, d, id, cprompt, 6)
+		code, id, body = d.send(ctx, "/v1/completions", comp(true, 8), nil)
+		if _, usage, done := streamTokens(t, body); code != http.StatusOK || usage != 0 || !done {
+			t.Fatalf("completion stream: %d, %d usage chunks:\n%s", code, usage, body)
+		}
+		checkLogged(t, d, id, cprompt, 8)
+	})
+
+	t.Run("responses and messages", func(t *testing.T) {
+		for _, c := range apiCalls("llama") {
+			code, id, body := d.send(ctx, c.path, strings.Replace(c.body, `"model"`, `"ignore_eos":true,"model"`, 1), nil)
+			if code != http.StatusOK {
+				t.Fatalf("%s: %d %s", c.name, code, body)
+			}
+			p, n := apiUsage(t, body, c.stream)
+			if p == 0 || n != 5 {
+				t.Errorf("%s: the engine reported %d prompt and %d completion tokens, want some and 5", c.name, p, n)
+			}
+			checkLogged(t, d, id, p, n)
+		}
+	})
+
+	t.Run("request id", func(t *testing.T) {
+		code, h, body := sendTo(ctx, t, d.url+"/v1/chat/completions", realChat("llama", false, 2, ""), map[string]string{"X-Request-Id": "real-rid-1"})
+		if code != http.StatusOK || len(h.Values("X-Request-Id")) != 1 || h.Get("X-Request-Id") != "real-rid-1" {
+			t.Fatalf("%d, X-Request-Id %q: %s", code, h.Values("X-Request-Id"), body)
+		}
+		var a struct{ ID string }
+		_ = json.Unmarshal(body, &a)
+		if !strings.Contains(a.ID, "real-rid-1") {
+			t.Errorf("the engine's answer id %q does not carry the request id: it did not get it", a.ID)
+		}
+	})
+
+	t.Run("engine errors", func(t *testing.T) {
+		// A bound past the context: the engine's own 400, passed as it is.
+		code, _, body := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 5000, ""), nil)
+		var e struct {
+			Error struct {
+				Type  string
+				Param *string
+				Code  any
+			}
+		}
+		if err := json.Unmarshal(body, &e); code != http.StatusBadRequest || err != nil || e.Error.Type != "BadRequestError" {
+			t.Errorf("max_tokens past the context: %d %s, want the engine's 400 BadRequestError", code, body)
+		}
+		// A model poold does not know: poold's own 404, no engine asked.
+		code, _, body = d.send(ctx, "/v1/chat/completions", realChat("nope", false, 2, ""), nil)
+		if c, _, _ := errorCode(t, body); code != http.StatusNotFound || c != "model_not_found" {
+			t.Errorf("unknown model: %d %s", code, body)
+		}
+	})
+
+	t.Run("metrics", func(t *testing.T) {
+		// One stream in flight shows as running in engineStats, read from
+		// the engine's own /metrics.
+		done := make(chan []byte, 1)
+		go func() {
+			_, _, b := d.send(ctx, "/v1/chat/completions", realChat("llama", true, 1900, ""), nil)
+			done <- b
+		}()
+		deadline := time.Now().Add(time.Minute)
+		var last *engineStats
+		for seen := false; !seen; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("engineStats never showed the stream running: %+v", last)
+			}
+			for _, p := range d.status().Pools {
+				last = p.EngineStats
+				seen = seen || (p.EngineStats != nil && p.EngineStats.Running == 1 && p.EngineStats.KVCacheUsage > 0)
+			}
+		}
+		if chunks, _, ok := streamTokens(t, <-done); !ok || chunks < 1900 {
+			t.Errorf("the stream measured ended early: %d chunks", chunks)
+		}
+	})
+
+	t.Run("max-num-seqs", func(t *testing.T) {
+		// A burst of 6 at an engine that runs 2 at once: poold holds the
+		// rest, so the engine never queues one.
+		var wg sync.WaitGroup
+		codes := make(chan int, 6)
+		for range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code, _, _ := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 400, ""), nil)
+				codes <- code
+			}()
+		}
+		waited := false
+		stop := make(chan struct{})
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				for _, p := range d.status().Pools {
+					if p.InFlight > 2 {
+						t.Errorf("%d requests on an engine of --max-num-seqs 2", p.InFlight)
+					}
+					if p.EngineStats != nil && p.EngineStats.Waiting > 0 {
+						t.Errorf("the engine queued %d requests", p.EngineStats.Waiting)
+					}
+					for _, n := range p.Waiting {
+						waited = waited || n > 0
+					}
+				}
+			}
+		}()
+		wg.Wait()
+		close(stop)
+		<-watched
+		close(codes)
+		for c := range codes {
+			if c != http.StatusOK {
+				t.Errorf("a request of the burst got %d", c)
+			}
+		}
+		if !waited {
+			t.Error("no request of the burst waited in poold's queue")
+		}
+	})
+
+	t.Run("keep-alive", func(t *testing.T) {
+		d.chat("llama")
+		time.Sleep(6 * time.Second) // past the engine's 5 s keep-alive: the idle time under test
+		d.chat("llama")
+		if n := d.metricValue("poold_engine_connections_closed_by_engine_total"); n > 0 {
+			t.Errorf("the engine closed %v idle connections before poold did", n)
+		}
+	})
+
+	t.Run("own polls out of the log", func(t *testing.T) {
+		d.waitPositive(`poold_engine_log_lines_dropped_total{pool="p0",reason="own_poll"}`, time.Minute)
+		for line := range strings.Lines(d.stderr.String()) {
+			if strings.Contains(line, `GET /metrics HTTP/1.1`) && !strings.Contains(line, `"level":"DEBUG"`) {
+				t.Fatalf("a poll's access line logged above debug: %s", line)
+			}
+		}
+		if !strings.Contains(d.stderr.String(), `POST /v1/chat/completions HTTP/1.1`) {
+			t.Error("the clients' access lines are not kept")
+		}
+	})
+
+	var llamaTree map[int]string
+	t.Run("swap with a stream in flight", func(t *testing.T) {
+		llamaTree = treeOf(tag)
+		wholeTree(t, llamaTree)
+		stream := make(chan []byte, 1)
+		started := make(chan struct{})
+		go func() {
+			stream <- streamFirst(ctx, t, d.url+"/v1/chat/completions", realChat("llama", true, 1800, ""), started)
+		}()
+		<-started
+		code, _, body := d.send(ctx, "/v1/chat/completions", realChat("qwen", false, 3, ""), nil)
+		if code != http.StatusOK {
+			t.Fatalf("the swap's own request: %d %s", code, body)
+		}
+		if chunks, _, done := streamTokens(t, <-stream); !done || chunks < 1800 {
+			t.Errorf("the llama stream was cut by the swap: %d chunks, done %t", chunks, done)
+		}
+		waitGone(t, "llama's tree after the swap", llamaTree, 30*time.Second)
+		if p := d.pool("p0"); p.Profile != "qwen" {
+			t.Fatalf("after the swap: %+v", p)
+		}
+	})
+
+	t.Run("restart adopts after a drain", func(t *testing.T) {
+		pid := d.serving("p0", "qwen")
+		tree := treeOf(tag)
+		stream := make(chan []byte, 1)
+		started := make(chan struct{})
+		go func() {
+			stream <- streamFirst(ctx, t, d.url+"/v1/chat/completions", realChat("qwen", true, 1800, ""), started)
+		}()
+		<-started
+		d.stop() // SIGTERM: the stream runs to its end, the engine stays
+		if chunks, _, done := streamTokens(t, <-stream); !done || chunks < 1800 {
+			t.Errorf("the stream in flight at SIGTERM: %d chunks, done %t", chunks, done)
+		}
+		for p, name := range tree {
+			if !alive(p) {
+				t.Fatalf("%d %s gone with poold, want the engine kept", p, name)
+			}
+		}
+		d2 := startPoold(t, tag, profiles, args...)
+		if got := d2.serving("p0", "qwen"); got != pid {
+			t.Fatalf("the restarted poold serves pid %d, want the adopted %d", got, pid)
+		}
+		d2.chat("qwen")
+		if n := d2.engineStarts(); n != 0 {
+			t.Errorf("%d engines started by the restarted poold", n)
+		}
+		// SIGKILLed: the engine stays; the next poold adopts it again.
+		if err := d2.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-d2.exited
+		d3 := startPoold(t, tag, profiles, append(slices.Clone(args), "--shutdown-timeout", "500ms", "--keep-engines-on-restart=false")...)
+		if got := d3.serving("p0", "qwen"); got != pid {
+			t.Fatalf("after a SIGKILL the next poold serves pid %d, want the adopted %d", got, pid)
+		}
+		// Its SIGTERM, with a stream longer than its 0.5 s drain bound: the
+		// stream is cut with poold's error event, then the whole tree goes.
+		started = make(chan struct{})
+		go func() {
+			stream <- streamFirst(ctx, t, d3.url+"/v1/chat/completions", realChat("qwen", true, 1800, `,"stream_options":{"include_usage":false}`), started)
+		}()
+		<-started
+		d3.stop()
+		body := <-stream
+		if !strings.Contains(string(body), "shutting_down") {
+			t.Errorf("a stream cut at the drain bound does not say so: %s", tail(string(body), 3))
+		}
+		waitGone(t, "the tree after poold's SIGTERM", tree, 30*time.Second)
+	})
+}
+
+// streamFirst posts body to url, closes started at the first event, and
+// returns the whole stream.
+func streamFirst(ctx context.Context, t *testing.T, url, body string, started chan struct{}) []byte {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		close(started)
+		return nil
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		close(started)
+		return []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	var out []byte
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<16), 1<<20)
+	first := true
+	for sc.Scan() {
+		out = append(append(out, sc.Bytes()...), '\n')
+		if first && strings.HasPrefix(sc.Text(), "data: ") {
+			first = false
+			close(started)
+		}
+	}
+	if first {
+		close(started)
+	}
+	return out
+}
+
+// readAllClose reads and closes resp's body.
+func readAllClose(t *testing.T, resp *http.Response) []byte {
+	t.Helper()
+	defer resp.Body.Close()
+	var b strings.Builder
+	if _, err := bufio.NewReader(resp.Body).WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	return []byte(b.String())
+}
+
+// waitPositive polls /metrics until series is above zero.
+func (d *daemon) waitPositive(series string, timeout time.Duration) {
+	d.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for d.metricValue(series) <= 0 {
+		if time.Now().After(deadline) {
+			d.t.Fatalf("%s not above zero within %s", series, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRealVLLMStartFailures checks how real engines that cannot serve are
+// reported: a flag vLLM refuses and sleep mode on a CPU, each with the
+// engine's own lines; a taken port, recognised and retried on another; a
+// model that dies at its first request, held failing after two deaths with
+// its reason. The last engine then serves, and poold is SIGKILLed: `poold
+// stop-engines` stops the whole tree.
+func TestRealVLLMStartFailures(t *testing.T) {
+	v := needVLLM(t)
+	tag := t.Name()
+	state := filepath.Join(t.TempDir(), "state")
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	port := strconv.Itoa(held.Addr().(*net.TCPAddr).Port)
+	marker := filepath.Join(t.TempDir(), "first-start")
+	// The first start of "clash" finds its port taken; the next gets poold's.
+	clash := []string{"/bin/sh", "-c", `if [ ! -e "$0" ]; then : >"$0"; exec "$@" --port ` + port + `; fi; exec "$@"`, marker,
+		v.python, "-m", "vllm.entrypoints.openai.api_server", "--model", filepath.Join(v.models, "llama"),
+		"--host", "127.0.0.1", "--port", "{port}", "--served-model-name", "{id}", "--max-model-len", "2048", "--dtype", "float32"}
+	profiles := v.profiles(tag,
+		[]pool{{Name: "p1", GPUs: []int{1}}, {Name: "p2", GPUs: []int{2}}, {Name: "p3", GPUs: []int{3}}, {Name: "p4", GPUs: []int{4}}},
+		[]realProfile{
+			{ID: "badflag", Model: "llama", Pools: []string{"p1"}, Args: []string{"--no-such-flag"}},
+			{ID: "sleepy", Model: "llama", Pools: []string{"p2"}, Extra: map[string]any{"sleep": map[string]any{"level": 1}}},
+			{ID: "clash", Model: "llama", Pools: []string{"p3"}, Extra: map[string]any{"command": clash}},
+			{ID: "head16", Model: "head16", Pools: []string{"p4"}},
+		})
+	d := startPoold(t, tag, profiles, "--state-dir", state, "--keep-engines-on-restart", "--vllm-command", v.launcher())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	type result struct {
+		code int
+		body []byte
+	}
+	ask := func(model string) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			code, _, body := d.send(ctx, "/v1/chat/completions", realChat(model, false, 2, ""), nil)
+			ch <- result{code, body}
+		}()
+		return ch
+	}
+	badflag, sleepy, clashed, head16 := ask("badflag"), ask("sleepy"), ask("clash"), ask("head16")
+
+	for _, c := range []struct {
+		name string
+		res  <-chan result
+		want string
+	}{
+		{"a flag vLLM refuses", badflag, "unrecognized arguments: --no-such-flag"},
+		{"sleep mode on a CPU", sleepy, "Sleep mode is not supported on current platform"},
+	} {
+		r := <-c.res
+		if r.code == http.StatusOK || !strings.Contains(string(r.body), c.want) {
+			t.Errorf("%s: %d %s, want an error with the engine's line %q", c.name, r.code, r.body, c.want)
+		}
+	}
+	if r := <-clashed; r.code != http.StatusOK {
+		t.Errorf("an engine whose first port was taken: %d %s", r.code, r.body)
+	} else if !strings.Contains(d.stderr.String(), "engine's port was taken; starting it on another") {
+		t.Error("the taken port was not recognised in vLLM's words")
+	}
+
+	// head16 passes readiness and dies at its first request, each time.
+	if r := <-head16; r.code == http.StatusOK {
+		t.Fatalf("head16's first request: %d %s", r.code, r.body)
+	}
+	if r := <-ask("head16"); r.code == http.StatusOK {
+		t.Fatalf("head16's second request: %d %s", r.code, r.body)
+	}
+	begin := time.Now()
+	code, h, body := sendTo(ctx, t, d.url+"/v1/chat/completions", realChat("head16", false, 2, ""), nil)
+	if code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" || !strings.Contains(string(body), "head_dim=16") {
+		t.Errorf("head16 after two deaths: %d Retry-After %q %s; want 503 at once with the engine's reason", code, h.Get("Retry-After"), body)
+	}
+	if took := time.Since(begin); took > 10*time.Second {
+		t.Errorf("the refusal took %s: an engine was started again", took)
+	}
+
+	// SIGKILL poold: the engine it left is stopped, whole, by stop-engines.
+	tree := map[int]string{}
+	for pid, name := range treeOf(tag) {
+		tree[pid] = name
+	}
+	wholeTree(t, tree)
+	if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-d.exited
+	stopEngines(t, state, tag)
+	waitGone(t, "the tree after stop-engines", tree, 30*time.Second)
+}
