@@ -35,8 +35,11 @@ func program() *cli.Program {
 		Version: versionString(),
 		Commands: []cli.Command{
 			{Name: "serve", Args: "[flags]", Summary: "run the daemon (the default command)", Run: cli.UntilSignal(serve)},
-			{Name: "check", Args: "[PROFILES] [--tenants FILE]", Summary: "validate a profiles file, a tenants file or both (every problem with its JSON path), and warn about what would fail on this host",
-				Run: func(args []string) int { return check(args, localHost(), os.Stdout, os.Stderr) }},
+			{Name: "check", Args: "[PROFILES] [--tenants FILE] [--vllm-command CMD] [--config FILE]", Summary: "validate a profiles file, a tenants file or both (every problem with its JSON path), and warn about what would fail on this host",
+				Run: func(args []string) int {
+					self, _ := os.Executable()
+					return check(args, localHost(), self, os.Stdout, os.Stderr)
+				}},
 			{Name: "hash-key", Args: "[KEY]", Summary: "print the hash of an API key as a tenants file holds it (keys from stdin without KEY)",
 				Run: func(args []string) int { return hashKey(args, os.Stdin, os.Stdout, os.Stderr) }},
 			{Name: "status", Args: "[--addr ADDR] [--json]", Summary: "print a running poold's pools as a table",

@@ -17,11 +17,22 @@ import (
 	"github.com/poold/poold/internal/logqueue"
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/proxy"
 )
 
 // defaultSettingsFile is read when it exists and no --config is given.
 const defaultSettingsFile = "/etc/poold/poold.yaml"
+
+// vllmCommandSetting is the setting of the launcher of the profiles with a
+// model and no command, which serve and check both read.
+const vllmCommandSetting = "vllm-command"
+
+// vllmCommandUsage is the help of the vllm-command flag.
+const vllmCommandUsage = `command line that starts vLLM for the profiles with a model and no command, split on spaces; poold adds --model MODEL and its flags. vLLM's CPU build needs "VENV/bin/python -m vllm.entrypoints.openai.api_server"`
+
+// errVLLMCommandEmpty is the error of a vllm-command of no word.
+var errVLLMCommandEmpty = errors.New(`vllm-command: must not be empty: it is the command line that starts vLLM, such as "vllm serve"`)
 
 // settings are the daemon's own settings (the profiles file says what to serve).
 // Precedence, highest first: flags, POOLD_* environment variables, the settings
@@ -59,6 +70,9 @@ type settings struct {
 	GPUSimDir string
 	// StateDir holds the engines file and the lock (crash clean-up).
 	StateDir string
+	// VLLMCommand is the launcher of the profiles with a model and no
+	// command (profile.Launch.VLLM): vllm-command split into words.
+	VLLMCommand []string
 	// Containment is how engines' processes are kept account of: "auto"
 	// (a cgroup per engine where poold's cgroup is delegated to it, else
 	// process groups), "cgroup" (required) or "process-group".
@@ -142,6 +156,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.Duration("vram-release-timeout", gpu.DefaultReleaseTimeout, "how long to wait for a stopped or sleeping engine's GPU memory to be released (with NVML)")
 	fl.String("gpu-sim-dir", "", "read GPU telemetry from this simulated-GPU directory (engine-sim --sim-gpu-dir) instead of NVML: for the simulator and the demo")
 	_ = fl.MarkHidden("gpu-sim-dir")
+	fl.String(vllmCommandSetting, profile.DefaultVLLMCommand, vllmCommandUsage)
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
 	fl.Bool("keep-engines-on-restart", true, "keep the engines running across a restart of poold, under supervisors that the next poold adopts them from (docs/operations.md, Upgrades); off, a shutdown stops them")
 	fl.Duration("adopt-timeout", time.Minute, "with keep-engines-on-restart, how long an engine runs on with no poold in front of it (after a crash, or a shutdown with no restart) before its supervisor stops it")
@@ -191,6 +206,7 @@ func loadSettings(args []string) (settings, error) {
 	s.VRAMReleaseTimeout = v.Duration("vram-release-timeout")
 	s.GPUSimDir = v.String("gpu-sim-dir")
 	s.StateDir = v.String("state-dir")
+	s.VLLMCommand = strings.Fields(v.String(vllmCommandSetting))
 	s.Containment = v.String("containment")
 	s.KeepEngines = v.Bool("keep-engines-on-restart")
 	s.AdoptTimeout = v.Duration("adopt-timeout")
@@ -234,6 +250,9 @@ func loadSettings(args []string) (settings, error) {
 	}
 	if s.StateDir == "" {
 		errs = append(errs, errors.New("state-dir: must not be empty"))
+	}
+	if len(s.VLLMCommand) == 0 {
+		errs = append(errs, errVLLMCommandEmpty)
 	}
 	switch s.Containment {
 	case pool.ModeAuto, pool.ModeCgroup, pool.ModeProcessGroup:

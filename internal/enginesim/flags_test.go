@@ -53,6 +53,28 @@ func equalConfig(a, b Config) bool {
 	return reflect.DeepEqual(a, b)
 }
 
+// The model comes as --model, in both of argparse's spellings, in the
+// command lines that poold gives a launcher (profile.Argv); a positional
+// MODEL may repeat it, not contradict it.
+func TestParseFlagsModelFlag(t *testing.T) {
+	for _, model := range [][]string{{"--model", "org/m"}, {"--model=org/m"}, {"org/m", "--model", "org/m"}} {
+		args := append(slices.Clone(model), "--host", "127.0.0.1", "--port", "9000", "--served-model-name", "id",
+			"--tensor-parallel-size", "1", "--enable-sleep-mode")
+		cfg, err := ParseFlags(args)
+		if err != nil || cfg.Model != "org/m" || !slices.Equal(cfg.ServedModelNames, []string{"id"}) || cfg.Port != 9000 || !cfg.EnableSleepMode {
+			t.Errorf("%q: err %v, model %q, names %q, port %d, sleep mode %v", args, err, cfg.Model, cfg.ServedModelNames, cfg.Port, cfg.EnableSleepMode)
+		}
+	}
+	for _, args := range [][]string{{"org/a", "--model", "org/b"}, {"--model=org/b", "org/a"}} {
+		if _, err := ParseFlags(args); err == nil || !strings.Contains(err.Error(), `model given twice: positional "org/a" and --model "org/b"`) {
+			t.Errorf("%q: %v, want the model given twice", args, err)
+		}
+	}
+	if _, err := ParseFlags([]string{"--model"}); err == nil || !strings.Contains(err.Error(), "argument --model: expected one argument") {
+		t.Errorf("--model alone: %v", err)
+	}
+}
+
 func TestParseFlagsVariants(t *testing.T) {
 	for _, tc := range []struct {
 		args  []string

@@ -346,7 +346,7 @@ func (p *Pool) preflight(prof *profile.Profile) error {
 	if !cold {
 		return nil
 	}
-	if problems := prof.Preflight(p.opts.Host); len(problems) > 0 {
+	if problems := prof.Preflight(p.opts.Host, p.opts.Launch); len(problems) > 0 {
 		return &LoadError{Profile: prof.ID, Err: &PreflightError{Problems: problems}}
 	}
 	return nil

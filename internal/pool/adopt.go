@@ -30,7 +30,8 @@ const adoptTimeout = 5 * time.Second
 // Ledger.Recorded returns them), before Run. An engine is adopted when its
 // pool still serves its profile, its shim answers with the recorded pid,
 // the process is the recorded one, the profile in force would start it with
-// the same command and environment (its fingerprint), the engine itself
+// the same command and environment (its fingerprint: a change of the
+// launcher, the vllm-command setting, counts as one), the engine itself
 // listens on its recorded loopback port and no other process does, and it
 // answers as recorded: /v1/models lists its profile, or /is_sleeping says
 // that it sleeps. An adopted engine serves (or sleeps) in its pool without
@@ -112,7 +113,7 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 		target:     loopbackURL(rec.Port),
 		pid:        rec.PID,
 		startedAt:  time.Now(),
-		argv:       prof.Argv(rec.Port, spec, p.opts.Self),
+		argv:       prof.Argv(rec.Port, spec, p.opts.Launch),
 		env:        env,
 		token:      rec.Token,
 		startTicks: rec.StartTicks,
@@ -138,7 +139,7 @@ func (p *Pool) verify(ctx context.Context, e *engine, rec LedgerEngine) error {
 		return fmt.Errorf("its process %d %w", rec.PID, errNotRecorded)
 	}
 	if e.conn.Hello.Fingerprint != shim.Fingerprint(e.argv, e.env) {
-		return errors.New("its profile changed while poold was down (another command or environment)")
+		return errors.New("its profile changed while poold was down, or the vllm-command setting did (another command line or environment)")
 	}
 	p.mu.Lock()
 	busy, allowExposed := rec.Sleeping == 0 && p.eng != nil, p.spec.AllowNonLoopback

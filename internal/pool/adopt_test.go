@@ -28,6 +28,13 @@ import (
 // not attach to.
 func keptSet(t *testing.T, dir string, cfg *profile.Config) (s *Set, rest []LedgerEngine, stop func(detach bool)) {
 	t.Helper()
+	return keptSetWith(t, dir, cfg, nil)
+}
+
+// keptSetWith is keptSet with vllm, the launcher of the profiles without a
+// command, followed by --model and the rest (Launch.VLLM).
+func keptSetWith(t *testing.T, dir string, cfg *profile.Config, vllm []string) (s *Set, rest []LedgerEngine, stop func(detach bool)) {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +43,7 @@ func keptSet(t *testing.T, dir string, cfg *profile.Config) (s *Set, rest []Ledg
 	if err != nil {
 		t.Fatal(err)
 	}
-	s = NewSet(cfg, Options{Self: self, Ledger: ledger, Shims: &Shims{Dir: dir, AdoptTimeout: time.Minute}})
+	s = NewSet(cfg, Options{Launch: profile.Launch{Self: self, VLLM: vllm}, Ledger: ledger, Shims: &Shims{Dir: dir, AdoptTimeout: time.Minute}})
 	recorded, err := ledger.Recorded()
 	if err != nil {
 		t.Fatal(err)
@@ -190,6 +197,42 @@ func TestAdoptRefuses(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The launcher of a profile without a command is part of what the engine
+// was started with: the next poold adopts the engine under the same
+// launcher, and refuses it, naming the setting, under another.
+func TestAdoptRefusesAnotherLauncher(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg := reloadConfig(t, `{"name": "g", "gpus": [0], "default": "a"}`, `{"id": "a", "model": "org/a"}`)
+	launcher := []string{self, "engine-sim"}
+	s1, _, stop1 := keptSetWith(t, dir, cfg, launcher)
+	pid := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady && p.Engine != nil }).Engine.PID
+	stop1(true)
+
+	s2, _, stop2 := keptSetWith(t, dir, cfg, launcher)
+	if ad := s2.Pool("g").Status().Adoption; len(ad) != 1 || !ad[0].Adopted {
+		t.Fatalf("adoption under the same launcher: %+v", ad)
+	}
+	stop2(true)
+
+	s3, rest, _ := keptSetWith(t, dir, cfg, append(launcher, "--sim-ttft", "1ms"))
+	if len(rest) != 0 {
+		t.Fatalf("not attached: %+v", rest)
+	}
+	if ad := s3.Pool("g").Status().Adoption; len(ad) != 1 || ad[0].Adopted || !strings.Contains(ad[0].Reason, "vllm-command") {
+		t.Fatalf("adoption under another launcher: %+v, want a refusal naming vllm-command", ad)
+	}
+	if alive(pid) {
+		t.Fatalf("the refused engine %d still runs", pid)
+	}
+	waitFor(t, s3, "g", "a fresh engine", func(p statusapi.Pool) bool {
+		return p.State == StateReady && p.Engine != nil && p.Engine.PID != pid
+	})
 }
 
 // An engine that is not adopted because its process is not the recorded

@@ -78,15 +78,16 @@ type engine struct {
 
 // startEngine starts prof's engine for the pool on a free loopback port, in
 // a cgroup of its own in contain's cgroup mode, as poold's own child or,
-// with shims, under a supervisor of its own (shimmed.go). self is poold's
-// own executable, substituted for {poold} in commands; hc are the clients of
+// with shims, under a supervisor of its own (shimmed.go). launch is how:
+// poold's own executable (substituted for {poold} in commands, and the
+// shim) and the launcher of profiles without a command; hc are the clients of
 // poold's calls to it; hurry, once closed, cuts its stop's grace short.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spawn spawner, contain *Containment, shims *Shims, hc clients, hurry <-chan struct{}, log *slog.Logger) (*engine, error) {
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, spawn spawner, contain *Containment, shims *Shims, hc clients, hurry <-chan struct{}, log *slog.Logger) (*engine, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
 	}
-	argv := prof.Argv(port, spec, self)
+	argv := prof.Argv(port, spec, launch)
 	env := engineEnv(prof, spec)
 	token := rand.Text()
 	var cmd *exec.Cmd
@@ -99,7 +100,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, self string, spa
 		}
 	} else {
 		shimPath = shims.socket(token)
-		cmd = shims.command(self, shimPath, token, shim.Fingerprint(argv, env), prof.StopTimeout.Duration, argv)
+		cmd = shims.command(launch.Self, shimPath, token, shim.Fingerprint(argv, env), prof.StopTimeout.Duration, argv)
 		cmd.Env = env
 	}
 	var cgroup string
@@ -185,10 +186,10 @@ func (e *engine) run(out io.ReadCloser, wait func() error, log *slog.Logger) {
 	}()
 }
 
-// runs reports whether e runs prof on spec as prof would be started now: the
-// same command line and environment.
-func (e *engine) runs(prof *profile.Profile, spec *profile.PoolSpec, self string) bool {
-	return slices.Equal(e.argv, prof.Argv(e.port, spec, self)) && slices.Equal(e.env, engineEnv(prof, spec))
+// runs reports whether e runs prof on spec as launch would start it now:
+// the same command line and environment.
+func (e *engine) runs(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch) bool {
+	return slices.Equal(e.argv, prof.Argv(e.port, spec, launch)) && slices.Equal(e.env, engineEnv(prof, spec))
 }
 
 // engineEnv is the environment prof's engine starts with on spec, but its

@@ -43,7 +43,7 @@ func TestEngineOutputLogged(t *testing.T) {
 	}
 	var out logSink
 	p := newPool(cfg.Pool("g"), cfg, Options{Logger: slog.New(slog.NewJSONHandler(&out, nil))})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.opts.Containment, nil, p.http, nil, p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), profile.Launch{}, nil, p.opts.Containment, nil, p.http, nil, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -19,7 +20,7 @@ func TestConcurrentFirstRequestsJoinOnePool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewSet(cfg, Options{Self: self})
+	s := NewSet(cfg, Options{Launch: profile.Launch{Self: self}})
 	firstP := make(chan *Pool, 1)   // the first request for p was placed here
 	releaseP := make(chan struct{}) // lets it arrive
 	secondP := make(chan *Pool, 1)  // the second request for p was placed here

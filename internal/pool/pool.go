@@ -92,11 +92,13 @@ type VRAM interface {
 	GPUs(gpus []int) ([]statusapi.GPU, error)
 }
 
-// Options configures a Pool. Self is poold's executable (for {poold} in engine
-// commands); Now defaults to time.Now; a nil VRAM skips the VRAM checks, of
+// Options configures a Pool. Launch is how its engines are started: Self,
+// poold's executable (for {poold} in engine commands, and the shims), and
+// VLLM, the launcher of the profiles without a command (the vllm-command
+// setting); Now defaults to time.Now; a nil VRAM skips the VRAM checks, of
 // stops and of sleeps, and the eviction of sleepers for GPU memory (no NVML).
 type Options struct {
-	Self     string
+	Launch   profile.Launch
 	Logger   *slog.Logger
 	Observer Observer
 	VRAM     VRAM
@@ -126,8 +128,9 @@ type Options struct {
 	// poold's own children, which die with it.
 	Shims *Shims
 	// Host, when its functions are set, is what a cold start is checked
-	// against before anything is drained for it (the engine binary
-	// resolves, a local model path exists, no flag vLLM has removed): a
+	// against, as Launch would start it, before anything is drained for it
+	// (the engine binary resolves, a local model path exists, no flag vLLM
+	// has removed): a
 	// request for a profile that fails the check gets a *LoadError at once
 	// and the pool's engine stays. The zero value checks nothing.
 	Host profile.Host

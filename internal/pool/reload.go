@@ -148,7 +148,7 @@ func (p *Pool) reconcileLocked() string {
 	case !p.servesLocked(id):
 		p.reload = pendingReload{step: reloadRetire}
 		note = fmt.Sprintf("pool %q: loaded profile %q removed: draining, then stopping", p.name, id)
-	case !e.runs(prof, p.spec, p.opts.Self):
+	case !e.runs(prof, p.spec, p.opts.Launch):
 		p.reload = pendingReload{step: reloadRetire, next: id}
 		note = fmt.Sprintf("pool %q: loaded profile %q changed: draining, then restarting", p.name, id)
 	default:

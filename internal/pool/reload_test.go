@@ -56,7 +56,7 @@ func runSet(t *testing.T, cfg *profile.Config) *Set {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewSet(cfg, Options{Self: self})
+	s := NewSet(cfg, Options{Launch: profile.Launch{Self: self}})
 	ctx, cancel := context.WithCancel(context.Background())
 	s.Run(ctx)
 	t.Cleanup(func() {
@@ -317,7 +317,7 @@ func TestApplyNewGPUsStopChecksTheOldOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 	vram := &fakeVRAM{total: 1 << 30}
-	s := NewSet(cfg, Options{Self: self, VRAM: vram})
+	s := NewSet(cfg, Options{Launch: profile.Launch{Self: self}, VRAM: vram})
 	ctx, cancel := context.WithCancel(context.Background())
 	s.Run(ctx)
 	t.Cleanup(func() { cancel(); s.Wait() })

@@ -25,7 +25,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	p.mu.Lock()
 	prof := p.cfg.Lookup(old.profile.ID)
 	level, maxSleeping, budget, gpus := 0, p.spec.MaxSleeping, p.cfg.Defaults.SleepMemoryBudget, old.gpus
-	if !retired && p.servesLocked(old.profile.ID) && old.runs(prof, p.spec, p.opts.Self) {
+	if !retired && p.servesLocked(old.profile.ID) && old.runs(prof, p.spec, p.opts.Launch) {
 		level = prof.SleepLevel()
 	}
 	p.mu.Unlock()
@@ -198,7 +198,7 @@ func (p *Pool) staleSleeperLocked() (*sleeper, string) {
 			switch {
 			case !p.servesLocked(id):
 				why = "profile removed"
-			case !sl.eng.runs(p.cfg.Lookup(id), p.spec, p.opts.Self) || p.cfg.Lookup(id).SleepLevel() == 0:
+			case !sl.eng.runs(p.cfg.Lookup(id), p.spec, p.opts.Launch) || p.cfg.Lookup(id).SleepLevel() == 0:
 				why = "profile changed"
 			case len(order)-i > p.spec.MaxSleeping:
 				why = "maxSleeping"

@@ -25,7 +25,7 @@ func sleepProfile(id string, flags ...string) string {
 	return string(b)
 }
 
-// runSleepSet runs a Set for cfg with opts, its Self set to the test binary
+// runSleepSet runs a Set for cfg with opts, its Launch.Self set to the test binary
 // (the simulator); the returned stop ends it and waits for its pools to shut
 // down (also run when the test ends).
 func runSleepSet(t *testing.T, cfg *profile.Config, opts Options) (*Set, func()) {
@@ -34,7 +34,7 @@ func runSleepSet(t *testing.T, cfg *profile.Config, opts Options) (*Set, func())
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Self = self
+	opts.Launch.Self = self
 	s := NewSet(cfg, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.Run(ctx)

@@ -136,7 +136,7 @@ func startSleeper(t *testing.T, opts Options) (*Pool, *engine) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, opts)
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), "", nil, p.opts.Containment, nil, p.http, nil, p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), profile.Launch{}, nil, p.opts.Containment, nil, p.http, nil, p.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,32 +11,57 @@ import (
 // development endpoints, sleep mode's among them.
 const DevModeEnv = "VLLM_SERVER_DEV_MODE"
 
-// Argv returns the command line that serves p on 127.0.0.1:port on pool; self is
-// this daemon's own executable.
+// DefaultVLLMCommand is the default of poold's vllm-command setting: the
+// launcher of the engines of profiles with a model and no Command.
+const DefaultVLLMCommand = "vllm serve"
+
+// A Launch is what the command lines of a host's engines take from the poold
+// that starts them.
+type Launch struct {
+	// Self is this poold's executable, which {poold} names in a Command.
+	Self string
+	// VLLM is the launcher of a profile with a model and no Command: poold's
+	// vllm-command setting split into words, such as ["vllm", "serve"] or
+	// ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"].
+	// Empty means DefaultVLLMCommand.
+	VLLM []string
+}
+
+// vllm is l's launcher, DefaultVLLMCommand when l names none.
+func (l Launch) vllm() []string {
+	if len(l.VLLM) == 0 {
+		return strings.Fields(DefaultVLLMCommand)
+	}
+	return l.VLLM
+}
+
+// Argv returns the command line that serves p on 127.0.0.1:port on pool, as
+// started by l.
 //
 // Without a Command it is
 //
-//	vllm serve <model> --host 127.0.0.1 --port <port> --served-model-name <id>
+//	<l.VLLM…> --model <model> --host 127.0.0.1 --port <port> --served-model-name <id>
 //		[--max-model-len N] [--tensor-parallel-size len(pool.GPUs)]
 //		[--enable-sleep-mode] <args…>
 //
-// where --max-model-len is given when MaxModelLen is positive,
-// --tensor-parallel-size when pool is not nil and Args do not set it (or -tp),
-// and --enable-sleep-mode when Sleep is set and Args do not set it.
+// (by default `vllm serve --model <model> …`), where --max-model-len is given
+// when MaxModelLen is positive, --tensor-parallel-size when pool is not nil
+// and Args do not set it (or -tp), and --enable-sleep-mode when Sleep is set
+// and Args do not set it.
 // With a Command, Args and MaxModelLen are unused and {port}, {model}, {id} and
-// {poold} are replaced anywhere inside each argument of Command; a command
-// with Sleep set must pass --enable-sleep-mode itself.
-func (p *Profile) Argv(port int, pool *PoolSpec, self string) []string {
+// {poold} (l.Self) are replaced anywhere inside each argument of Command; a
+// command with Sleep set must pass --enable-sleep-mode itself.
+func (p *Profile) Argv(port int, pool *PoolSpec, l Launch) []string {
 	portStr := strconv.Itoa(port)
 	if p.Command != nil {
-		r := strings.NewReplacer("{port}", portStr, "{model}", p.Model, "{id}", p.ID, "{poold}", self)
+		r := strings.NewReplacer("{port}", portStr, "{model}", p.Model, "{id}", p.ID, "{poold}", l.Self)
 		argv := make([]string, len(p.Command))
 		for i, a := range p.Command {
 			argv[i] = r.Replace(a)
 		}
 		return argv
 	}
-	argv := []string{"vllm", "serve", p.Model, "--host", "127.0.0.1", "--port", portStr, "--served-model-name", p.ID}
+	argv := append(slices.Clone(l.vllm()), "--model", p.Model, "--host", "127.0.0.1", "--port", portStr, "--served-model-name", p.ID)
 	if p.MaxModelLen > 0 {
 		argv = append(argv, "--max-model-len", strconv.Itoa(p.MaxModelLen))
 	}

@@ -78,7 +78,7 @@ func checkUsable(t *testing.T, c *Config) {
 			if spec == nil {
 				t.Fatalf("profile %q: pool %q does not exist", p.ID, name)
 			}
-			if argv := p.Argv(41000, spec, "/usr/bin/poold"); len(argv) == 0 || argv[0] == "" {
+			if argv := p.Argv(41000, spec, Launch{Self: "/usr/bin/poold"}); len(argv) == 0 || argv[0] == "" {
 				t.Fatalf("profile %q: empty argv", p.ID)
 			}
 			_ = p.Environ(spec)

@@ -14,8 +14,6 @@ type Host struct {
 	LookPath func(file string) (string, error)
 	// Stat describes a file as os.Stat does.
 	Stat func(name string) (fs.FileInfo, error)
-	// Self is this poold's executable, which {poold} names.
-	Self string
 }
 
 // removedFlags are `vllm serve` flags that current vLLM no longer accepts
@@ -56,13 +54,14 @@ var removedFlags = map[string]string{
 	"--override-neuron-config":      "drop it: Neuron support is gone",
 }
 
-// Preflight returns what would make p's engine fail to start on h although p
-// is valid: a flag that vLLM has removed, an engine binary that does not
-// resolve (Command[0] with {poold} replaced, or vllm), a local model path
-// (absolute, or relative from ./ or ../) that does not exist, when the
-// engine is given it (the default command, or {model} in Command). Each error
-// names its field as a JSON path within the profile.
-func (p *Profile) Preflight(h Host) []error {
+// Preflight returns what would make p's engine fail to start on h, started
+// by l, although p is valid: a flag that vLLM has removed, an engine binary
+// that does not resolve (Command[0] with {poold} replaced, or the first word
+// of l's launcher, the vllm-command setting), a local model path (absolute,
+// or relative from ./ or ../) that does not exist, when the engine is given
+// it (the launcher, or {model} in Command). Each error names its field as a
+// JSON path within the profile, or the setting.
+func (p *Profile) Preflight(h Host, l Launch) []error {
 	var errs []error
 	field, args := "args", p.Args
 	if p.Command != nil {
@@ -74,9 +73,10 @@ func (p *Profile) Preflight(h Host) []error {
 		}
 	}
 	if h.LookPath != nil {
-		bin, where := "vllm", "engine binary \"vllm\" (the default command)"
+		bin := l.vllm()[0]
+		where := fmt.Sprintf("engine binary %q (the vllm-command setting)", bin)
 		if p.Command != nil {
-			bin = strings.ReplaceAll(p.Command[0], "{poold}", h.Self)
+			bin = strings.ReplaceAll(p.Command[0], "{poold}", l.Self)
 			where = fmt.Sprintf("command[0]: engine binary %q", bin)
 		}
 		if _, err := h.LookPath(bin); err != nil {
@@ -94,11 +94,12 @@ func (p *Profile) Preflight(h Host) []error {
 }
 
 // Warnings returns the Preflight problems of every profile, each prefixed
-// with the profile's JSON path: what would fail on h in a valid file.
-func (c *Config) Warnings(h Host) []error {
+// with the profile's JSON path: what would fail on h, started by l, in a
+// valid file.
+func (c *Config) Warnings(h Host, l Launch) []error {
 	var out []error
 	for i, p := range c.Profiles {
-		for _, err := range p.Preflight(h) {
+		for _, err := range p.Preflight(h, l) {
 			out = append(out, fmt.Errorf("%s: %w", elem("profiles", i, p.ID), err))
 		}
 	}
@@ -123,8 +124,8 @@ func isLocalPath(model string) bool {
 	return strings.HasPrefix(model, "/") || strings.HasPrefix(model, "./") || strings.HasPrefix(model, "../")
 }
 
-// passesModel reports whether p's engine is given its model: the default
-// command is, a Command only through {model}.
+// passesModel reports whether p's engine is given its model: the launcher
+// gives it, a Command only through {model}.
 func (p *Profile) passesModel() bool {
 	if p.Command == nil {
 		return true

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -19,7 +20,6 @@ func fakeHost(bins, files []string) Host {
 		return false
 	}
 	return Host{
-		Self: "/usr/local/bin/poold",
 		LookPath: func(file string) (string, error) {
 			if has(bins, file) {
 				return file, nil
@@ -40,16 +40,19 @@ func fakeHost(bins, files []string) Host {
 
 type fakeInfo struct{ fs.FileInfo }
 
+// launch is the poold of the preflight tests, with the default launcher.
+var launch = Launch{Self: "/usr/local/bin/poold"}
+
 func TestWarnings(t *testing.T) {
 	c := load(t, "good-host-warnings.json")
-	got := c.Warnings(fakeHost([]string{"/usr/local/bin/poold"}, []string{"./models/llama"}))
+	got := c.Warnings(fakeHost([]string{"/usr/local/bin/poold"}, []string{"./models/llama"}), launch)
 	want := []string{
 		`profiles[0] "embed": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models`,
-		`profiles[0] "embed": engine binary "vllm" (the default command) does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
+		`profiles[0] "embed": engine binary "vllm" (the vllm-command setting) does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
 		`profiles[0] "embed": model "/srv/models/bge-m3": no such file or directory on this host`,
 		`profiles[1] "chat": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models`,
 		`profiles[1] "chat": args[1]: vLLM no longer accepts --num-scheduler-steps; drop it: multi-step scheduling is gone`,
-		`profiles[1] "chat": engine binary "vllm" (the default command) does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
+		`profiles[1] "chat": engine binary "vllm" (the vllm-command setting) does not resolve on this host: exec: "vllm": executable file not found in $PATH`,
 		// A command's own flags are checked; its unused args are not.
 		`profiles[2] "local": command[5]: vLLM no longer accepts --device; drop it: vLLM detects the platform, and CUDA_VISIBLE_DEVICES picks the GPUs`,
 		`profiles[2] "local": command[0]: engine binary "/opt/vllm/bin/vllm" does not resolve on this host: exec: "/opt/vllm/bin/vllm": executable file not found in $PATH`,
@@ -65,13 +68,43 @@ func TestWarnings(t *testing.T) {
 
 	// With the binary and the files there, only the flags remain.
 	got = c.Warnings(fakeHost([]string{"vllm", "/opt/vllm/bin/vllm", "/usr/local/bin/poold", "venv/bin/vllm"},
-		[]string{"/srv/models/bge-m3", "./models/llama", "../models/sim", "/root/models/x"}))
+		[]string{"/srv/models/bge-m3", "./models/llama", "../models/sim", "/root/models/x"}), launch)
 	if len(got) != 5 {
 		t.Errorf("%d warnings, want the 4 flags and the unreadable path:\n%v", len(got), errors.Join(got...))
 	}
 	// A host without lookups checks only the flags.
-	if got := c.Warnings(Host{}); len(got) != 4 {
+	if got := c.Warnings(Host{}, launch); len(got) != 4 {
 		t.Errorf("no host: %d warnings, want 4:\n%v", len(got), errors.Join(got...))
+	}
+}
+
+// The launcher's first word is the engine binary of the profiles without a
+// command, named with the setting it comes from; their model is checked as
+// the launcher is given it.
+func TestWarningsOfALauncher(t *testing.T) {
+	c := load(t, "good-host-warnings.json")
+	python := Launch{Self: launch.Self, VLLM: []string{"/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"}}
+	host := fakeHost([]string{"vllm", "/opt/vllm/bin/vllm", "/usr/local/bin/poold", "venv/bin/vllm"},
+		[]string{"./models/llama", "../models/sim", "/root/models/x"})
+	var got []string
+	for _, err := range c.Warnings(host, python) {
+		if !strings.Contains(err.Error(), "vLLM no longer accepts") && !strings.Contains(err.Error(), "/root/") {
+			got = append(got, err.Error())
+		}
+	}
+	want := []string{
+		`profiles[0] "embed": engine binary "/opt/vllm/bin/python" (the vllm-command setting) does not resolve on this host: exec: "/opt/vllm/bin/python": executable file not found in $PATH`,
+		`profiles[0] "embed": model "/srv/models/bge-m3": no such file or directory on this host`,
+		`profiles[1] "chat": engine binary "/opt/vllm/bin/python" (the vllm-command setting) does not resolve on this host: exec: "/opt/vllm/bin/python": executable file not found in $PATH`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("warnings:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// With the launcher there, none remains: "vllm" is not looked for.
+	host = fakeHost([]string{"/opt/vllm/bin/python", "/opt/vllm/bin/vllm", "/usr/local/bin/poold", "venv/bin/vllm"},
+		[]string{"/srv/models/bge-m3", "./models/llama", "../models/sim", "/root/models/x"})
+	if got := c.Warnings(host, python); len(got) != 5 {
+		t.Errorf("%d warnings, want the 4 flags and the unreadable path:\n%v", len(got), errors.Join(got...))
 	}
 }
 

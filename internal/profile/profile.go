@@ -87,7 +87,7 @@ type Profile struct {
 	// ID is the canonical model id: the name the engine serves and upstream requests carry.
 	ID      string   `json:"id"`
 	Aliases []string `json:"aliases,omitempty"`
-	// Model is the path or hub name handed to `vllm serve`.
+	// Model is the path or hub name handed to the launcher (Launch.VLLM) as --model.
 	Model string `json:"model"`
 	// Pools lists the pools this profile may run on; empty means every pool.
 	Pools       []string          `json:"pools,omitempty"`
@@ -98,7 +98,7 @@ type Profile struct {
 	// inherits besides the allowlisted ones (see Inherited); with the file's
 	// defaults.passEnv once defaults are applied.
 	PassEnv []string `json:"passEnv,omitempty"`
-	// Command, when set, replaces the `vllm serve` argv; {port}, {model}, {id} and
+	// Command, when set, replaces the launcher's argv (Argv); {port}, {model}, {id} and
 	// {poold} (this daemon's own executable) are substituted inside every argument.
 	Command        []string `json:"command,omitempty"`
 	StartupTimeout Duration `json:"startupTimeout,omitzero"`

@@ -49,7 +49,7 @@ func TestGoodFiles(t *testing.T) {
 				id:      "qwen2.5-7b-instruct",
 				startup: 20 * time.Minute, stop: 90 * time.Second,
 				pools: []string{"gpu0", "gpu12"},
-				argv: []string{"vllm", "serve", "/var/lib/poold/models/Qwen2.5-7B-Instruct",
+				argv: []string{"vllm", "serve", "--model", "/var/lib/poold/models/Qwen2.5-7B-Instruct",
 					"--host", "127.0.0.1", "--port", "8001", "--served-model-name", "qwen2.5-7b-instruct",
 					"--max-model-len", "32768", "--tensor-parallel-size", "1",
 					"--gpu-memory-utilization", "0.90", "--enable-prefix-caching"},
@@ -67,7 +67,7 @@ func TestGoodFiles(t *testing.T) {
 				id:      "m",
 				startup: DefaultStartupTimeout, stop: DefaultStopTimeout,
 				pools: []string{"a", "b"},
-				argv: []string{"vllm", "serve", "org/m", "--host", "127.0.0.1", "--port", "8001",
+				argv: []string{"vllm", "serve", "--model", "org/m", "--host", "127.0.0.1", "--port", "8001",
 					"--served-model-name", "m", "--tensor-parallel-size", "1"},
 				environ: []string{"CUDA_VISIBLE_DEVICES=3"},
 			}},
@@ -92,7 +92,7 @@ func TestGoodFiles(t *testing.T) {
 					id:      "big",
 					startup: DefaultStartupTimeout, stop: 5 * time.Second,
 					pools: []string{"gpu0", "gpu1"},
-					argv: []string{"vllm", "serve", "org/big", "--host", "127.0.0.1", "--port", "8001",
+					argv: []string{"vllm", "serve", "--model", "org/big", "--host", "127.0.0.1", "--port", "8001",
 						"--served-model-name", "big", "--tensor-parallel-size=1"},
 					environ: []string{"A=x", "HF_HUB_OFFLINE=1", "CUDA_VISIBLE_DEVICES=0"},
 				},
@@ -143,7 +143,7 @@ func TestGoodFiles(t *testing.T) {
 					}
 				}
 				pool := c.Pool(p.Pools[0])
-				if got := p.Argv(8001, pool, "/usr/bin/poold"); !slices.Equal(got, want.argv) {
+				if got := p.Argv(8001, pool, Launch{Self: "/usr/bin/poold"}); !slices.Equal(got, want.argv) {
 					t.Errorf("%s: Argv =\n%q\nwant\n%q", p.ID, got, want.argv)
 				}
 				if got := p.Environ(pool); !slices.Equal(got, want.environ) {
@@ -161,37 +161,57 @@ func TestGoodFiles(t *testing.T) {
 
 func TestArgv(t *testing.T) {
 	pool2 := &PoolSpec{Name: "p", GPUs: []int{1, 2}}
+	python := []string{"/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"}
 	tests := []struct {
 		name string
 		p    Profile
 		pool *PoolSpec
+		vllm []string // the launcher: Launch.VLLM
 		want []string
 	}{
 		{
 			name: "vllm",
 			p:    Profile{ID: "id", Model: "/m", MaxModelLen: 4096, Args: []string{"--x"}},
 			pool: pool2,
-			want: []string{"vllm", "serve", "/m", "--host", "127.0.0.1", "--port", "9000",
+			want: []string{"vllm", "serve", "--model", "/m", "--host", "127.0.0.1", "--port", "9000",
 				"--served-model-name", "id", "--max-model-len", "4096", "--tensor-parallel-size", "2", "--x"},
 		},
 		{
 			name: "vllm tp from args",
 			p:    Profile{ID: "id", Model: "/m", Args: []string{"--tensor-parallel-size", "1"}},
 			pool: pool2,
-			want: []string{"vllm", "serve", "/m", "--host", "127.0.0.1", "--port", "9000",
+			want: []string{"vllm", "serve", "--model", "/m", "--host", "127.0.0.1", "--port", "9000",
 				"--served-model-name", "id", "--tensor-parallel-size", "1"},
 		},
 		{
 			name: "vllm -tp and no pool",
 			p:    Profile{ID: "id", Model: "/m", Args: []string{"-tp=2"}},
-			want: []string{"vllm", "serve", "/m", "--host", "127.0.0.1", "--port", "9000",
+			want: []string{"vllm", "serve", "--model", "/m", "--host", "127.0.0.1", "--port", "9000",
 				"--served-model-name", "id", "-tp=2"},
+		},
+		{
+			name: "a launcher of many words",
+			p:    Profile{ID: "id", Model: "org/m", MaxModelLen: 8, Args: []string{"--x"}, Sleep: &Sleep{Level: 1}},
+			pool: pool2,
+			vllm: python,
+			want: []string{"/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+				"--model", "org/m", "--host", "127.0.0.1", "--port", "9000", "--served-model-name", "id",
+				"--max-model-len", "8", "--tensor-parallel-size", "2", "--enable-sleep-mode", "--x"},
+		},
+		{
+			name: "a launcher of one word",
+			p:    Profile{ID: "id", Model: "org/m", Args: []string{"--enable-sleep-mode", "-tp", "1"}, Sleep: &Sleep{Level: 1}},
+			pool: pool2,
+			vllm: []string{"/usr/local/bin/serve-vllm"},
+			want: []string{"/usr/local/bin/serve-vllm", "--model", "org/m", "--host", "127.0.0.1", "--port", "9000",
+				"--served-model-name", "id", "--enable-sleep-mode", "-tp", "1"},
 		},
 		{
 			name: "command",
 			p: Profile{ID: "sim", Model: "x/y", MaxModelLen: 1, Args: []string{"--unused"},
 				Command: []string{"{poold}", "sim", "--listen=127.0.0.1:{port}", "{model}"}},
 			pool: pool2,
+			vllm: python, // unused
 			want: []string{"/bin/poold", "sim", "--listen=127.0.0.1:9000", "x/y"},
 		},
 		{
@@ -202,9 +222,21 @@ func TestArgv(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		if got := tt.p.Argv(9000, tt.pool, "/bin/poold"); !slices.Equal(got, tt.want) {
+		if got := tt.p.Argv(9000, tt.pool, Launch{Self: "/bin/poold", VLLM: tt.vllm}); !slices.Equal(got, tt.want) {
 			t.Errorf("%s: Argv =\n%q\nwant\n%q", tt.name, got, tt.want)
 		}
+	}
+}
+
+// The command lines of two profiles started by one launcher are their own,
+// even when the launcher's slice has room to grow in.
+func TestArgvOwnsItsCommandLine(t *testing.T) {
+	vllm := append(make([]string, 0, 16), "vllm", "serve")
+	launch := Launch{VLLM: vllm}
+	a := (&Profile{ID: "a", Model: "org/a"}).Argv(9000, nil, launch)
+	b := (&Profile{ID: "b", Model: "org/b"}).Argv(9001, nil, launch)
+	if a[3] != "org/a" || b[3] != "org/b" || !slices.Equal(vllm, []string{"vllm", "serve"}) {
+		t.Errorf("a = %q, b = %q, launcher %q", a, b, vllm)
 	}
 }
 

@@ -25,14 +25,14 @@ func TestSleepSettings(t *testing.T) {
 	}{
 		{
 			id: "chat", level: 1, weight: 16e9, residency: DefaultSleepMinResidency,
-			argv: []string{"vllm", "serve", "org/chat", "--host", "127.0.0.1", "--port", "8001",
+			argv: []string{"vllm", "serve", "--model", "org/chat", "--host", "127.0.0.1", "--port", "8001",
 				"--served-model-name", "chat", "--tensor-parallel-size", "1", "--enable-sleep-mode"},
 			// Sleep mode needs the dev endpoints: VLLM_SERVER_DEV_MODE=1 wins over the profile's.
 			environ: []string{"VLLM_SERVER_DEV_MODE=1", "CUDA_VISIBLE_DEVICES=0"},
 		},
 		{
 			id: "coder", level: 2, residency: 20 * time.Second,
-			argv: []string{"vllm", "serve", "org/coder", "--host", "127.0.0.1", "--port", "8001",
+			argv: []string{"vllm", "serve", "--model", "org/coder", "--host", "127.0.0.1", "--port", "8001",
 				"--served-model-name", "coder", "--tensor-parallel-size", "1", "--enable-sleep-mode"},
 			environ: []string{"VLLM_SERVER_DEV_MODE=1", "CUDA_VISIBLE_DEVICES=0"},
 		},
@@ -50,7 +50,7 @@ func TestSleepSettings(t *testing.T) {
 		if d, own := p.Residency(pool); d != tt.residency || !own {
 			t.Errorf("%s: Residency = %v, %v; want %v, true", tt.id, d, own, tt.residency)
 		}
-		if got := p.Argv(8001, pool, "/bin/poold"); !slices.Equal(got, tt.argv) {
+		if got := p.Argv(8001, pool, Launch{Self: "/bin/poold"}); !slices.Equal(got, tt.argv) {
 			t.Errorf("%s: Argv = %q, want %q", tt.id, got, tt.argv)
 		}
 		if got := p.Environ(pool); !slices.Equal(got, tt.environ) {

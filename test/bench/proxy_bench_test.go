@@ -36,7 +36,7 @@ func BenchmarkProxy(b *testing.B) {
 		b.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	pools := pool.NewSet(cfg, pool.Options{Self: bin})
+	pools := pool.NewSet(cfg, pool.Options{Launch: profile.Launch{Self: bin}})
 	var h *proxy.Handler
 	m := metrics.New(reg, func() []statusapi.Pool { return h.PoolStatus() }, "bench", "")
 	h = proxy.New(cfg, pools, proxy.Options{Metrics: m, AccessLog: slog.New(slog.NewJSONHandler(io.Discard, nil))})

@@ -255,7 +255,7 @@ func TestCheckWarnsAboutThisHost(t *testing.T) {
 	code, stdout, stderr := runCLI(t, []string{"PATH=" + dir}, pooldBin, "check", good)
 	want := good + `: warnings:
 profiles[0] "embed": args[0]: vLLM no longer accepts --task; use --runner pooling, or nothing: vLLM detects pooling models
-profiles[0] "embed": engine binary "vllm" (the default command) does not resolve on this host: exec: "vllm": executable file not found in $PATH
+profiles[0] "embed": engine binary "vllm" (the vllm-command setting) does not resolve on this host: exec: "vllm": executable file not found in $PATH
 profiles[0] "embed": model "` + dir + `/models/bge-m3": no such file or directory on this host
 `
 	if code != 0 || stdout != good+": ok\n" || stderr != want {
