@@ -12,7 +12,8 @@
 // /score, /v1/score, /rerank and /v1/rerank; a transcription model (a name with
 // "whisper") serves /v1/audio/transcriptions and /v1/audio/translations. Every
 // model serves /tokenize, /detokenize, /v1/models, /health, /ping and /metrics;
-// any other path is a 404, as in vLLM.
+// any other path is a 404, as in vLLM. Every POST route but the audio ones
+// takes JSON, and answers 400 unless the request says so (jsonContent).
 //
 // The environment is read as vLLM reads it (ReadEnv): VLLM_SERVER_DEV_MODE,
 // VLLM_API_KEY, VLLM_KEEP_ALIVE_ON_ENGINE_DEATH, VLLM_HTTP_TIMEOUT_KEEP_ALIVE and

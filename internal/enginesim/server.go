@@ -249,9 +249,33 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, p string, info *r
 		writeJSON(w, http.StatusNotFound, []byte(`{"detail":"Not Found"}`))
 		return
 	}
-	if s.allow(w, r, info, http.MethodPost) {
-		h(w, r, info)
+	if !s.allow(w, r, info, http.MethodPost) {
+		return
 	}
+	if !formRoutes[p] && !jsonContent(r) {
+		writeError(w, info, http.StatusBadRequest, "Bad Request", "", errNotJSON)
+		return
+	}
+	h(w, r, info)
+}
+
+// formRoutes are the routes whose body is a multipart form (an audio
+// upload); every other POST route takes JSON.
+var formRoutes = map[string]bool{"/v1/audio/transcriptions": true, "/v1/audio/translations": true}
+
+// errNotJSON is vLLM's refusal of a JSON route's body of another type. vLLM
+// words it as FastAPI prints a RequestValidationError, which varies with
+// FastAPI's version; this phrase is always in it.
+const errNotJSON = "Unsupported Media Type: Only 'application/json' is allowed"
+
+// jsonContent reports whether r's Content-Type is application/json as
+// vLLM's validate_json_request (vllm/entrypoints/utils.py) has it, which its
+// JSON routes depend on: the header lowercased, cut at its first ';' (so
+// parameters such as charset=utf-8 pass), and compared whole, nothing
+// trimmed; a missing header is refused.
+func jsonContent(r *http.Request) bool {
+	mt, _, _ := strings.Cut(strings.ToLower(r.Header.Get("Content-Type")), ";")
+	return mt == "application/json"
 }
 
 // authorized reports whether r bears VLLM_API_KEY as a bearer token.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -306,6 +307,36 @@ func TestRequestIDReachesTheEngineOnce(t *testing.T) {
 					t.Fatalf("the engine logged no request with id %q", ids[0])
 				}
 				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// vLLM answers a JSON route 400 unless the request says application/json;
+// a client that sends a form's type (curl -d) or none is served all the
+// same: poold read the body as JSON and tells the engine so.
+func TestJSONBodyReachesTheEngineAsJSON(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag, []pool{{Name: "p0", GPUs: []int{0}}}, []sim{{ID: "m"}}, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, ct := range []string{"application/x-www-form-urlencoded", ""} {
+		for _, stream := range []bool{false, true} {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(chatBody("m", stream, 2)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ct != "" {
+				req.Header.Set("Content-Type", ct)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Errorf("Content-Type %q, stream %t: %d %s %v", ct, stream, resp.StatusCode, b, err)
 			}
 		}
 	}
