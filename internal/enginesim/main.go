@@ -205,6 +205,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	listening = true
 	h := NewHandler(cfg, logger)
 	h.mem = mem
+	h.access = os.Stdout
 	defer func() { logger.Info("engine exiting", "sleep_aborted_requests", h.SleepAborted()) }()
 	keepAlive := cfg.KeepAlive
 	if keepAlive <= 0 {

@@ -64,6 +64,9 @@ type Server struct {
 	opMu sync.Mutex
 	// mem is the engine's simulated GPU memory; nil without --sim-gpu-dir.
 	mem *gpuMemory
+	// access receives the access log, a line per request (access.go); Run
+	// sets it to stdout, and nil writes none.
+	access io.Writer
 
 	// slots holds a token per generating request when MaxNumSeqs bounds them;
 	// nil means no bound.
@@ -77,8 +80,8 @@ type Server struct {
 }
 
 // NewHandler returns a Server for cfg (as returned by ParseFlags; a zero Tokens or
-// MaxModelLen falls back to the defaults). logger receives one line per request; nil
-// discards them.
+// MaxModelLen falls back to the defaults). logger receives the simulator's own
+// lines (nil discards them); it writes no access log (Run has it on stdout).
 func NewHandler(cfg Config, logger *slog.Logger) *Server {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -168,11 +171,10 @@ func kvCapacity(cfg Config) int {
 	return cfg.MaxModelLen * seqs
 }
 
-// reqInfo collects what the request log line reports.
+// reqInfo is what a request's handlers share: its id (X-Request-Id, else
+// random) and the status answered, which the access log reports.
 type reqInfo struct {
-	id     string // the request id: X-Request-Id, else random
-	model  string
-	stream bool
+	id     string
 	status int
 }
 
@@ -194,13 +196,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done()
 		return
 	}
+	info := reqInfo{id: r.Header.Get("X-Request-Id"), status: http.StatusOK}
+	defer func() { s.logAccess(r, info.status) }()
 	if s.cfg.FailRequests && r.Method == http.MethodPost {
 		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxBodyBytes))
 		s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request failed (--sim-fail-requests)", slog.String("path", p))
-		writeError(w, &reqInfo{}, http.StatusInternalServerError, "InternalServerError", "", "simulated failure (--sim-fail-requests)")
+		writeError(w, &info, http.StatusInternalServerError, "InternalServerError", "", "simulated failure (--sim-fail-requests)")
 		return
 	}
-	info := reqInfo{id: r.Header.Get("X-Request-Id"), status: http.StatusOK}
 	if info.id == "" {
 		info.id = randomHex()
 	}
@@ -208,9 +211,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Request-Id", info.id)
 	}
 	s.route(w, r, p, &info)
-	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
-		slog.String("method", r.Method), slog.String("path", p), slog.String("request_id", info.id),
-		slog.String("model", info.model), slog.Bool("stream", info.stream), slog.Int("status", info.status))
 }
 
 func (s *Server) route(w http.ResponseWriter, r *http.Request, p string, info *reqInfo) {
@@ -473,10 +473,8 @@ func readBody(w http.ResponseWriter, r *http.Request, info *reqInfo, v any) bool
 // vLLM; an unknown one gets a 404.
 func (s *Server) resolveModel(w http.ResponseWriter, info *reqInfo, model *string) bool {
 	if model == nil || *model == "" {
-		info.model = s.model
 		return true
 	}
-	info.model = *model
 	if _, ok := s.names[*model]; !ok {
 		writeError(w, info, http.StatusNotFound, "NotFoundError", "model",
 			fmt.Sprintf("The model `%s` does not exist.", *model))
