@@ -14,6 +14,8 @@
 // model serves /tokenize, /detokenize, /v1/models, /health, /ping and /metrics;
 // any other path is a 404, as in vLLM. Every POST route but the audio ones
 // takes JSON, and answers 400 unless the request says so (jsonContent).
+// Every request gets an access log line on stdout, as vLLM prints uvicorn's
+// (logAccess).
 //
 // The environment is read as vLLM reads it (ReadEnv): VLLM_SERVER_DEV_MODE,
 // VLLM_API_KEY, VLLM_KEEP_ALIVE_ON_ENGINE_DEATH, VLLM_HTTP_TIMEOUT_KEEP_ALIVE and
