@@ -131,7 +131,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 		shims = &pool.Shims{Dir: ledger.Dir(), AdoptTimeout: s.AdoptTimeout}
 	}
 	pools := pool.NewSet(cfg, pool.Options{Launch: profile.Launch{Self: self, VLLM: s.VLLMCommand}, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain, Shims: shims,
-		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, Activity: usageLedger.activity()})
+		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, LogPolls: s.EngineLogPolls, Activity: usageLedger.activity()})
 	takeOver(ctx, ledger, pools, keep, contain, log)
 	engineStats := newEngineStats(s, func() []statusapi.Pool { return h.PoolStatus() }, m, log)
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics

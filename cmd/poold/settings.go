@@ -105,6 +105,10 @@ type settings struct {
 	MaxEventBytes                                         int64
 	EngineHealthInterval                                  time.Duration
 	RestartBackoff, MaxRestartBackoff                     time.Duration
+	// EngineLogPolls logs the access-log lines engines print for poold's own
+	// polls of them like their other output; false (the default) logs them
+	// at debug level only, counted (pool.Options.LogPolls).
+	EngineLogPolls bool
 	// StreamIdleTimeout bounds an engine's silence within an answer: between
 	// complete events of a stream, between bytes of a plain body (0: none).
 	StreamIdleTimeout time.Duration
@@ -171,6 +175,7 @@ func serveFlags() *pflag.FlagSet {
 	cli.BytesFlag(fl, "max-header-bytes", headerbudget.DefaultMaxHeaderBytes, "largest request header block accepted (431 above)")
 	cli.BytesFlag(fl, "header-bytes-budget", headerbudget.DefaultMaxBytes, "header bytes that connections still sending their headers may hold together, host-wide (503 and closed past it; blocks over 16KiB get three quarters)")
 	fl.Duration("engine-health-interval", pool.DefaultHealthInterval, "how often a serving engine's /health is polled; a 503 (vLLM's dead engine core) fails the engine over; 0 never polls")
+	fl.Bool("engine-log-polls", false, "log the access-log lines engines print for poold's own polls of them (GET /health, /metrics, /v1/models, /is_sleeping) at info like their other output; by default they are logged at debug level only, counted in poold_engine_log_dropped_lines_total")
 	fl.Duration("restart-backoff", pool.DefaultRestartBackoff, "wait before restarting an engine that failed twice in a row, doubling with each further failure")
 	fl.Duration("restart-backoff-max", pool.DefaultMaxRestartBackoff, "cap of the restart backoff; an engine ready this long ends a failure streak")
 	fl.StringSlice("api-keys", nil, "API keys required on /v1 (comma-separated; prefer POOLD_API_KEYS or api-keys-file: flags show in ps)")
@@ -271,6 +276,7 @@ func loadSettings(args []string) (settings, error) {
 	s.HeaderBytesBudget = v.Bytes("header-bytes-budget")
 	s.RestartBackoff = v.Duration("restart-backoff")
 	s.EngineHealthInterval = v.Duration("engine-health-interval")
+	s.EngineLogPolls = v.Bool("engine-log-polls")
 	if s.EngineHealthInterval < 0 {
 		errs = append(errs, errors.New("engine-health-interval: must not be negative"))
 	}

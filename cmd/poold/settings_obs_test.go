@@ -77,3 +77,24 @@ func TestHeaderBudgetDefaults(t *testing.T) {
 		t.Fatalf("a budget under max-header-bytes: %v", err)
 	}
 }
+
+// engine-log-polls is off by default, and set like every setting: in the
+// settings file, the environment or a flag, the flag first.
+func TestEngineLogPolls(t *testing.T) {
+	t.Setenv("POOLD_CONFIG", writeYAML(t, "{}\n"))
+	if s, err := loadSettings([]string{"--profiles", "p.json"}); err != nil || s.EngineLogPolls {
+		t.Fatalf("by default engine-log-polls %t, %v; want false", s.EngineLogPolls, err)
+	}
+	t.Setenv("POOLD_CONFIG", writeYAML(t, "engine-log-polls: true\n"))
+	if s, err := loadSettings([]string{"--profiles", "p.json"}); err != nil || !s.EngineLogPolls {
+		t.Fatalf("from the file: engine-log-polls %t, %v; want true", s.EngineLogPolls, err)
+	}
+	t.Setenv("POOLD_CONFIG", writeYAML(t, "{}\n"))
+	t.Setenv("POOLD_ENGINE_LOG_POLLS", "true")
+	if s, err := loadSettings([]string{"--profiles", "p.json"}); err != nil || !s.EngineLogPolls {
+		t.Fatalf("from the environment: engine-log-polls %t, %v; want true", s.EngineLogPolls, err)
+	}
+	if s, err := loadSettings([]string{"--profiles", "p.json", "--engine-log-polls=false"}); err != nil || s.EngineLogPolls {
+		t.Fatalf("a flag over the environment: engine-log-polls %t, %v; want false", s.EngineLogPolls, err)
+	}
+}

@@ -70,7 +70,6 @@ func (s *Server) handleAudio(w http.ResponseWriter, r *http.Request, info *reqIn
 		badRequest(w, info, "Stream options can only be defined when `stream=True`.")
 		return
 	}
-	info.stream = p.stream
 	seconds := max(1, int((header.Size+audioBytesPerSecond-1)/audioBytesPerSecond))
 	object := "transcription.chunk"
 	p.id = "trsc-" + info.id

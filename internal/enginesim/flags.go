@@ -62,6 +62,11 @@ type Config struct {
 	EnableRequestIDHeaders bool
 	// EnableLogRequests logs every generation request with its whole prompt.
 	EnableLogRequests bool
+	// DisableAccessLog is --disable-uvicorn-access-log: no access log line
+	// (access.go); AccessLogSkip, --disable-access-log-for-endpoints, lists
+	// the paths whose requests get none.
+	DisableAccessLog bool
+	AccessLogSkip    []string
 
 	// MaxNumSeqs, as vLLM's --max-num-seqs, bounds the requests generating at
 	// once; the others wait their turn (vllm:num_requests_waiting), so that an
@@ -342,6 +347,17 @@ var flagSpecs = map[string]flagSpec{
 	"enable-request-id-headers": {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableRequestIDHeaders }), "add X-Request-Id to every response"},
 	"enable-log-requests":       {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableLogRequests }), "log every request with its whole prompt, on one line"},
 	"max-num-seqs":              {kindInt, intFlag(func(c *Config) *int { return &c.MaxNumSeqs }, 1), "requests generating at once; the others wait (default: no bound)"},
+
+	"disable-uvicorn-access-log": {kindBool, boolFlag(func(c *Config) *bool { return &c.DisableAccessLog }), "print no access log line"},
+	"disable-access-log-for-endpoints": {kindString, func(c *Config, v string) error {
+		c.AccessLogSkip = nil
+		for p := range strings.SplitSeq(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				c.AccessLogSkip = append(c.AccessLogSkip, p)
+			}
+		}
+		return nil
+	}, "comma-separated paths whose requests get no access log line (/health,/metrics)"},
 
 	"sim-load-delay":         {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.LoadDelay }), "load time before listening (default 0)"},
 	"sim-ttft":               {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.TTFT }), "time to first token (default 0)"},

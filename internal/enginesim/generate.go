@@ -109,7 +109,6 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 	p := plan{chat: chat, created: time.Now().Unix(), n: 1}
 	if req.Stream != nil && *req.Stream {
 		p.stream = true
-		info.stream = true
 	}
 	lastUser := ""
 	if chat {

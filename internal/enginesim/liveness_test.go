@@ -102,11 +102,11 @@ func TestAPIKey(t *testing.T) {
 	}
 }
 
-// The incoming X-Request-Id is the request id: in the response's id and the
-// log line; --enable-request-id-headers returns it.
+// The incoming X-Request-Id is the request id: in the response's id and
+// --enable-log-requests' line; --enable-request-id-headers returns it.
 func TestRequestID(t *testing.T) {
 	for _, headers := range []bool{false, true} {
-		args := []string{"/models/x", "--served-model-name", "m1"}
+		args := []string{"/models/x", "--served-model-name", "m1", "--enable-log-requests"}
 		if headers {
 			args = append(args, "--enable-request-id-headers")
 		}
@@ -125,8 +125,10 @@ func TestRequestID(t *testing.T) {
 				t.Errorf("headers %v, %s: X-Request-Id %q", headers, path, got)
 			}
 		}
-		if !strings.Contains(logs.String(), "request_id=req-42") {
-			t.Errorf("log lacks the request id:\n%s", logs.String())
+		for _, id := range []string{"chatcmpl-req-42", "cmpl-req-42"} {
+			if !strings.Contains(logs.String(), `msg="Received request `+id+`"`) {
+				t.Errorf("log lacks request %s:\n%s", id, logs.String())
+			}
 		}
 		resp, _ := do(t, http.MethodGet, ts.URL+"/health", "")
 		if got := resp.Header.Get("X-Request-Id"); headers != (len(got) == 32) {

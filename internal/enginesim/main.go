@@ -12,7 +12,10 @@
 // /score, /v1/score, /rerank and /v1/rerank; a transcription model (a name with
 // "whisper") serves /v1/audio/transcriptions and /v1/audio/translations. Every
 // model serves /tokenize, /detokenize, /v1/models, /health, /ping and /metrics;
-// any other path is a 404, as in vLLM.
+// any other path is a 404, as in vLLM. Every POST route but the audio ones
+// takes JSON, and answers 400 unless the request says so (jsonContent).
+// Every request gets an access log line on stdout, as vLLM prints uvicorn's
+// (logAccess).
 //
 // The environment is read as vLLM reads it (ReadEnv): VLLM_SERVER_DEV_MODE,
 // VLLM_API_KEY, VLLM_KEEP_ALIVE_ON_ENGINE_DEATH, VLLM_HTTP_TIMEOUT_KEEP_ALIVE and
@@ -204,6 +207,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	listening = true
 	h := NewHandler(cfg, logger)
 	h.mem = mem
+	h.access = os.Stdout
 	defer func() { logger.Info("engine exiting", "sleep_aborted_requests", h.SleepAborted()) }()
 	keepAlive := cfg.KeepAlive
 	if keepAlive <= 0 {

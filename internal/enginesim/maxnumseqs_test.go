@@ -18,6 +18,7 @@ func TestMaxNumSeqs(t *testing.T) {
 	stream := func(ctx context.Context) (*http.Response, error) {
 		req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions",
 			strings.NewReader(`{"model":"m1","prompt":"x","max_tokens":10,"stream":true}`))
+		req.Header.Set("Content-Type", "application/json")
 		return http.DefaultClient.Do(req)
 	}
 	first, err := stream(ctx)

@@ -58,7 +58,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request, info *re
 		p.ids = []int{0}
 	}
 	if req.Stream != nil && *req.Stream {
-		p.stream, info.stream = true, true
+		p.stream = true
 	}
 	if !s.resolveModel(w, info, req.Model) || !s.bound(w, info, &p, "max_tokens", req.MaxTokens) {
 		return

@@ -66,7 +66,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request, info *r
 		p.ids = []int{0}
 	}
 	if req.Stream != nil && *req.Stream {
-		p.stream, info.stream = true, true
+		p.stream = true
 	}
 	if !s.resolveModel(w, info, req.Model) || !s.bound(w, info, &p, "max_output_tokens", req.MaxOutputTokens) {
 		return

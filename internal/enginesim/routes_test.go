@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"bytes"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -164,5 +165,52 @@ func TestPoolingEndpoints(t *testing.T) {
 		if resp.StatusCode != tc.status || !strings.Contains(string(b), `"error"`) {
 			t.Errorf("%s %s: %d %s, want %d", tc.path, tc.body, resp.StatusCode, b, tc.status)
 		}
+	}
+}
+
+// Every JSON route answers 400 in vLLM's error shape unless the request's
+// Content-Type is application/json, in any letter case and with any
+// parameters (vLLM's validate_json_request); the audio routes take a form.
+// A path the model does not serve is a 404 and a GET a 405 first.
+func TestJSONRoutesNeedJSONContentType(t *testing.T) {
+	_, gen := newTestServer(t)
+	_, pooling := newTestServer(t, "--runner", "pooling")
+	whisper := newWhisperServer(t)
+	for ts, paths := range map[*httptest.Server][]string{
+		gen:     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/tokenize", "/detokenize"},
+		pooling: {"/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank"},
+		whisper: {"/tokenize", "/detokenize"},
+	} {
+		for _, p := range paths {
+			for _, ct := range []string{"", "text/plain", "application/x-www-form-urlencoded", "application/jsonl", "application/json ; charset=utf-8"} {
+				resp, b := doHeader(t, http.MethodPost, ts.URL+p, `{"model":"m1"}`, map[string]string{"Content-Type": ct})
+				if resp.StatusCode != http.StatusBadRequest {
+					t.Errorf("POST %s as %q: %d %s, want 400", p, ct, resp.StatusCode, b)
+					continue
+				}
+				mustEqualJSON(t, decode(t, b), `{"error":{"message":"Unsupported Media Type: Only 'application/json' is allowed","type":"Bad Request","param":null,"code":400}}`)
+			}
+			for _, ct := range []string{"application/json", "Application/JSON; charset=utf-8", "application/json;charset=UTF-8"} {
+				resp, b := doHeader(t, http.MethodPost, ts.URL+p, `{"model":"m1"}`, map[string]string{"Content-Type": ct})
+				if bytes.Contains(b, []byte("Unsupported Media Type")) {
+					t.Errorf("POST %s as %q refused: %d %s", p, ct, resp.StatusCode, b)
+				}
+			}
+		}
+	}
+	for _, tt := range []struct {
+		method, path string
+		want         int
+	}{
+		{http.MethodPost, "/v1/embeddings", http.StatusNotFound},
+		{http.MethodGet, "/v1/chat/completions", http.StatusMethodNotAllowed},
+	} {
+		if resp, b := doHeader(t, tt.method, gen.URL+tt.path, "", map[string]string{"Content-Type": ""}); resp.StatusCode != tt.want {
+			t.Errorf("%s %s without a Content-Type: %d %s, want %d", tt.method, tt.path, resp.StatusCode, b, tt.want)
+		}
+	}
+	resp, b := postForm(t, whisper.URL+"/v1/audio/transcriptions", map[string]string{"model": "m1"}, 10)
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a form to the transcription route: %d %s", resp.StatusCode, b)
 	}
 }

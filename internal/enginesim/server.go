@@ -64,6 +64,9 @@ type Server struct {
 	opMu sync.Mutex
 	// mem is the engine's simulated GPU memory; nil without --sim-gpu-dir.
 	mem *gpuMemory
+	// access receives the access log, a line per request (access.go); Run
+	// sets it to stdout, and nil writes none.
+	access io.Writer
 
 	// slots holds a token per generating request when MaxNumSeqs bounds them;
 	// nil means no bound.
@@ -77,8 +80,8 @@ type Server struct {
 }
 
 // NewHandler returns a Server for cfg (as returned by ParseFlags; a zero Tokens or
-// MaxModelLen falls back to the defaults). logger receives one line per request; nil
-// discards them.
+// MaxModelLen falls back to the defaults). logger receives the simulator's own
+// lines (nil discards them); it writes no access log (Run has it on stdout).
 func NewHandler(cfg Config, logger *slog.Logger) *Server {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -168,11 +171,10 @@ func kvCapacity(cfg Config) int {
 	return cfg.MaxModelLen * seqs
 }
 
-// reqInfo collects what the request log line reports.
+// reqInfo is what a request's handlers share: its id (X-Request-Id, else
+// random) and the status answered, which the access log reports.
 type reqInfo struct {
-	id     string // the request id: X-Request-Id, else random
-	model  string
-	stream bool
+	id     string
 	status int
 }
 
@@ -194,13 +196,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done()
 		return
 	}
+	info := reqInfo{id: r.Header.Get("X-Request-Id"), status: http.StatusOK}
+	defer func() { s.logAccess(r, info.status) }()
 	if s.cfg.FailRequests && r.Method == http.MethodPost {
 		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, maxBodyBytes))
 		s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request failed (--sim-fail-requests)", slog.String("path", p))
-		writeError(w, &reqInfo{}, http.StatusInternalServerError, "InternalServerError", "", "simulated failure (--sim-fail-requests)")
+		writeError(w, &info, http.StatusInternalServerError, "InternalServerError", "", "simulated failure (--sim-fail-requests)")
 		return
 	}
-	info := reqInfo{id: r.Header.Get("X-Request-Id"), status: http.StatusOK}
 	if info.id == "" {
 		info.id = randomHex()
 	}
@@ -208,9 +211,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Request-Id", info.id)
 	}
 	s.route(w, r, p, &info)
-	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
-		slog.String("method", r.Method), slog.String("path", p), slog.String("request_id", info.id),
-		slog.String("model", info.model), slog.Bool("stream", info.stream), slog.Int("status", info.status))
 }
 
 func (s *Server) route(w http.ResponseWriter, r *http.Request, p string, info *reqInfo) {
@@ -249,9 +249,33 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, p string, info *r
 		writeJSON(w, http.StatusNotFound, []byte(`{"detail":"Not Found"}`))
 		return
 	}
-	if s.allow(w, r, info, http.MethodPost) {
-		h(w, r, info)
+	if !s.allow(w, r, info, http.MethodPost) {
+		return
 	}
+	if !formRoutes[p] && !jsonContent(r) {
+		writeError(w, info, http.StatusBadRequest, "Bad Request", "", errNotJSON)
+		return
+	}
+	h(w, r, info)
+}
+
+// formRoutes are the routes whose body is a multipart form (an audio
+// upload); every other POST route takes JSON.
+var formRoutes = map[string]bool{"/v1/audio/transcriptions": true, "/v1/audio/translations": true}
+
+// errNotJSON is vLLM's refusal of a JSON route's body of another type. vLLM
+// words it as FastAPI prints a RequestValidationError, which varies with
+// FastAPI's version; this phrase is always in it.
+const errNotJSON = "Unsupported Media Type: Only 'application/json' is allowed"
+
+// jsonContent reports whether r's Content-Type is application/json as
+// vLLM's validate_json_request (vllm/entrypoints/utils.py) has it, which its
+// JSON routes depend on: the header lowercased, cut at its first ';' (so
+// parameters such as charset=utf-8 pass), and compared whole, nothing
+// trimmed; a missing header is refused.
+func jsonContent(r *http.Request) bool {
+	mt, _, _ := strings.Cut(strings.ToLower(r.Header.Get("Content-Type")), ";")
+	return mt == "application/json"
 }
 
 // authorized reports whether r bears VLLM_API_KEY as a bearer token.
@@ -449,10 +473,8 @@ func readBody(w http.ResponseWriter, r *http.Request, info *reqInfo, v any) bool
 // vLLM; an unknown one gets a 404.
 func (s *Server) resolveModel(w http.ResponseWriter, info *reqInfo, model *string) bool {
 	if model == nil || *model == "" {
-		info.model = s.model
 		return true
 	}
-	info.model = *model
 	if _, ok := s.names[*model]; !ok {
 		writeError(w, info, http.StatusNotFound, "NotFoundError", "model",
 			fmt.Sprintf("The model `%s` does not exist.", *model))

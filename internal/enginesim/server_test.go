@@ -446,6 +446,7 @@ func TestStreamTimingAndDisconnect(t *testing.T) {
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions",
 		strings.NewReader(`{"model":"m1","prompt":"x","max_tokens":10000,"stream":true}`))
+	req.Header.Set("Content-Type", "application/json")
 	start := time.Now()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

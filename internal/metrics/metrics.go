@@ -49,6 +49,7 @@ type Metrics struct {
 	sleepVRAMHeld    *prometheus.CounterVec
 	idleReleases     *prometheus.CounterVec
 	scrapeFailures   *prometheus.CounterVec
+	engineLogDropped *prometheus.CounterVec
 	config           FileReload // the profiles file's loads
 }
 
@@ -109,6 +110,9 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		scrapeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_engine_metrics_scrape_failures_total", Help: "Scrapes of an awake engine's own /metrics that failed (no answer in time, an error status, not vLLM's metrics).",
 		}, []string{"pool"}),
+		engineLogDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_engine_log_dropped_lines_total", Help: "Engine output lines left out of poold's log (logged at debug level only), by reason: own_poll, the engine's access-log line of one of poold's own polls of it.",
+		}, []string{"pool", "reason"}),
 		config: newFileReload("config", "profiles"),
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -116,7 +120,7 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
 	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.tenantWait, m.ttft, m.itl, m.promptTokens, m.completionTokens,
-		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures, m.config.ok, m.config.at, build,
+		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures, m.engineLogDropped, m.config.ok, m.config.at, build,
 		&poolCollector{pools: pools}, &engineCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -149,7 +153,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 	defer m.mu.Unlock()
 	for pl, profs := range m.configured {
 		if _, kept := next[pl]; !kept {
-			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures} {
+			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures, m.engineLogDropped} {
 				c.DeletePartialMatch(prometheus.Labels{"pool": pl})
 			}
 			continue
@@ -166,6 +170,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 		m.vramHeld.WithLabelValues(pl)
 		m.sleepVRAMHeld.WithLabelValues(pl)
 		m.scrapeFailures.WithLabelValues(pl)
+		m.engineLogDropped.WithLabelValues(pl, pool.DropOwnPoll)
 		for _, prof := range profs {
 			for _, r := range startResults {
 				m.engineStarts.WithLabelValues(pl, prof, r)
@@ -218,6 +223,11 @@ func (m *Metrics) SleepVRAMNotReleased(poolName string) {
 // IdleRelease implements pool.Observer.
 func (m *Metrics) IdleRelease(poolName, profile, action string) {
 	m.idleReleases.WithLabelValues(poolName, profile, action).Inc()
+}
+
+// EngineLogDropped implements pool.Observer.
+func (m *Metrics) EngineLogDropped(poolName, reason string) {
+	m.engineLogDropped.WithLabelValues(poolName, reason).Inc()
 }
 
 // EngineScrapeFailed counts a failed scrape of the metrics of pool's

@@ -48,6 +48,7 @@ func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics)
 	m.SleepVRAMNotReleased("gpu0")
 	m.IdleRelease("gpu0", "qwen", "sleep")
 	m.EngineScrapeFailed("gpu0")
+	m.EngineLogDropped("gpu0", pool.DropOwnPoll)
 	m.Observe(&Record{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
 		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second,
 		TTFT: 5200 * time.Millisecond})
@@ -148,6 +149,9 @@ poold_sleeping_engines{pool="gpu0"} 1
 	}
 	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_engine_metrics_scrape_failures_total"))); n != 1 {
 		t.Errorf("poold_engine_metrics_scrape_failures_total = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(prometheus.Collector(regCounter(t, reg, "poold_engine_log_dropped_lines_total"))); n != 1 {
+		t.Errorf("poold_engine_log_dropped_lines_total = %v, want 1", n)
 	}
 }
 
@@ -255,6 +259,7 @@ func TestConfigureCreatesSeriesAtZero(t *testing.T) {
 		"poold_vram_not_released_total{pool=p0}",
 		"poold_sleep_vram_not_released_total{pool=p1}",
 		"poold_engine_metrics_scrape_failures_total{pool=p1}",
+		"poold_engine_log_dropped_lines_total{pool=p1,reason=own_poll}",
 	} {
 		if zero, ok := got[want]; !ok || !zero {
 			t.Errorf("%s: present %v, at zero %v", want, ok, zero)

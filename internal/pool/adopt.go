@@ -128,7 +128,7 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 		logs:       &ring{max: logLines},
 	}
 	out, wait := e.follow()
-	e.run(out, wait, p.log.With("profile", prof.ID, "pid", e.pid))
+	e.run(out, wait, p.outputLog().with("profile", prof.ID, "pid", e.pid))
 	return e, nil
 }
 

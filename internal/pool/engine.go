@@ -81,8 +81,9 @@ type engine struct {
 // with shims, under a supervisor of its own (shimmed.go). launch is how:
 // poold's own executable (substituted for {poold} in commands, and the
 // shim) and the launcher of profiles without a command; hc are the clients of
-// poold's calls to it; hurry, once closed, cuts its stop's grace short.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, spawn spawner, contain *Containment, shims *Shims, hc clients, hurry <-chan struct{}, log *slog.Logger) (*engine, error) {
+// poold's calls to it; hurry, once closed, cuts its stop's grace short;
+// output is where its output lines, and poold's about it, are logged.
+func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, spawn spawner, contain *Containment, shims *Shims, hc clients, hurry <-chan struct{}, output outputLog) (*engine, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
@@ -152,9 +153,9 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.L
 	if st, err := procStat(e.pid); err == nil {
 		e.startTicks = st.start
 	}
-	log = log.With("profile", prof.ID, "pid", e.pid)
-	log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", cgroup, "shim", shimPath)
-	e.run(out, wait, log)
+	output = output.with("profile", prof.ID, "pid", e.pid)
+	output.log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", cgroup, "shim", shimPath)
+	e.run(out, wait, output)
 	return e, nil
 }
 
@@ -176,10 +177,10 @@ func startChild(cmd *exec.Cmd, spawn spawner) (out io.ReadCloser, wait func() er
 	return r, cmd.Wait, nil
 }
 
-// run reads the engine's output from out and records its exit, which wait
-// waits for.
-func (e *engine) run(out io.ReadCloser, wait func() error, log *slog.Logger) {
-	go e.pump(out, log)
+// run reads the engine's output from r into output and records its exit,
+// which wait waits for.
+func (e *engine) run(r io.ReadCloser, wait func() error, output outputLog) {
+	go e.pump(r, output)
 	go func() {
 		e.exitErr = wait()
 		close(e.exited)

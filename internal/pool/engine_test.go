@@ -28,7 +28,7 @@ func exitedEngine(t *testing.T, script string) *engine {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, Options{})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), profile.Launch{}, nil, p.opts.Containment, nil, p.http, nil, p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), profile.Launch{}, nil, p.opts.Containment, nil, p.http, nil, p.outputLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestWaitReadySaysWhatWasListed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := startEngine(cfg.Lookup("x"), cfg.Pool("a"), profile.Launch{Self: self}, nil, p.opts.Containment, nil, p.http, nil, p.log)
+	e, err := startEngine(cfg.Lookup("x"), cfg.Pool("a"), profile.Launch{Self: self}, nil, p.opts.Containment, nil, p.http, nil, p.outputLog())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -251,7 +251,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
-		e, err := startEngine(prof, spec, p.opts.Launch, p.opts.spawn, p.opts.Containment, p.opts.Shims, p.http, p.opts.hurry, p.log)
+		e, err := startEngine(prof, spec, p.opts.Launch, p.opts.spawn, p.opts.Containment, p.opts.Shims, p.http, p.opts.hurry, p.outputLog())
 		if err != nil {
 			p.failSwap(ctx, prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return

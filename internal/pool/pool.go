@@ -66,6 +66,9 @@ type Observer interface {
 	// IdleRelease reports an idle engine released (its idleTimeout or a
 	// request's keep_alive): action is "sleep" or "stop", what was done.
 	IdleRelease(pool, profile, action string)
+	// EngineLogDropped reports an engine output line left out of the log
+	// (logged at debug level only), and why: DropOwnPoll.
+	EngineLogDropped(pool, reason string)
 }
 
 // VRAM reads the pool's GPU memory (through NVML in poold).
@@ -142,6 +145,11 @@ type Options struct {
 	// HealthInterval is how often a serving engine's /health is polled
 	// (liveness.go); zero means DefaultHealthInterval, negative none.
 	HealthInterval time.Duration
+	// LogPolls logs the access-log lines that engines print for poold's own
+	// polls of them (GET /v1/models, /health, /is_sleeping, /metrics) like
+	// their other output; false logs them at debug level only, each counted
+	// by the Observer's EngineLogDropped (enginelog.go).
+	LogPolls bool
 	// RestartBackoff is the wait before the second start in a row of a profile
 	// whose engine failed twice in a row, doubling with each further failure up
 	// to MaxRestartBackoff (restartBackoff in backoff.go). Zero values mean
@@ -282,6 +290,15 @@ func (p *Pool) observeSwap(from, to, kind, result string, phases map[string]time
 	if p.opts.Observer != nil {
 		p.opts.Observer.Swap(p.name, from, to, kind, result, phases)
 	}
+}
+
+// outputLog is where the output of the pool's engines goes.
+func (p *Pool) outputLog() outputLog {
+	o := outputLog{log: p.log, keepPolls: p.opts.LogPolls}
+	if obs := p.opts.Observer; obs != nil {
+		o.dropped = func() { obs.EngineLogDropped(p.name, DropOwnPoll) }
+	}
+	return o
 }
 
 func (p *Pool) observeExit(profile, reason string) {

@@ -107,13 +107,16 @@ func (s *Shims) start(cmd *exec.Cmd, path string, spawn spawner) (*shim.Conn, er
 // follow returns the engine's output as its shim sends it, and a function
 // that waits for its exit: the shim's report of it, or the loss of the shim
 // (errDetached once poold detached). The hello's backlog goes into the log
-// ring; the part of it that no poold received is logged as well.
+// ring, poold's own polls but (pump); the part of it that no poold received
+// is logged as well.
 func (e *engine) follow() (out io.ReadCloser, wait func() error) {
 	r, w := io.Pipe()
 	h := e.conn.Hello
 	seen := max(0, len(h.Backlog)-h.Unseen)
 	for _, line := range h.Backlog[:seen] {
-		e.logs.add(line)
+		if !ownPoll(line) {
+			e.logs.add(line)
+		}
 	}
 	wait = func() error {
 		defer w.Close()

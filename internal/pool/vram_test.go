@@ -96,6 +96,7 @@ type exitObserver struct {
 	notReleased int
 	sleepHeld   int      // SleepVRAMNotReleased calls
 	releases    []string // IdleRelease calls, profile:action
+	dropped     []string // EngineLogDropped calls, pool:reason
 }
 
 func (o *exitObserver) Swap(string, string, string, string, string, map[string]time.Duration) {}
@@ -118,6 +119,12 @@ func (o *exitObserver) IdleRelease(_, profile, action string) {
 	o.releases = append(o.releases, profile+":"+action)
 }
 
+func (o *exitObserver) EngineLogDropped(pool, reason string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.dropped = append(o.dropped, pool+":"+reason)
+}
+
 func (o *exitObserver) SleepVRAMNotReleased(string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -136,7 +143,7 @@ func startSleeper(t *testing.T, opts Options) (*Pool, *engine) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, opts)
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), profile.Launch{}, nil, p.opts.Containment, nil, p.http, nil, p.log)
+	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), profile.Launch{}, nil, p.opts.Containment, nil, p.http, nil, p.outputLog())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,16 @@
 package proxy
 
 import (
+	"context"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/poold/poold/internal/pool"
 )
 
 func TestForwardedHeaders(t *testing.T) {
@@ -45,5 +51,35 @@ func TestForwardedHeaders(t *testing.T) {
 	big["X-Big"][0] += "b"
 	if ok, _ := forwardedHeaders(big); ok {
 		t.Errorf("%d bytes accepted", maxForwardedHeaderBytes+1)
+	}
+}
+
+// A body poold read as a JSON object goes to the engine as
+// application/json, whatever the client sent (curl -d sends a form's type,
+// many scripts none): vLLM refuses any other with a 400. A form (an audio
+// upload) keeps its own type, boundary included.
+func TestEngineGetsJSONContentType(t *testing.T) {
+	h := adminHandler(t, "")
+	for _, tt := range []struct {
+		sent, want string
+		form       bool
+	}{
+		{"", "application/json", false},
+		{"application/x-www-form-urlencoded", "application/json", false},
+		{"text/plain", "application/json", false},
+		{"application/json; charset=utf-8", "application/json", false},
+		{"multipart/form-data; boundary=b", "multipart/form-data; boundary=b", true},
+	} {
+		in := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		if tt.sent != "" {
+			in.Header.Set("Content-Type", tt.sent)
+		}
+		x := &exchange{lease: &pool.Lease{Target: &url.URL{Scheme: "http", Host: "127.0.0.1:1"}}, path: "/v1/chat/completions", body: []byte(`{"model":"m"}`), form: tt.form}
+		in = in.WithContext(context.WithValue(in.Context(), exchangeKey{}, x))
+		out := in.Clone(in.Context())
+		h.rewriteOut(&httputil.ProxyRequest{In: in, Out: out})
+		if got := out.Header.Values("Content-Type"); len(got) != 1 || got[0] != tt.want {
+			t.Errorf("sent Content-Type %q (form %t): the engine gets %q, want %q", tt.sent, tt.form, got, tt.want)
+		}
 	}
 }

@@ -220,6 +220,7 @@ type exchange struct {
 	lease    *pool.Lease
 	path     string // the engine's path: an inference route
 	body     []byte
+	form     bool // the body is a multipart/form-data form, not JSON
 	withhold bool
 	start    time.Time
 	first    time.Time // first response byte sent
@@ -419,6 +420,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x.body = openai.Rewrite(body, req, openai.Changes{Model: prof.ID, InjectUsage: inject, Bound: bound, DropKeepAlive: true})
+	x.form = req.Form
 	keep := req.KeepAlive
 	if req.HasKeepAlive && ten != nil {
 		keep = ten.KeepAlive(keep)
@@ -595,6 +597,12 @@ func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
 	out.Host = ""
 	upstream.SetBody(out, x.body)
 	dropOwned(out.Header)
+	// vLLM refuses a JSON route's body unless it comes as application/json
+	// (curl -d sends a form's type, many clients none); poold read it as a
+	// JSON object, so it says so. A form keeps its type: the boundary is in it.
+	if !x.form {
+		out.Header.Set("Content-Type", "application/json")
+	}
 	// The engine takes it as its own request id (vLLM does), so that its
 	// log lines match the access log's.
 	out.Header.Set("X-Request-Id", x.id)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -93,6 +94,57 @@ func TestDaemonLogTextEngineLines(t *testing.T) {
 	}
 	if strings.Contains(d.stderr.String(), `msg="time=`) {
 		t.Fatalf("an engine line nested in poold's message:\n%s", tail(d.stderr.String(), 30))
+	}
+}
+
+// An engine's access-log lines for poold's own polls of it (readiness,
+// /health, /metrics) go to poold's log at debug level only, counted in
+// poold_engine_log_dropped_lines_total; a client request's line is logged
+// at info. With --engine-log-polls every line is logged at info and none is
+// counted.
+func TestEnginePollLinesDropped(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		tag := t.Name()
+		d := startPoold(t, tag, profilesJSON(tag, []pool{{Name: "p0", GPUs: []int{0}, Default: "a"}}, []sim{{ID: "a"}}, nil),
+			"--engine-health-interval", "20ms", "--engine-metrics-interval", "20ms", "--engine-log-polls="+strconv.FormatBool(keep))
+		d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
+		d.chat("a")
+		const series = `poold_engine_log_dropped_lines_total{pool="p0",reason="own_poll"}`
+		// The polls go on: wait for a line of each, and the client's.
+		levels := map[string]string{} // request line → the levels it was logged at
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			for _, m := range d.engineLines(` - "`) {
+				l, _ := m["line"].(string)
+				_, req, _ := strings.Cut(l, ` - "`)
+				req, _, _ = strings.Cut(req, ` HTTP/1.1"`)
+				if !strings.Contains(levels[req], m["level"].(string)) {
+					levels[req] += m["level"].(string) + " "
+				}
+			}
+			if levels["GET /v1/models"] != "" && levels["GET /health"] != "" && levels["GET /metrics"] != "" && levels["POST /v1/chat/completions"] != "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("engine-log-polls %t: access lines logged %v; want polls of /v1/models, /health, /metrics and the client's chat", keep, levels)
+			}
+		}
+		polls := "DEBUG "
+		if keep {
+			polls = "INFO "
+		}
+		for req, got := range levels {
+			want := polls
+			if !strings.HasPrefix(req, "GET ") {
+				want = "INFO "
+			}
+			if got != want {
+				t.Errorf("engine-log-polls %t: %s logged at %s, want %s", keep, req, got, want)
+			}
+		}
+		if n := d.metricValue(series); keep && n != 0 || !keep && n < 3 {
+			t.Errorf("engine-log-polls %t: %s = %v", keep, series, n)
+		}
+		d.stop()
 	}
 }
 

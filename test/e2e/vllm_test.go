@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -283,7 +284,7 @@ func TestRequestIDReachesTheEngineOnce(t *testing.T) {
 	tag := t.Name()
 	d := startPoold(t, tag, profilesJSON(tag,
 		[]pool{{Name: "p0", GPUs: []int{0}, Default: "m"}},
-		[]sim{{ID: "m", Flags: []string{"--enable-request-id-headers"}}}, nil))
+		[]sim{{ID: "m", Flags: []string{"--enable-request-id-headers", "--enable-log-requests"}}}, nil))
 	d.waitPool("p0", 20*time.Second, "ready", func(p poolView) bool { return p.State == "ready" })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -301,11 +302,41 @@ func TestRequestIDReachesTheEngineOnce(t *testing.T) {
 			}
 			waitLogLine(t, d, ids[0])
 			deadline := time.Now().Add(10 * time.Second)
-			for !strings.Contains(d.stderr.String(), "path=/v1/chat/completions request_id="+ids[0]+" ") {
+			for d.engineLog("m", "Received request chatcmpl-"+ids[0]+`"`) == 0 {
 				if time.Now().After(deadline) {
 					t.Fatalf("the engine logged no request with id %q", ids[0])
 				}
 				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// vLLM answers a JSON route 400 unless the request says application/json;
+// a client that sends a form's type (curl -d) or none is served all the
+// same: poold read the body as JSON and tells the engine so.
+func TestJSONBodyReachesTheEngineAsJSON(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag, []pool{{Name: "p0", GPUs: []int{0}}}, []sim{{ID: "m"}}, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, ct := range []string{"application/x-www-form-urlencoded", ""} {
+		for _, stream := range []bool{false, true} {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/v1/chat/completions", strings.NewReader(chatBody("m", stream, 2)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ct != "" {
+				req.Header.Set("Content-Type", ct)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Errorf("Content-Type %q, stream %t: %d %s %v", ct, stream, resp.StatusCode, b, err)
 			}
 		}
 	}
@@ -355,7 +386,7 @@ func TestPoolingModelWakes(t *testing.T) {
 		for _, m := range d.logLines("engine ready") {
 			woken = woken || m["profile"] == "e" && m["kind"] == "wake"
 		}
-		completions, embeddings := d.engineLog("e", "path=/v1/completions"), d.engineLog("e", "path=/v1/embeddings")
+		completions, embeddings := d.engineLog("e", `"POST /v1/completions HTTP/1.1"`), d.engineLog("e", `"POST /v1/embeddings HTTP/1.1"`)
 		if woken && completions == 1 && embeddings == 3 {
 			break
 		}
@@ -390,7 +421,7 @@ func TestLongEngineLogLines(t *testing.T) {
 	// The pump reads the engine's output as it comes: poll for the lines.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		cut, requests := d.engineLog("m", "[line truncated: "), d.engineLog("m", "path=/v1/chat/completions")
+		cut, requests := d.engineLog("m", "[line truncated: "), d.engineLog("m", `"POST /v1/chat/completions HTTP/1.1"`)
 		if cut == 3 && requests == 4 {
 			break
 		}
