@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -127,15 +128,64 @@ func (v realVLLM) profiles(tag string, pools []pool, profs []realProfile) []byte
 	return b
 }
 
-// treeOf lists the live processes tagged tag with their names (the API
-// server, its resource tracker, VLLM::EngineCore, VLLM::Worker).
+// treeOf lists the live processes tagged tag and all their descendants,
+// with their command lines: the API server, its resource tracker,
+// VLLM::EngineCore and VLLM::Worker. The last two are found as children:
+// they rename themselves (setproctitle), which overwrites their environment
+// and its tag.
 func treeOf(tag string) map[int]string {
-	tree := map[int]string{}
+	parent := map[int]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) > 1 {
+			parent[pid], _ = strconv.Atoi(f[1])
+		}
+	}
+	in := map[int]bool{}
 	for _, pid := range taggedProcesses(tag) {
+		in[pid] = true
+	}
+	for grew := true; grew; {
+		grew = false
+		for pid, pp := range parent {
+			if in[pp] && !in[pid] && alive(pid) {
+				in[pid], grew = true, true
+			}
+		}
+	}
+	tree := map[int]string{}
+	for pid := range in {
 		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 		tree[pid] = strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " ")
 	}
 	return tree
+}
+
+// reapAtCleanup stops d at the test's end and then fails the test if any
+// engine process tagged tag (or a child of one) is left, killing them all.
+// It runs before the harness's own leftover check, which finds only the
+// tagged processes and, killing those, would leave their children running.
+func reapAtCleanup(t *testing.T, d *daemon, tag string) {
+	t.Cleanup(func() {
+		d.stop()
+		tree := treeOf(tag)
+		if len(tree) == 0 {
+			return
+		}
+		t.Errorf("engine processes left behind: %v", tree)
+		for pid := range tree {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
 }
 
 // wholeTree fails the test unless tree holds all four of a vLLM engine's
@@ -226,6 +276,7 @@ func TestRealVLLMServes(t *testing.T) {
 		})
 	args := append(keepArgs(state, time.Minute), "--vllm-command", v.launcher())
 	d := startPoold(t, tag, profiles, args...)
+	reapAtCleanup(t, d, tag)
 	d.waitPool("p0", 5*time.Minute, "llama ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "llama" })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -423,7 +474,7 @@ func TestRealVLLMServes(t *testing.T) {
 	})
 
 	t.Run("own polls out of the log", func(t *testing.T) {
-		d.waitPositive(`poold_engine_log_lines_dropped_total{pool="p0",reason="own_poll"}`, time.Minute)
+		d.waitPositive(`poold_engine_log_dropped_lines_total{pool="p0",reason="own_poll"}`, time.Minute)
 		for line := range strings.Lines(d.stderr.String()) {
 			if strings.Contains(line, `GET /metrics HTTP/1.1`) && !strings.Contains(line, `"level":"DEBUG"`) {
 				t.Fatalf("a poll's access line logged above debug: %s", line)
@@ -476,6 +527,7 @@ func TestRealVLLMServes(t *testing.T) {
 			}
 		}
 		d2 := startPoold(t, tag, profiles, args...)
+		reapAtCleanup(t, d2, tag)
 		if got := d2.serving("p0", "qwen"); got != pid {
 			t.Fatalf("the restarted poold serves pid %d, want the adopted %d", got, pid)
 		}
@@ -489,6 +541,7 @@ func TestRealVLLMServes(t *testing.T) {
 		}
 		<-d2.exited
 		d3 := startPoold(t, tag, profiles, append(slices.Clone(args), "--shutdown-timeout", "500ms", "--keep-engines-on-restart=false")...)
+		reapAtCleanup(t, d3, tag)
 		if got := d3.serving("p0", "qwen"); got != pid {
 			t.Fatalf("after a SIGKILL the next poold serves pid %d, want the adopted %d", got, pid)
 		}
@@ -593,6 +646,7 @@ func TestRealVLLMStartFailures(t *testing.T) {
 			{ID: "head16", Model: "head16", Pools: []string{"p4"}},
 		})
 	d := startPoold(t, tag, profiles, "--state-dir", state, "--keep-engines-on-restart", "--vllm-command", v.launcher())
+	reapAtCleanup(t, d, tag)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
@@ -646,10 +700,7 @@ func TestRealVLLMStartFailures(t *testing.T) {
 	}
 
 	// SIGKILL poold: the engine it left is stopped, whole, by stop-engines.
-	tree := map[int]string{}
-	for pid, name := range treeOf(tag) {
-		tree[pid] = name
-	}
+	tree := treeOf(tag)
 	wholeTree(t, tree)
 	if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
