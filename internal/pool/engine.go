@@ -67,6 +67,9 @@ type engine struct {
 	// noted has a bit set for each kind of output line (noteLines) the log
 	// pump has seen.
 	noted atomic.Uint32
+	// reason is the last line of output that read as what went wrong
+	// (noteReason), from the exception's name on; nil while none did.
+	reason atomic.Pointer[string]
 	// served is set once the engine is ready (or adopted): only a start
 	// acts on the kinds of line noted, so the pump stops scanning its
 	// lines then (an engine logs a line per request).
@@ -226,7 +229,8 @@ func (e *engine) awaitOutput() {
 	}
 }
 
-// failure describes an engine exit with its status and last log lines. It
+// failure describes an engine exit with its status, its reason and last log
+// lines (lastOutput). It
 // waits (bounded) for those lines: don't call it with the pool's mutex held.
 func (e *engine) failure() error {
 	e.awaitOutput()
@@ -234,7 +238,7 @@ func (e *engine) failure() error {
 	if e.exitErr != nil {
 		status = e.exitErr.Error()
 	}
-	return fmt.Errorf("engine %q %s; last output: %s", e.profile.ID, status, e.logs.tail(5))
+	return fmt.Errorf("engine %q %s; %s", e.profile.ID, status, e.lastOutput())
 }
 
 // spawner starts engine processes from one OS thread that never ends. The
