@@ -23,9 +23,10 @@ var ErrBackoff = errors.New("engine restarts are backing off")
 // retried at once; the n-th consecutive one waits base·2^(n-2), capped at max.
 // An engine that stays ready for max or longer ends the streak.
 //
-// Failures are counted per profile value: a reload that replaces the profile
-// gives it a fresh start. The zero value needs base and max set. It is not safe
-// for concurrent use (the pool's mutex guards it).
+// Failures are counted per profile definition: a reload that changes the
+// profile gives it a fresh start, one that leaves it as it was (a new value,
+// Equal) does not. The zero value needs base and max set. It is not safe for
+// concurrent use (the pool's mutex guards it).
 type restartBackoff struct {
 	base, max time.Duration
 	prof      *profile.Profile // the profile failing; nil when none
@@ -41,7 +42,7 @@ func (b *restartBackoff) ready(now time.Time) { b.healthy = now }
 // failed records a failure of prof at now and returns the wait before its next start.
 func (b *restartBackoff) failed(prof *profile.Profile, err error, now time.Time) time.Duration {
 	lasted := !b.healthy.IsZero() && now.Sub(b.healthy) >= b.max
-	if b.prof != prof || lasted {
+	if !same(b.prof, prof) || lasted {
 		b.failures = 0
 	}
 	b.prof, b.err, b.healthy = prof, err, time.Time{}
@@ -63,10 +64,14 @@ func (b *restartBackoff) delay() time.Duration {
 	return min(d, b.max)
 }
 
+// same reports whether a and b are one profile for the backoff: the same
+// value, or, after a reload, the same definition.
+func same(a, b *profile.Profile) bool { return a == b || a.Equal(b) }
+
 // refusal returns the error for a request for prof at now while its restarts are
 // backing off, or nil.
 func (b *restartBackoff) refusal(prof *profile.Profile, now time.Time) error {
-	if prof != b.prof || !now.Before(b.until) {
+	if !now.Before(b.until) || !same(prof, b.prof) {
 		return nil
 	}
 	left := b.until.Sub(now)

@@ -33,8 +33,18 @@ func TestRestartBackoffGrowsToCap(t *testing.T) {
 	if err := b.refusal(a, now.Add(500*time.Millisecond)); err != nil {
 		t.Fatalf("refusal after the backoff: %v", err)
 	}
-	if err := b.refusal(&profile.Profile{ID: "a"}, now); err != nil {
-		t.Fatalf("a replaced profile (a reload) is refused: %v", err)
+	// A reload gives every profile a new value: one that changed is not
+	// refused, one left as it was still is, and its streak goes on.
+	changed := &profile.Profile{ID: "a", Args: []string{"--enforce-eager"}}
+	if err := b.refusal(changed, now); err != nil {
+		t.Fatalf("a changed profile is refused: %v", err)
+	}
+	same := &profile.Profile{ID: "a"}
+	if err := b.refusal(same, now); err == nil {
+		t.Fatal("a profile that a reload left as it was is not refused")
+	}
+	if d := b.failed(same, boom, now.Add(time.Second)); d != 500*time.Millisecond {
+		t.Fatalf("the next failure of the profile reloaded unchanged waits %s, want the cap", d)
 	}
 }
 
