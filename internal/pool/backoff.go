@@ -21,7 +21,8 @@ var ErrBackoff = errors.New("engine restarts are backing off")
 // restartBackoff spaces out the starts of a profile whose engine keeps failing
 // (a failed load, or a crash soon after it became ready). The first failure is
 // retried at once; the n-th consecutive one waits base·2^(n-2), capped at max.
-// An engine that stays ready for max or longer ends the streak.
+// An engine of the profile that stays ready for max or longer ends the
+// streak; another profile's engine does not.
 //
 // Failures are counted per profile definition: a reload that changes the
 // profile gives it a fresh start, one that leaves it as it was (a new value,
@@ -33,11 +34,17 @@ type restartBackoff struct {
 	failures  int              // consecutive failures of prof
 	until     time.Time        // no start of prof before this
 	err       error            // prof's last failure
-	healthy   time.Time        // when the current engine became ready; zero when none
+	healthy   time.Time        // when prof's current engine became ready; zero when none
 }
 
-// ready records that an engine became ready at now.
-func (b *restartBackoff) ready(now time.Time) { b.healthy = now }
+// ready records that an engine of prof became ready at now: only the
+// failing profile's own engine may end its streak by lasting.
+func (b *restartBackoff) ready(prof *profile.Profile, now time.Time) {
+	b.healthy = time.Time{}
+	if same(prof, b.prof) {
+		b.healthy = now
+	}
+}
 
 // failed records a failure of prof at now and returns the wait before its next start.
 func (b *restartBackoff) failed(prof *profile.Profile, err error, now time.Time) time.Duration {

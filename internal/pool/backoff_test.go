@@ -16,7 +16,7 @@ func TestRestartBackoffGrowsToCap(t *testing.T) {
 	now := t0
 	want := []time.Duration{0, 100, 200, 400, 500, 500}
 	for i, w := range want {
-		b.ready(now) // each engine dies 10ms after it became ready
+		b.ready(a, now) // each engine dies 10ms after it became ready
 		now = now.Add(10 * time.Millisecond)
 		if got := b.failed(a, boom, now); got != w*time.Millisecond {
 			t.Fatalf("failure %d: delay %s, want %s", i+1, got, w*time.Millisecond)
@@ -55,7 +55,7 @@ func TestRestartBackoffResetByLastingEngine(t *testing.T) {
 	for range 3 {
 		b.failed(a, errors.New("load failed"), now)
 	}
-	b.ready(now)
+	b.ready(a, now)
 	now = now.Add(time.Minute) // served a full cap's worth
 	if d := b.failed(a, errors.New("crash"), now); d != 0 {
 		t.Fatalf("a crash after a lasting run waits %s, want 0", d)
@@ -66,5 +66,20 @@ func TestRestartBackoffResetByLastingEngine(t *testing.T) {
 	// Another profile's failure starts its own streak.
 	if d := b.failed(&profile.Profile{ID: "b"}, errors.New("x"), now); d != 0 {
 		t.Fatalf("first failure of another profile waits %s", d)
+	}
+}
+
+// Only the failing profile's own engine ends its streak by lasting: the
+// engine of another profile, ready on the pool meanwhile, does not.
+func TestRestartBackoffNotResetByAnotherProfile(t *testing.T) {
+	b := restartBackoff{base: time.Second, max: time.Minute}
+	a, other := &profile.Profile{ID: "a"}, &profile.Profile{ID: "b"}
+	now := t0
+	b.failed(a, errors.New("load failed"), now)
+	b.failed(a, errors.New("load failed"), now)
+	b.ready(other, now) // the pool serves b for longer than the cap
+	now = now.Add(time.Hour)
+	if d := b.failed(a, errors.New("load failed"), now); d != 2*time.Second {
+		t.Fatalf("the third failure in a row, after another profile lasted, waits %s, want 2s", d)
 	}
 }

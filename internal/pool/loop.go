@@ -307,7 +307,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	p.watchHealth(p.eng)
 	p.lastErr = exposed
 	p.readyAt = now
-	p.backoff.ready(now)
+	p.backoff.ready(prof, now)
 	p.lastSwap = now.Sub(begin)
 	p.setStateLocked(StateReady)
 	admitted := p.sched.Ready(prof.ID, now)
