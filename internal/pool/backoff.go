@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // Restart backoff defaults (Options.RestartBackoff and MaxRestartBackoff).
@@ -19,10 +20,13 @@ const (
 var ErrBackoff = errors.New("engine restarts are backing off")
 
 // restartBackoff spaces out the starts of a profile whose engine keeps failing
-// (a failed load, or a crash soon after it became ready). The first failure is
-// retried at once; the n-th consecutive one waits base·2^(n-2), capped at max.
-// An engine of the profile that stays ready for max or longer ends the
-// streak; another profile's engine does not.
+// (a failed load, a crash soon after it became ready, or a death at its first
+// request(s), before any succeeded). The first failure is retried at once; the
+// n-th consecutive one waits base·2^(n-2), capped at max. An engine of the
+// profile that stays ready for max or longer ends the streak, unless it dies
+// at its first request: an engine that sat idle, ready, then died of the
+// first request it was given, served nothing. Another profile's engine does
+// not end the streak.
 //
 // Failures are counted per profile definition: a reload that changes the
 // profile gives it a fresh start, one that leaves it as it was (a new value,
@@ -33,8 +37,19 @@ type restartBackoff struct {
 	prof      *profile.Profile // the profile failing; nil when none
 	failures  int              // consecutive failures of prof
 	until     time.Time        // no start of prof before this
-	err       error            // prof's last failure
+	last      failure          // prof's last failure
 	healthy   time.Time        // when prof's current engine became ready; zero when none
+}
+
+// failure is one failure of a profile's engine.
+type failure struct {
+	err error
+	// exit is how the engine ended: statusapi.ExitLoadFailed, ExitCrashed
+	// or ExitFirstRequest.
+	exit string
+	// reason is what the engine said went wrong (noteReason); "" when
+	// nothing it printed read as that.
+	reason string
 }
 
 // ready records that an engine of prof became ready at now: only the
@@ -46,13 +61,16 @@ func (b *restartBackoff) ready(prof *profile.Profile, now time.Time) {
 	}
 }
 
-// failed records a failure of prof at now and returns the wait before its next start.
-func (b *restartBackoff) failed(prof *profile.Profile, err error, now time.Time) time.Duration {
-	lasted := !b.healthy.IsZero() && now.Sub(b.healthy) >= b.max
+// failed records failure f of prof at now and returns the wait before its
+// next start.
+func (b *restartBackoff) failed(prof *profile.Profile, f failure, now time.Time) time.Duration {
+	// An engine that died at its first request served nothing, however
+	// long it was ready: its death never ends the streak.
+	lasted := f.exit != statusapi.ExitFirstRequest && !b.healthy.IsZero() && now.Sub(b.healthy) >= b.max
 	if !same(b.prof, prof) || lasted {
 		b.failures = 0
 	}
-	b.prof, b.err, b.healthy = prof, err, time.Time{}
+	b.prof, b.last, b.healthy = prof, f, time.Time{}
 	b.failures++
 	d := b.delay()
 	b.until = now.Add(d)
@@ -83,7 +101,7 @@ func (b *restartBackoff) refusal(prof *profile.Profile, now time.Time) error {
 	}
 	left := b.until.Sub(now)
 	return &QueueError{
-		Err:        fmt.Errorf("%w after %d consecutive failures (next start in %s); last error: %w", ErrBackoff, b.failures, left.Round(time.Millisecond), b.err),
+		Err:        fmt.Errorf("%w after %d consecutive failures (next start in %s); last error: %w", ErrBackoff, b.failures, left.Round(time.Millisecond), b.last.err),
 		RetryAfter: left,
 	}
 }

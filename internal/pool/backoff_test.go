@@ -7,7 +7,11 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
+
+// crash is the failure of an engine that died with err while serving.
+func crash(err error) failure { return failure{err: err, exit: statusapi.ExitCrashed} }
 
 func TestRestartBackoffGrowsToCap(t *testing.T) {
 	b := restartBackoff{base: 100 * time.Millisecond, max: 500 * time.Millisecond}
@@ -18,7 +22,7 @@ func TestRestartBackoffGrowsToCap(t *testing.T) {
 	for i, w := range want {
 		b.ready(a, now) // each engine dies 10ms after it became ready
 		now = now.Add(10 * time.Millisecond)
-		if got := b.failed(a, boom, now); got != w*time.Millisecond {
+		if got := b.failed(a, crash(boom), now); got != w*time.Millisecond {
 			t.Fatalf("failure %d: delay %s, want %s", i+1, got, w*time.Millisecond)
 		}
 	}
@@ -43,7 +47,7 @@ func TestRestartBackoffGrowsToCap(t *testing.T) {
 	if err := b.refusal(same, now); err == nil {
 		t.Fatal("a profile that a reload left as it was is not refused")
 	}
-	if d := b.failed(same, boom, now.Add(time.Second)); d != 500*time.Millisecond {
+	if d := b.failed(same, crash(boom), now.Add(time.Second)); d != 500*time.Millisecond {
 		t.Fatalf("the next failure of the profile reloaded unchanged waits %s, want the cap", d)
 	}
 }
@@ -53,18 +57,18 @@ func TestRestartBackoffResetByLastingEngine(t *testing.T) {
 	a := &profile.Profile{ID: "a"}
 	now := t0
 	for range 3 {
-		b.failed(a, errors.New("load failed"), now)
+		b.failed(a, failure{err: errors.New("load failed"), exit: statusapi.ExitLoadFailed}, now)
 	}
 	b.ready(a, now)
 	now = now.Add(time.Minute) // served a full cap's worth
-	if d := b.failed(a, errors.New("crash"), now); d != 0 {
+	if d := b.failed(a, crash(errors.New("crash")), now); d != 0 {
 		t.Fatalf("a crash after a lasting run waits %s, want 0", d)
 	}
-	if d := b.failed(a, errors.New("crash"), now); d != time.Second {
+	if d := b.failed(a, crash(errors.New("crash")), now); d != time.Second {
 		t.Fatalf("the next consecutive failure waits %s, want 1s", d)
 	}
 	// Another profile's failure starts its own streak.
-	if d := b.failed(&profile.Profile{ID: "b"}, errors.New("x"), now); d != 0 {
+	if d := b.failed(&profile.Profile{ID: "b"}, crash(errors.New("x")), now); d != 0 {
 		t.Fatalf("first failure of another profile waits %s", d)
 	}
 }
@@ -75,11 +79,34 @@ func TestRestartBackoffNotResetByAnotherProfile(t *testing.T) {
 	b := restartBackoff{base: time.Second, max: time.Minute}
 	a, other := &profile.Profile{ID: "a"}, &profile.Profile{ID: "b"}
 	now := t0
-	b.failed(a, errors.New("load failed"), now)
-	b.failed(a, errors.New("load failed"), now)
+	b.failed(a, failure{err: errors.New("load failed"), exit: statusapi.ExitLoadFailed}, now)
+	b.failed(a, failure{err: errors.New("load failed"), exit: statusapi.ExitLoadFailed}, now)
 	b.ready(other, now) // the pool serves b for longer than the cap
 	now = now.Add(time.Hour)
-	if d := b.failed(a, errors.New("load failed"), now); d != 2*time.Second {
+	if d := b.failed(a, failure{err: errors.New("load failed"), exit: statusapi.ExitLoadFailed}, now); d != 2*time.Second {
 		t.Fatalf("the third failure in a row, after another profile lasted, waits %s, want 2s", d)
+	}
+}
+
+// An engine that died at its first request(s), before any succeeded on it,
+// served nothing: however long it was ready, idle, before the first request
+// came, its death goes on the streak. One that answered requests and
+// lasted ends the streak, as before.
+func TestRestartBackoffFirstRequestDeathsAddUp(t *testing.T) {
+	b := restartBackoff{base: time.Second, max: time.Minute}
+	a := &profile.Profile{ID: "a"}
+	first := failure{err: errors.New(`engine "a" died at its first request`), exit: statusapi.ExitFirstRequest, reason: "RuntimeError: x"}
+	now := t0
+	for i, want := range []time.Duration{0, time.Second, 2 * time.Second} {
+		b.ready(a, now)
+		now = now.Add(time.Hour) // ready, idle, for longer than the cap
+		if d := b.failed(a, first, now); d != want {
+			t.Fatalf("death %d at the first request: wait %s, want %s", i+1, d, want)
+		}
+	}
+	b.ready(a, now)
+	now = now.Add(time.Minute)
+	if d := b.failed(a, crash(errors.New("crash")), now); d != 0 {
+		t.Fatalf("a crash after a lasting run waits %s, want 0", d)
 	}
 }

@@ -69,12 +69,20 @@ func (e *engine) noteReason(line string) {
 	}
 }
 
+// said is the reason the engine gave (noteReason); "" when none.
+func (e *engine) said() string {
+	if r := e.reason.Load(); r != nil {
+		return *r
+	}
+	return ""
+}
+
 // lastOutput is what an error message says of the engine's output: the
 // reason it gave (noteReason), if any, and its last lines.
 func (e *engine) lastOutput() string {
 	out := "last output: " + e.logs.tail(5)
-	if r := e.reason.Load(); r != nil {
-		out = "reason: " + *r + "; " + out
+	if r := e.said(); r != "" {
+		out = "reason: " + r + "; " + out
 	}
 	return out
 }

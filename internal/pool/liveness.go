@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 )
@@ -71,7 +70,7 @@ func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
 		}
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusServiceUnavailable {
-			return fmt.Errorf("engine %q failed over: GET /health answered %s: its engine core is dead; %s", e.profile.ID, resp.Status, e.lastOutput())
+			return e.failedWith("failed over: GET /health answered " + resp.Status + ": its engine core is dead")
 		}
 	}
 }

@@ -55,7 +55,8 @@ type Observer interface {
 	// of each phase (drain, stop or sleep, vram_release, start, ready, wake).
 	Swap(pool, from, to, kind, result string, phases map[string]time.Duration)
 	// EngineExit reports an engine process that ended, and why: "stopped",
-	// "crashed" or "load_failed".
+	// or a failure's statusapi.ExitLoadFailed, ExitCrashed or
+	// ExitFirstRequest.
 	EngineExit(pool, profile, reason string)
 	// VRAMNotReleased reports a stopped engine whose GPU memory was still held
 	// when the VRAM check gave up.

@@ -481,6 +481,18 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	x.ctx, x.sent = ctx, time.Now()
 	fwd := upstream.WithIdleTimeout(context.WithValue(ctx, exchangeKey{}, x), lease.IdleTimeout)
 	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(fwd))
+	if x.succeeded(r.Context().Err() != nil) {
+		lease.Succeeded()
+	}
+}
+
+// succeeded reports whether the engine answered the forwarded request
+// successfully, given whether the client has gone: a 2xx answer that
+// completed, and for a stream one that carried generated text (vLLM ends
+// the stream of a request whose engine core died with an error event and
+// [DONE], under a 200).
+func (x *exchange) succeeded(clientGone bool) bool {
+	return x.status/100 == 2 && x.outcome(x.status, clientGone) == metrics.OutcomeCompleted && (x.sse == nil || x.sse.ContentChunks() > 0)
 }
 
 // finish records a finished request in the metrics and the access log.

@@ -174,6 +174,16 @@ const (
 	ReleaseSleep = "sleep"
 )
 
+// How an engine that failed ended: the reasons of poold_engine_exits_total
+// but "stopped". ExitLoadFailed: it did not become ready; ExitCrashed: it
+// died or failed while serving; ExitFirstRequest: it died (or failed)
+// while serving its first request(s), before any succeeded.
+const (
+	ExitLoadFailed   = "load_failed"
+	ExitCrashed      = "crashed"
+	ExitFirstRequest = "first_request_failed"
+)
+
 // Adoption is one engine that the previous poold left running: adopted (it
 // serves, or sleeps, without a load), or stopped for Reason, after which
 // the pool loaded afresh.
