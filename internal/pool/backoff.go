@@ -89,6 +89,21 @@ func (b *restartBackoff) delay() time.Duration {
 	return min(d, b.max)
 }
 
+// status is the streak as /status shows it at now, cur being the profile's
+// current definition (nil once removed): nil when there is none, when an
+// engine of the profile is ready again, or when a reload changed it.
+func (b *restartBackoff) status(cur *profile.Profile, now time.Time) *statusapi.Failing {
+	if b.failures == 0 || !b.healthy.IsZero() || !same(cur, b.prof) {
+		return nil
+	}
+	st := &statusapi.Failing{Profile: b.prof.ID, Failures: b.failures, Exit: b.last.exit, Reason: b.last.reason, LastError: b.last.err.Error()}
+	if now.Before(b.until) {
+		at := b.until
+		st.RetryAt = &at
+	}
+	return st
+}
+
 // same reports whether a and b are one profile for the backoff: the same
 // value, or, after a reload, the same definition.
 func same(a, b *profile.Profile) bool { return a == b || a.Equal(b) }

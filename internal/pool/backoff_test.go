@@ -110,3 +110,41 @@ func TestRestartBackoffFirstRequestDeathsAddUp(t *testing.T) {
 		t.Fatalf("a crash after a lasting run waits %s, want 0", d)
 	}
 }
+
+// The streak as /status shows it: from the first failure, with the next
+// start's time only while there is a wait, until an engine of the profile
+// is ready again or the profile changed.
+func TestRestartBackoffStatus(t *testing.T) {
+	b := restartBackoff{base: time.Second, max: time.Minute}
+	a := &profile.Profile{ID: "a"}
+	if st := b.status(a, t0); st != nil {
+		t.Fatalf("status before any failure: %+v", st)
+	}
+	first := failure{err: errors.New(`engine "a" died at its first request`), exit: statusapi.ExitFirstRequest, reason: "RuntimeError: x"}
+	b.failed(a, first, t0)
+	want := statusapi.Failing{Profile: "a", Failures: 1, Exit: statusapi.ExitFirstRequest, Reason: "RuntimeError: x", LastError: first.err.Error()}
+	if st := b.status(a, t0); st == nil || *st != want {
+		t.Fatalf("after one failure: %+v, want %+v", st, want)
+	}
+	b.failed(a, first, t0)
+	st := b.status(a, t0)
+	if st == nil || st.Failures != 2 || st.RetryAt == nil || !st.RetryAt.Equal(t0.Add(time.Second)) {
+		t.Fatalf("after two failures: %+v, want a retry at %s", st, t0.Add(time.Second))
+	}
+	if st := b.status(a, t0.Add(time.Second)); st == nil || st.RetryAt != nil {
+		t.Fatalf("once the wait ran out: %+v, want failing with no retry time", st)
+	}
+	if st := b.status(&profile.Profile{ID: "a"}, t0); st == nil {
+		t.Fatal("a reload that left the profile as it was hides its streak")
+	}
+	if st := b.status(&profile.Profile{ID: "a", Args: []string{"--enforce-eager"}}, t0); st != nil {
+		t.Fatalf("a changed profile shows the old one's streak: %+v", st)
+	}
+	if st := b.status(nil, t0); st != nil {
+		t.Fatalf("a removed profile shows its streak: %+v", st)
+	}
+	b.ready(a, t0.Add(time.Second))
+	if st := b.status(a, t0.Add(time.Second)); st != nil {
+		t.Fatalf("once an engine of it is ready again: %+v", st)
+	}
+}

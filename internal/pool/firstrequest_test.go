@@ -90,8 +90,15 @@ func TestFirstRequestDeathsHoldTheProfile(t *testing.T) {
 			t.Fatalf("refusal %q lacks %q", err, want)
 		}
 	}
-	if st := s.Pool("a").Status(); st.Engine != nil || st.SwitchingTo != nil {
+	st := s.Pool("a").Status()
+	if st.Engine != nil || st.SwitchingTo != nil {
 		t.Fatalf("the refusal started an engine: %+v", st)
+	}
+	f := st.Failing
+	if f == nil || f.Profile != "x" || f.Failures != 2 || f.Exit != statusapi.ExitFirstRequest ||
+		f.Reason != "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=1" ||
+		!strings.Contains(f.LastError, "died at its first request") || f.RetryAt == nil || f.RetryAt.Sub(clock.Now()) > time.Minute {
+		t.Fatalf("/status failing: %+v, want x failing twice at its first request, with the reason and a retry within 1m", f)
 	}
 	waitExits(t, obs, exits...)
 }
