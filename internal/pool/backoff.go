@@ -89,6 +89,19 @@ func (b *restartBackoff) delay() time.Duration {
 	return min(d, b.max)
 }
 
+// clear ends the streak, for an operator who fixed its cause: the
+// profile's next start is at once, and its next failure the first of a new
+// streak. It returns the id of the profile whose streak it ended, "" when
+// there was none.
+func (b *restartBackoff) clear() string {
+	if b.failures == 0 {
+		return ""
+	}
+	id := b.prof.ID
+	b.prof, b.failures, b.until, b.last, b.healthy = nil, 0, time.Time{}, failure{}, time.Time{}
+	return id
+}
+
 // status is the streak as /status shows it at now, cur being the profile's
 // current definition (nil once removed): nil when there is none, when an
 // engine of the profile is ready again, or when a reload changed it.

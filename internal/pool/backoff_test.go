@@ -148,3 +148,25 @@ func TestRestartBackoffStatus(t *testing.T) {
 		t.Fatalf("once an engine of it is ready again: %+v", st)
 	}
 }
+
+// Clearing the streak (an operator's) lets the profile start at once, and
+// its next failure is the first again.
+func TestRestartBackoffClear(t *testing.T) {
+	b := restartBackoff{base: time.Second, max: time.Minute}
+	a := &profile.Profile{ID: "a"}
+	if id := b.clear(); id != "" {
+		t.Fatalf("clearing no streak cleared %q", id)
+	}
+	for range 3 {
+		b.failed(a, crash(errors.New("crash")), t0)
+	}
+	if id := b.clear(); id != "a" {
+		t.Fatalf("clear: %q, want a", id)
+	}
+	if err := b.refusal(a, t0); err != nil || b.status(a, t0) != nil {
+		t.Fatalf("after the clear: refusal %v, status %+v", err, b.status(a, t0))
+	}
+	if d := b.failed(a, crash(errors.New("crash")), t0); d != 0 {
+		t.Fatalf("the first failure after the clear waits %s, want 0", d)
+	}
+}

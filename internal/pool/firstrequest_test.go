@@ -101,6 +101,20 @@ func TestFirstRequestDeathsHoldTheProfile(t *testing.T) {
 		t.Fatalf("/status failing: %+v, want x failing twice at its first request, with the reason and a retry within 1m", f)
 	}
 	waitExits(t, obs, exits...)
+
+	// An operator who fixed the cause clears the backoff: the next request
+	// starts the engine at once.
+	if id := s.Pool("a").ClearBackoff(); id != "x" {
+		t.Fatalf("ClearBackoff cleared %q, want x", id)
+	}
+	if st := s.Pool("a").Status(); st.Failing != nil {
+		t.Fatalf("failing after the clear: %+v", st.Failing)
+	}
+	if id := s.Pool("a").ClearBackoff(); id != "" {
+		t.Fatalf("a second ClearBackoff cleared %q, want nothing", id)
+	}
+	acquire(t, s, cfg, "x").Release()
+	waitFor(t, s, "a", "ready again", readyWith("x"))
 }
 
 // An engine that answered a request successfully is no longer on trial:

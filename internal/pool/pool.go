@@ -263,6 +263,17 @@ func policyFor(spec *profile.PoolSpec, cfg *profile.Config) Policy {
 // Name is the pool's name.
 func (p *Pool) Name() string { return p.name }
 
+// ClearBackoff ends the restart backoff of the pool's failing profile (an
+// operator's POST /admin/pools/{pool}/clear-backoff, once its cause is
+// fixed): the next request for it starts its engine at once, and its next
+// failure is the first of a new streak. It returns the id of the profile
+// whose streak it ended, "" when there was none.
+func (p *Pool) ClearBackoff() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.backoff.clear()
+}
+
 // setStateLocked moves the pool to s; p.mu must be held.
 func (p *Pool) setStateLocked(s State) {
 	if p.state == s {

@@ -21,9 +21,13 @@ const maxAdminBody = 64 << 10
 //
 //	POST /admin/pools/{pool}/load   {"profile": "<id or alias>"}
 //	POST /admin/pools/{pool}/unload
+//	POST /admin/pools/{pool}/clear-backoff
 //
-// Both go through the pool's scheduler like requests (they wait their turn and
-// drain the pool like a swap) and answer when done, with the pool's status.
+// Load and unload go through the pool's scheduler like requests (they wait
+// their turn and drain the pool like a swap) and answer when done, with the
+// pool's status. Clear-backoff ends the restart backoff of the pool's
+// failing profile at once (Pool.ClearBackoff), and answers the pool's
+// status.
 func (h *Handler) handleAdmin(mux *http.ServeMux, token string) {
 	want := sha256.Sum256([]byte(token))
 	auth := func(next http.HandlerFunc) http.HandlerFunc {
@@ -38,6 +42,7 @@ func (h *Handler) handleAdmin(mux *http.ServeMux, token string) {
 	}
 	mux.HandleFunc("POST /admin/pools/{pool}/load", auth(h.serveLoad))
 	mux.HandleFunc("POST /admin/pools/{pool}/unload", auth(h.serveUnload))
+	mux.HandleFunc("POST /admin/pools/{pool}/clear-backoff", auth(h.serveClearBackoff))
 }
 
 // bearsToken reports whether r carries "Authorization: Bearer TOKEN" for
@@ -87,6 +92,15 @@ func (h *Handler) serveUnload(w http.ResponseWriter, r *http.Request) {
 	}
 	h.log.Info("admin unload", "pool", p.Name())
 	h.adminDone(w, r, p, "unload", p.Unload(r.Context()))
+}
+
+func (h *Handler) serveClearBackoff(w http.ResponseWriter, r *http.Request) {
+	p := h.adminPool(w, r)
+	if p == nil {
+		return
+	}
+	h.log.Info("admin clear-backoff", "pool", p.Name(), "profile", p.ClearBackoff())
+	writeJSON(w, p.Status())
 }
 
 // adminPool returns the pool named in the path, or answers 404.

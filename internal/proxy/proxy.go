@@ -64,8 +64,9 @@ type Options struct {
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
 	// comment line (see keepAlive); zero disables them.
 	KeepAliveInterval time.Duration
-	// AdminToken, when set, enables POST /admin/pools/{pool}/load and /unload
-	// for requests bearing it; empty leaves those routes unbound.
+	// AdminToken, when set, enables POST /admin/pools/{pool}/load, /unload
+	// and /clear-backoff for requests bearing it; empty leaves those routes
+	// unbound.
 	AdminToken string
 	// UpstreamHeaderTimeout bounds the wait for an engine's response headers
 	// (504 after it); zero waits as long as the client does.
