@@ -124,8 +124,11 @@ func (h *Handler) adminDone(w http.ResponseWriter, r *http.Request, p *pool.Pool
 		return // the client left and withdrew its intent; nobody to answer
 	case errors.As(err, &qe):
 		code := "queue_full"
-		if errors.Is(err, pool.ErrQueueTimeout) {
+		switch {
+		case errors.Is(err, pool.ErrQueueTimeout):
 			code = "queue_timeout"
+		case errors.Is(err, pool.ErrBackoff):
+			code = "engine_backoff"
 		}
 		openai.WriteUnavailable(w, code, fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err), qe.RetryAfter)
 	case errors.Is(err, pool.ErrShutdown):

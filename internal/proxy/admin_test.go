@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
@@ -106,6 +108,21 @@ func TestAdminClearBackoff(t *testing.T) {
 	var st statusapi.Pool
 	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &st) != nil || st.Name != "a" || st.Failing != nil {
 		t.Fatalf("clear-backoff: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// An explicit load of a profile whose restarts back off is refused as a
+// request for it is: 503 engine_backoff with Retry-After, not queue_full.
+func TestAdminLoadDuringBackoff(t *testing.T) {
+	h := adminHandler(t, "s3cret")
+	refusal := &pool.QueueError{Err: fmt.Errorf("%w after 2 consecutive failures (next start in 1m0s); last error: boom", pool.ErrBackoff), RetryAfter: time.Minute}
+	r := httptest.NewRequest(http.MethodPost, "/admin/pools/a/load", nil)
+	rec := httptest.NewRecorder()
+	h.adminDone(rec, r, h.pools.Pool("a"), "load m", refusal)
+	var e struct{ Error openaiError }
+	if rec.Code != http.StatusServiceUnavailable || json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error.Code != "engine_backoff" ||
+		rec.Header().Get("Retry-After") != "60" || !strings.Contains(e.Error.Message, "consecutive failures") {
+		t.Fatalf("load refused by the backoff: %d %s %v", rec.Code, rec.Body, rec.Header())
 	}
 }
 
