@@ -50,8 +50,8 @@ type settings struct {
 	// KeepAliveInterval is how often a stream waiting for a swap gets an SSE
 	// comment line; zero disables them.
 	KeepAliveInterval time.Duration
-	// AdminToken enables the admin API (explicit load and unload) for requests
-	// bearing it; empty leaves the API unbound. From admin-token or the first
+	// AdminToken enables the admin API (explicit load and unload, clearing a
+	// restart backoff) for requests bearing it; empty leaves the API unbound. From admin-token or the first
 	// line of admin-token-file.
 	AdminToken string
 	// AccessLog is where the JSON access log goes: "stdout", "stderr" or a

@@ -160,6 +160,12 @@ type Config struct {
 	// CoreDiesAfter, when positive, kills the simulated engine core that long
 	// after the server started listening (see Server.killCore); zero disables it.
 	CoreDiesAfter time.Duration
+	// DieOnFirstRequest makes the engine core die at the first inference
+	// request it takes, as vLLM's CPU backend does with an attention head
+	// size it has no kernel for: start-up and readiness pass, the first
+	// request prints the reason and gets a 500, and Run exits at the
+	// watchdog's next check (see Server.dieAtFirstRequest).
+	DieOnFirstRequest bool
 	// WatchdogInterval is how often the server checks for a dead engine core
 	// and exits; default 5 s, vLLM's.
 	WatchdogInterval time.Duration
@@ -383,12 +389,15 @@ var flagSpecs = map[string]flagSpec{
 	"sim-log-headers":        {kindBool, boolFlag(func(c *Config) *bool { return &c.LogHeaders }), "log the names of each request's headers"},
 	"sim-crash-after-tokens": {kindInt, intFlag(func(c *Config) *int { return &c.CrashAfterTokens }, 0), "SIGKILL self after N content tokens in total"},
 	"sim-exit-after-ready":   {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.ExitAfterReady }), "exit 1 this long after ready"},
-	"sim-core-dies-after":    {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.CoreDiesAfter }), "the engine core dies this long after ready: /health 503, inference 500, exit at the watchdog"},
-	"sim-watchdog-interval":  {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.WatchdogInterval }), "how often a dead engine core is noticed and the server exits (default 5s)"},
 	"sim-ignore-sigterm":     {kindBool, boolFlag(func(c *Config) *bool { return &c.IgnoreSigterm }), "log and ignore SIGTERM/SIGINT"},
 	"sim-spawn-child":        {kindBool, boolFlag(func(c *Config) *bool { return &c.SpawnChild }), "spawn a VLLM::EngineCore child that ignores SIGTERM (and holds the simulated GPU memory)"},
 	"sim-child":              {kindBool, boolFlag(func(c *Config) *bool { return &c.Child }), "internal: run as the spawned child"},
 	"sim-child-lifetime":     {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.ChildLifetime }), "the child exits by itself after this (default 10m)"},
+
+	// The engine core's death, and the watchdog that ends the server then.
+	"sim-core-dies-after":      {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.CoreDiesAfter }), "the engine core dies this long after ready: /health 503, inference 500, exit at the watchdog"},
+	"sim-die-on-first-request": {kindBool, boolFlag(func(c *Config) *bool { return &c.DieOnFirstRequest }), "become ready, then die at the first inference request: print the reason (an unsupported CPU attention head size), answer it 500, exit at the watchdog"},
+	"sim-watchdog-interval":    {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.WatchdogInterval }), "how often a dead engine core is noticed and the server exits (default 5s)"},
 }
 
 // Usage returns the help text for engine-sim.

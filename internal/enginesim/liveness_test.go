@@ -66,6 +66,71 @@ func TestProcessCoreDeath(t *testing.T) {
 	}
 }
 
+// --sim-die-on-first-request: the engine becomes ready (/v1/models and
+// /health answer), its first inference request gets vLLM's 500 after the
+// engine core printed its reason, and the server exits 1 at its watchdog,
+// not at once: the 500 is answered whole.
+func TestProcessDieOnFirstRequest(t *testing.T) {
+	t.Parallel()
+	p := startSim(t, "m", "--port", "0", "--sim-die-on-first-request", "--sim-watchdog-interval", "200ms")
+	url := fmt.Sprintf("http://127.0.0.1:%d", p.port(t))
+	for _, path := range []string{"/v1/models", "/health"} {
+		if resp, b := do(t, http.MethodGet, url+path, ""); resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s before the first request: %d %s", path, resp.StatusCode, b)
+		}
+	}
+	b := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, http.StatusInternalServerError)
+	const want = `{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the root cause.","type":"InternalServerError","param":null,"code":500}}`
+	if string(b) != want {
+		t.Fatalf("first request: %s\nwant %s", b, want)
+	}
+	if st := p.wait(t, 20*time.Second); !st.Exited() || st.ExitStatus() != 1 {
+		t.Fatalf("%v, want exit 1 after the engine core's death", st)
+	}
+	out := p.log()
+	reason := strings.Index(out, "] RuntimeError: Unsupported CPU attention configuration: head_dim=16")
+	dead := strings.Index(out, "EngineDeadError: EngineCore encountered an issue.")
+	exit := strings.Index(out, ErrEngineDead.Error())
+	if reason < 0 || dead < reason || exit < dead {
+		t.Fatalf("want the core's reason, then the API server's EngineDeadError, then the exit:\n%s", out)
+	}
+}
+
+// --sim-die-on-first-request, served: the first inference request and
+// those beside it get vLLM's 500, the reason is printed once, /health then
+// answers 503 and /v1/models still answers.
+func TestDieOnFirstRequest(t *testing.T) {
+	cfg, err := ParseFlags([]string{"/models/x", "--served-model-name", "m1", "--sim-die-on-first-request"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewHandler(cfg, nil)
+	var out syncBuffer
+	s.out = &out
+	ts := httptest.NewServer(s)
+	defer ts.Close()
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/health", ""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("/health before the first request: %d", resp.StatusCode)
+	}
+	first := send(ts.URL+"/v1/completions", `{"model":"m1","prompt":"x","max_tokens":5}`)
+	beside := send(ts.URL+"/v1/chat/completions", chatBody)
+	for what, r := range map[string]<-chan result{"the first request": first, "the request beside it": beside} {
+		if res := answered(t, r, what); res.status != http.StatusInternalServerError || !strings.Contains(res.body, `"message":"EngineCore encountered an issue.`) {
+			t.Fatalf("%s: %d %s", what, res.status, res.body)
+		}
+	}
+	post(t, ts.URL+"/v1/completions", `{"model":"m1","prompt":"x"}`, http.StatusInternalServerError)
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/health", ""); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/health after: %d, want 503", resp.StatusCode)
+	}
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/v1/models", ""); resp.StatusCode != http.StatusOK {
+		t.Errorf("/v1/models after: %d, want 200", resp.StatusCode)
+	}
+	if n := strings.Count(out.String(), "] "+firstRequestReason+"\n"); n != 1 {
+		t.Fatalf("the reason printed %d times, want once:\n%s", n, out.String())
+	}
+}
+
 // With VLLM_API_KEY, every /v1 request must bear it, as vLLM's middleware
 // asks; other paths need none.
 func TestAPIKey(t *testing.T) {

@@ -249,12 +249,29 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		case !h.coreDead():
 		case !cfg.KeepAliveOnEngineDeath:
 			logger.Error(ErrEngineDead.Error())
-			_ = srv.Close()
+			shutDown(srv)
 			return ErrEngineDead
 		case !keptAlive:
 			keptAlive = true
 			logger.Warn("engine core is dead; staying up (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)")
 		}
+	}
+}
+
+// deadShutdown bounds the wait for the answers under way when the server
+// ends for a dead engine core.
+const deadShutdown = 5 * time.Second
+
+// shutDown ends the server of a dead engine core as vLLM's launcher does
+// (vllm/entrypoints/launcher.py sets uvicorn's should_exit): it listens no
+// more and closes idle connections, and the answers under way, which the
+// dead core ended already, are finished, up to deadShutdown, before every
+// connection is closed.
+func shutDown(srv *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), deadShutdown)
+	defer cancel()
+	if srv.Shutdown(ctx) != nil {
+		_ = srv.Close()
 	}
 }
 

@@ -77,6 +77,13 @@ type Server struct {
 	dead     chan struct{}
 	deadOnce sync.Once
 	deadHit  chan struct{}
+	// tookFirst is set once the engine core took its first inference
+	// request (for DieOnFirstRequest).
+	tookFirst atomic.Bool
+	// out is where the simulated vLLM processes print their own lines, as
+	// vLLM's do, outside the logger's format: os.Stderr. Tests may replace
+	// it before serving.
+	out io.Writer
 }
 
 // NewHandler returns a Server for cfg (as returned by ParseFlags; a zero Tokens or
@@ -112,6 +119,7 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 		kvCap:   kvCapacity(cfg),
 		dead:    make(chan struct{}),
 		deadHit: make(chan struct{}, 1),
+		out:     os.Stderr,
 	}
 	s.eventEnd = map[string]string{"cr": "\r\r", "crlf": "\r\n\r\n"}[cfg.SSENewline]
 	if s.eventEnd == "" {
@@ -289,8 +297,13 @@ func (s *Server) authorized(r *http.Request) bool {
 // vLLM's EngineDeadError, and Run exits at its next watchdog check unless
 // VLLM_KEEP_ALIVE_ON_ENGINE_DEATH is set.
 func (s *Server) killCore() {
+	s.coreDies(func() { s.logger.Error("EngineCore encountered a fatal error (--sim-core-dies-after)") })
+}
+
+// coreDies is the engine core's death (killCore), which say reports, once.
+func (s *Server) coreDies(say func()) {
 	s.deadOnce.Do(func() {
-		s.logger.Error("EngineCore encountered a fatal error (--sim-core-dies-after)")
+		say()
 		close(s.dead)
 		s.mu.Lock()
 		for _, cancel := range s.sleep.requests {
@@ -298,6 +311,47 @@ func (s *Server) killCore() {
 		}
 		s.mu.Unlock()
 	})
+}
+
+// firstRequestReason is the error that kills the engine core at its first
+// request with --sim-die-on-first-request.
+const firstRequestReason = "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=1"
+
+// dieAtFirstRequest answers the engine core's first inference request with
+// --sim-die-on-first-request, as vLLM's CPU build does for a model whose
+// attention head size its CPU attention backend has no kernel for
+// (vllm/v1/attention/backends/cpu_attn.py): nothing checks the head size
+// at start-up, so the engine loads and becomes ready; the check fails when
+// the engine core's busy loop (vllm/v1/engine/core.py) builds the
+// attention metadata of its first batch, and the core dies. Its traceback
+// ends with the reason; the API server prints the EngineDeadError of its
+// output handler, answers the request 500 with that error's message
+// (OpenAIServing.create_error_response in
+// vllm/entrypoints/openai/engine/serving.py: an exception that is not a
+// client's error is an InternalServerError), and exits only at its
+// watchdog's next check (vllm/entrypoints/launcher.py), not at once, as
+// the error was answered, not raised. Requests beside it and after it
+// meet the dead core (failDead).
+func (s *Server) dieAtFirstRequest(w http.ResponseWriter, info *reqInfo) {
+	s.coreDies(func() {
+		stamp := time.Now().Format("01-02 15:04:05")
+		core := fmt.Sprintf("(EngineCore pid=%d) ERROR %s [core.py:1120] ", os.Getpid(), stamp)
+		api := fmt.Sprintf("(APIServer pid=%d) ERROR %s [async_llm.py:525] ", os.Getpid(), stamp)
+		for _, line := range []string{
+			core + "EngineCore encountered a fatal error.",
+			core + "Traceback (most recent call last):",
+			core + `  File "/opt/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 1181, in _process_engine_step`,
+			core + "    outputs, model_executed = self.step_fn()",
+			core + `  File "/opt/venv/lib/python3.12/site-packages/vllm/v1/attention/backends/cpu_attn.py", line 173, in build`,
+			core + "    scheduler_metadata = ops.cpu_attn_get_scheduler_metadata(",
+			core + firstRequestReason,
+			api + "AsyncLLM output_handler failed.",
+			api + "vllm.v1.engine.exceptions.EngineDeadError: " + errCoreDead.Error(),
+		} {
+			fmt.Fprintln(s.out, line)
+		}
+	})
+	writeError(w, info, http.StatusInternalServerError, "InternalServerError", "", errCoreDead.Error())
 }
 
 // coreDead reports whether the engine core died.

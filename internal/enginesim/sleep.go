@@ -79,8 +79,16 @@ type request struct {
 // admit queues r until the engine serves (fully awake) and a slot is free
 // under --max-num-seqs, counting it as waiting meanwhile, then counts it as
 // running with its prompt (ids) in the KV cache and the prefix cache. ok false
-// means r ended while queued, and the answer was written.
+// means r got no place in the engine (the core is dead or dies of it, or r
+// ended while queued), and the answer was written.
 func (s *Server) admit(w http.ResponseWriter, r *http.Request, info *reqInfo, ids []int) (*request, bool) {
+	if s.cfg.DieOnFirstRequest {
+		if s.tookFirst.CompareAndSwap(false, true) {
+			s.dieAtFirstRequest(w, info)
+			return nil, false
+		}
+		<-s.dead // the first request is killing the core: those beside it die with it
+	}
 	if s.coreDead() {
 		s.failDead(w, info)
 		return nil, false

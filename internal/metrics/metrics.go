@@ -96,7 +96,7 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 			Name: "poold_engine_starts_total", Help: "Engine starts, by result (ok, failed).",
 		}, []string{"pool", "profile", "result"}),
 		engineExits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_engine_exits_total", Help: "Engine process exits, by reason (stopped, crashed, load_failed).",
+			Name: "poold_engine_exits_total", Help: "Engine process exits, by reason (stopped, crashed, load_failed, first_request_failed: died serving its first requests, before any succeeded).",
 		}, []string{"pool", "profile", "reason"}),
 		vramHeld: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_vram_not_released_total", Help: "Engine stops after which the pool's GPUs still held memory when the bounded VRAM check gave up.",
@@ -129,7 +129,7 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 // Engine start results and exit reasons, the values of their labels.
 var (
 	startResults = []string{"ok", "failed"}
-	exitReasons  = []string{"stopped", "crashed", "load_failed"}
+	exitReasons  = []string{"stopped", statusapi.ExitCrashed, statusapi.ExitLoadFailed, statusapi.ExitFirstRequest}
 )
 
 // Configure creates, at zero, the counters of every pool and of every

@@ -256,6 +256,7 @@ func TestConfigureCreatesSeriesAtZero(t *testing.T) {
 		"poold_engine_starts_total{pool=p1,profile=b,result=ok}",
 		"poold_engine_exits_total{pool=p1,profile=a,reason=crashed}",
 		"poold_engine_exits_total{pool=p1,profile=b,reason=load_failed}",
+		"poold_engine_exits_total{pool=p0,profile=a,reason=first_request_failed}",
 		"poold_vram_not_released_total{pool=p0}",
 		"poold_sleep_vram_not_released_total{pool=p1}",
 		"poold_engine_metrics_scrape_failures_total{pool=p1}",

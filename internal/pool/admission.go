@@ -47,6 +47,13 @@ func (l *Lease) Keep(d time.Duration) { l.keep = KeepAlive{Set: true, D: d} }
 // lease must still be released.
 func (l *Lease) Fail(err error) { l.p.engineFailed(l.eng, err) }
 
+// Succeeded reports that the engine behind the lease answered the request
+// successfully: an engine that has is no longer on trial, and its death
+// no death at its first request (statusapi.ExitFirstRequest), which the
+// restart backoff counts however long the engine was ready before it.
+// Call it, if at all, from the request's goroutine, before Release.
+func (l *Lease) Succeeded() { l.eng.answered.Store(true) }
+
 // Release returns the lease to its pool.
 func (l *Lease) Release() {
 	l.once.Do(func() {
@@ -264,6 +271,7 @@ func (p *Pool) leave(w *Waiter, err error) error {
 // scheduler must have counted it in flight.
 func (p *Pool) leaseLocked(prof *profile.Profile, waited time.Duration) *Lease {
 	p.noteActivityLocked()
+	p.eng.leased.Store(true)
 	return &Lease{Pool: p.name, Profile: prof, Target: p.eng.target, IdleTimeout: p.eng.idle, Waited: waited, p: p, eng: p.eng}
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // Restart backoff defaults (Options.RestartBackoff and MaxRestartBackoff).
@@ -19,32 +20,57 @@ const (
 var ErrBackoff = errors.New("engine restarts are backing off")
 
 // restartBackoff spaces out the starts of a profile whose engine keeps failing
-// (a failed load, or a crash soon after it became ready). The first failure is
-// retried at once; the n-th consecutive one waits base·2^(n-2), capped at max.
-// An engine that stays ready for max or longer ends the streak.
+// (a failed load, a crash soon after it became ready, or a death at its first
+// request(s), before any succeeded). The first failure is retried at once; the
+// n-th consecutive one waits base·2^(n-2), capped at max. An engine of the
+// profile that stays ready for max or longer ends the streak, unless it dies
+// at its first request: an engine that sat idle, ready, then died of the
+// first request it was given, served nothing. Another profile's engine does
+// not end the streak.
 //
-// Failures are counted per profile value: a reload that replaces the profile
-// gives it a fresh start. The zero value needs base and max set. It is not safe
-// for concurrent use (the pool's mutex guards it).
+// Failures are counted per profile definition: a reload that changes the
+// profile gives it a fresh start, one that leaves it as it was (a new value,
+// Equal) does not. The zero value needs base and max set. It is not safe for
+// concurrent use (the pool's mutex guards it).
 type restartBackoff struct {
 	base, max time.Duration
 	prof      *profile.Profile // the profile failing; nil when none
 	failures  int              // consecutive failures of prof
 	until     time.Time        // no start of prof before this
-	err       error            // prof's last failure
-	healthy   time.Time        // when the current engine became ready; zero when none
+	last      failure          // prof's last failure
+	healthy   time.Time        // when prof's current engine became ready; zero when none
 }
 
-// ready records that an engine became ready at now.
-func (b *restartBackoff) ready(now time.Time) { b.healthy = now }
+// failure is one failure of a profile's engine.
+type failure struct {
+	err error
+	// exit is how the engine ended: statusapi.ExitLoadFailed, ExitCrashed
+	// or ExitFirstRequest.
+	exit string
+	// reason is what the engine said went wrong (noteReason); "" when
+	// nothing it printed read as that.
+	reason string
+}
 
-// failed records a failure of prof at now and returns the wait before its next start.
-func (b *restartBackoff) failed(prof *profile.Profile, err error, now time.Time) time.Duration {
-	lasted := !b.healthy.IsZero() && now.Sub(b.healthy) >= b.max
-	if b.prof != prof || lasted {
+// ready records that an engine of prof became ready at now: only the
+// failing profile's own engine may end its streak by lasting.
+func (b *restartBackoff) ready(prof *profile.Profile, now time.Time) {
+	b.healthy = time.Time{}
+	if same(prof, b.prof) {
+		b.healthy = now
+	}
+}
+
+// failed records failure f of prof at now and returns the wait before its
+// next start.
+func (b *restartBackoff) failed(prof *profile.Profile, f failure, now time.Time) time.Duration {
+	// An engine that died at its first request served nothing, however
+	// long it was ready: its death never ends the streak.
+	lasted := f.exit != statusapi.ExitFirstRequest && !b.healthy.IsZero() && now.Sub(b.healthy) >= b.max
+	if !same(b.prof, prof) || lasted {
 		b.failures = 0
 	}
-	b.prof, b.err, b.healthy = prof, err, time.Time{}
+	b.prof, b.last, b.healthy = prof, f, time.Time{}
 	b.failures++
 	d := b.delay()
 	b.until = now.Add(d)
@@ -63,15 +89,47 @@ func (b *restartBackoff) delay() time.Duration {
 	return min(d, b.max)
 }
 
+// clear ends the streak, for an operator who fixed its cause: the
+// profile's next start is at once, and its next failure the first of a new
+// streak. It returns the id of the profile whose streak it ended, "" when
+// there was none.
+func (b *restartBackoff) clear() string {
+	if b.failures == 0 {
+		return ""
+	}
+	id := b.prof.ID
+	b.prof, b.failures, b.until, b.last, b.healthy = nil, 0, time.Time{}, failure{}, time.Time{}
+	return id
+}
+
+// status is the streak as /status shows it at now, cur being the profile's
+// current definition (nil once removed): nil when there is none, when an
+// engine of the profile is ready again, or when a reload changed it.
+func (b *restartBackoff) status(cur *profile.Profile, now time.Time) *statusapi.Failing {
+	if b.failures == 0 || !b.healthy.IsZero() || !same(cur, b.prof) {
+		return nil
+	}
+	st := &statusapi.Failing{Profile: b.prof.ID, Failures: b.failures, Exit: b.last.exit, Reason: b.last.reason, LastError: b.last.err.Error()}
+	if now.Before(b.until) {
+		at := b.until
+		st.RetryAt = &at
+	}
+	return st
+}
+
+// same reports whether a and b are one profile for the backoff: the same
+// value, or, after a reload, the same definition.
+func same(a, b *profile.Profile) bool { return a == b || a.Equal(b) }
+
 // refusal returns the error for a request for prof at now while its restarts are
 // backing off, or nil.
 func (b *restartBackoff) refusal(prof *profile.Profile, now time.Time) error {
-	if prof != b.prof || !now.Before(b.until) {
+	if !now.Before(b.until) || !same(prof, b.prof) {
 		return nil
 	}
 	left := b.until.Sub(now)
 	return &QueueError{
-		Err:        fmt.Errorf("%w after %d consecutive failures (next start in %s); last error: %w", ErrBackoff, b.failures, left.Round(time.Millisecond), b.err),
+		Err:        fmt.Errorf("%w after %d consecutive failures (next start in %s); last error: %w", ErrBackoff, b.failures, left.Round(time.Millisecond), b.last.err),
 		RetryAfter: left,
 	}
 }

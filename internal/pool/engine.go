@@ -19,6 +19,7 @@ import (
 
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/shim"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 // logLines is how many of an engine's last output lines are kept for error reports.
@@ -67,10 +68,17 @@ type engine struct {
 	// noted has a bit set for each kind of output line (noteLines) the log
 	// pump has seen.
 	noted atomic.Uint32
+	// reason is the last line of output that read as what went wrong
+	// (noteReason), from the exception's name on; nil while none did.
+	reason atomic.Pointer[string]
 	// served is set once the engine is ready (or adopted): only a start
 	// acts on the kinds of line noted, so the pump stops scanning its
 	// lines then (an engine logs a line per request).
 	served atomic.Bool
+	// leased is set once a request got a lease on the engine, answered
+	// once one succeeded on it (Lease.Succeeded): one that fails leased
+	// but never answered died at its first request(s) (diedAtFirst).
+	leased, answered atomic.Bool
 	// unwatch ends the /health poller; nil while none runs. Only the
 	// pool's run loop uses it.
 	unwatch context.CancelFunc
@@ -228,15 +236,40 @@ func (e *engine) awaitOutput() {
 	}
 }
 
-// failure describes an engine exit with its status and last log lines. It
-// waits (bounded) for those lines: don't call it with the pool's mutex held.
+// failure describes an engine exit with its status (failedWith). It waits
+// (bounded) for its last lines: don't call it with the pool's mutex held.
 func (e *engine) failure() error {
 	e.awaitOutput()
 	status := "exited"
 	if e.exitErr != nil {
 		status = e.exitErr.Error()
 	}
-	return fmt.Errorf("engine %q %s; last output: %s", e.profile.ID, status, e.logs.tail(5))
+	return e.failedWith(status)
+}
+
+// failedWith is the error of the engine, failed as what says, with its
+// reason and last output lines (lastOutput); one that took requests and
+// answered none says that it died at its first.
+func (e *engine) failedWith(what string) error {
+	if e.diedAtFirst() {
+		what = "died at its first request, before any succeeded: " + what
+	}
+	return fmt.Errorf("engine %q %s; %s", e.profile.ID, what, e.lastOutput())
+}
+
+// diedAtFirst reports whether the engine took requests and none succeeded
+// on it: failed, it served nothing, however long it was ready.
+func (e *engine) diedAtFirst() bool { return e.leased.Load() && !e.answered.Load() }
+
+// failedServing is the failure of the engine, which failed while serving
+// with err: ExitFirstRequest when it died at its first request(s), else
+// ExitCrashed, with the reason it gave.
+func (e *engine) failedServing(err error) failure {
+	f := failure{err: err, exit: statusapi.ExitCrashed, reason: e.said()}
+	if e.diedAtFirst() {
+		f.exit = statusapi.ExitFirstRequest
+	}
+	return f
 }
 
 // spawner starts engine processes from one OS thread that never ends. The

@@ -51,6 +51,23 @@ func TestFailureWaitsForLastOutput(t *testing.T) {
 	}
 }
 
+// An engine's failure names the reason it printed, the exception that
+// ended its traceback, however many lines came after it (vLLM's API server
+// prints its own traceback, its access log and its shutdown after the
+// engine core's); not a line that points above for the cause.
+func TestFailureNamesTheEnginesReason(t *testing.T) {
+	e := exitedEngine(t, `echo "(EngineCore pid=7) ERROR 04-07 10:00:00 [core.py:1120] Traceback (most recent call last):"
+echo "(EngineCore pid=7) ERROR 04-07 10:00:00 [core.py:1120] RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=1"
+echo "(APIServer pid=6) ERROR 04-07 10:00:00 [async_llm.py:525] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."
+for i in 1 2 3 4 5 6; do echo "(APIServer pid=6) INFO: shutting down $i"; done
+exit 1 # {port}`)
+	msg := e.failure().Error()
+	if !strings.Contains(msg, "reason: RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=1; last output: ") ||
+		!strings.Contains(msg, "shutting down 6") {
+		t.Fatalf("failure %q: want the reason, then the last output", msg)
+	}
+}
+
 // An engine that lists another model id fails its load with what it listed,
 // not only "not ready".
 func TestWaitReadySaysWhatWasListed(t *testing.T) {

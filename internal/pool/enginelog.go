@@ -49,6 +49,45 @@ func (e *engine) note(line string) {
 	}
 }
 
+// reasonLine matches, from the exception's name to the line's end, a line
+// of output that reads as the exception ending a Python traceback
+// ("RuntimeError: …", "torch.OutOfMemoryError: …", whatever prefixes the
+// engine's log format puts before it): what the engine says went wrong.
+var reasonLine = regexp.MustCompile(`(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S.*`)
+
+// noteReason records line as the engine's reason when it reads as one
+// (reasonLine), unless it points to a root cause printed above it (vLLM's
+// EngineDeadError, and its "Engine core initialization failed. See root
+// cause above"): the cause, printed first, stays the reason. Unlike note,
+// it scans every line, also once the engine served (engines fail while
+// serving); a line without "Error: " or "Exception: " costs two searches.
+func (e *engine) noteReason(line string) {
+	if !strings.Contains(line, "Error: ") && !strings.Contains(line, "Exception: ") {
+		return
+	}
+	if r := reasonLine.FindString(line); r != "" && !strings.Contains(r, "root cause") {
+		e.reason.Store(&r)
+	}
+}
+
+// said is the reason the engine gave (noteReason); "" when none.
+func (e *engine) said() string {
+	if r := e.reason.Load(); r != nil {
+		return *r
+	}
+	return ""
+}
+
+// lastOutput is what an error message says of the engine's output: the
+// reason it gave (noteReason), if any, and its last lines.
+func (e *engine) lastOutput() string {
+	out := "last output: " + e.logs.tail(5)
+	if r := e.said(); r != "" {
+		out = "reason: " + r + "; " + out
+	}
+	return out
+}
+
 // printed reports whether the exited engine printed a line of kind bit.
 // Call it once the engine's group is stopped: it waits (bounded) for the
 // engine's last output lines.
@@ -125,7 +164,7 @@ func (o outputLog) line(line string, poll bool) {
 }
 
 // pump copies the engine's output lines into the log and the ring, noting
-// the kinds poold acts on, until every writer (the engine and its
+// the kinds poold acts on and the engine's reason, until every writer (the engine and its
 // descendants) has closed the pipe. It never stops reading before: an
 // engine writing into a pipe nobody reads would block, and one whose pipe
 // was closed would die of SIGPIPE. A line longer than shim.MaxLine is cut
@@ -141,6 +180,7 @@ func (e *engine) pump(r io.ReadCloser, out outputLog) {
 			e.note(line)
 			poll := ownPoll(line)
 			if !poll {
+				e.noteReason(line)
 				e.logs.add(line)
 			}
 			out.line(line, poll)

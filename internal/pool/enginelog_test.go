@@ -69,6 +69,33 @@ func TestOwnPoll(t *testing.T) {
 	}
 }
 
+func TestNoteReason(t *testing.T) {
+	for _, tt := range []struct{ line, want string }{
+		{"(EngineCore pid=7) ERROR 04-07 10:00:00 [core.py:1120] RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=1",
+			"RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=1"},
+		{"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"},
+		{"ValueError: Free memory on device cuda:0 (8.00/10.00 GiB) on startup is less than desired GPU memory utilization (0.9, 9.00 GiB).",
+			"ValueError: Free memory on device cuda:0 (8.00/10.00 GiB) on startup is less than desired GPU memory utilization (0.9, 9.00 GiB)."},
+		// Pointers to a cause above, not the cause.
+		{"(APIServer pid=6) ERROR [async_llm.py:525] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.", ""},
+		{"RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': 1}", ""},
+		{"(EngineCore pid=7) ERROR 04-07 10:00:00 [core.py:1120] Traceback (most recent call last):", ""},
+		{"time=2025-01-01T00:00:00Z level=ERROR msg=\"engine core is dead\"", ""},
+		{"INFO: 127.0.0.1:4242 - \"POST /v1/chat/completions HTTP/1.1\" 500 Internal Server Error", ""},
+	} {
+		e := &engine{}
+		e.served.Store(true) // a serving engine's lines are scanned too
+		e.noteReason(tt.line)
+		got := ""
+		if r := e.reason.Load(); r != nil {
+			got = *r
+		}
+		if got != tt.want {
+			t.Errorf("%q: reason %q, want %q", tt.line, got, tt.want)
+		}
+	}
+}
+
 // An engine printing a line far over shim.MaxLine, then more, keeps its
 // pipe: every line is read (the long one cut and marked), and the engine
 // exits on its own, not of SIGPIPE.

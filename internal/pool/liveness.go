@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 )
@@ -46,9 +45,10 @@ func (e *engine) unwatchHealth() {
 
 // pollHealth polls e's /health every interval, each probe bounded by the
 // probe client's timeout, until ctx ends or the engine exits (nil), or it
-// answers 503 (an error saying so, with the engine's last output lines).
-// Other answers and failed probes count for nothing: an exit is seen
-// through e.exited, and a slow answer is no proof of a dead core.
+// answers 503 (an error saying so, with the engine's reason and last
+// output lines). Other answers and failed probes count for nothing: an
+// exit is seen through e.exited, and a slow answer is no proof of a dead
+// core.
 func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -70,7 +70,7 @@ func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
 		}
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusServiceUnavailable {
-			return fmt.Errorf("engine %q failed over: GET /health answered %s: its engine core is dead; last output: %s", e.profile.ID, resp.Status, e.logs.tail(5))
+			return e.failedWith("failed over: GET /health answered " + resp.Status + ": its engine core is dead")
 		}
 	}
 }

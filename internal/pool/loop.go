@@ -128,7 +128,8 @@ func (p *Pool) stopFailed() {
 		p.mu.Unlock()
 		return
 	}
-	wait := p.backoff.failed(e.profile, err, p.opts.Now())
+	f := e.failedServing(err)
+	wait := p.backoff.failed(e.profile, f, p.opts.Now())
 	p.mu.Unlock()
 	if _, stopErr := p.stopGroup(e, e.profile.StopTimeout.Duration); stopErr != nil {
 		p.log.Error("stopping the failed engine", "profile", e.profile.ID, "err", stopErr)
@@ -138,8 +139,8 @@ func (p *Pool) stopFailed() {
 		p.eng = nil
 	}
 	p.mu.Unlock()
-	p.log.Info("failed engine stopped", "profile", e.profile.ID, "restart_backoff", wait)
-	p.observeExit(e.profile.ID, "crashed")
+	p.log.Info("failed engine stopped", "profile", e.profile.ID, "exit", f.exit, "restart_backoff", wait)
+	p.observeExit(e.profile.ID, f.exit)
 }
 
 // engineExited handles an engine that ended on its own while serving.
@@ -150,17 +151,17 @@ func (p *Pool) engineExited() {
 	p.sched.Lost()
 	p.setStateLocked(StateFailed)
 	p.mu.Unlock()
-	err := e.failure() // waits for its last lines: outside the lock
+	f := e.failedServing(e.failure()) // waits for its last lines: outside the lock
 	p.mu.Lock()
-	p.lastErr = err
-	wait := p.backoff.failed(e.profile, err, p.opts.Now())
+	p.lastErr = f.err
+	wait := p.backoff.failed(e.profile, f, p.opts.Now())
 	p.mu.Unlock()
-	p.log.Error("engine exited", "profile", e.profile.ID, "err", err, "restart_backoff", wait)
+	p.log.Error("engine exited", "profile", e.profile.ID, "exit", f.exit, "err", f.err, "restart_backoff", wait)
 	// Reap what is left of its group (grandchildren may survive their parent).
 	if _, stopErr := p.stopGroup(e, 0); stopErr != nil {
 		p.log.Error("cleaning up engine", "profile", e.profile.ID, "err", stopErr)
 	}
-	p.observeExit(e.profile.ID, "crashed")
+	p.observeExit(e.profile.ID, f.exit)
 }
 
 // beginLocked records that a swap to id ("" for an unload) starts, and
@@ -214,7 +215,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			if sl != nil {
 				p.stopSleeper(sl, "swap failed")
 			}
-			p.failSwap(ctx, prof, from, phases, err)
+			p.failSwap(ctx, prof, from, phases, nil, err)
 			return
 		}
 		phases["stop"] = p.opts.Now().Sub(t) - release
@@ -239,7 +240,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		kind = KindWake
 	} else if ctx.Err() != nil {
 		// No engine is started for a pool that stops.
-		p.failSwap(ctx, prof, from, phases, ctx.Err())
+		p.failSwap(ctx, prof, from, phases, nil, ctx.Err())
 		return
 	}
 	// An engine that could not bind its port (taken between freePort and the
@@ -253,7 +254,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
 		e, err := startEngine(prof, spec, p.opts.Launch, p.opts.spawn, p.opts.Containment, p.opts.Shims, p.http, p.opts.hurry, p.outputLog())
 		if err != nil {
-			p.failSwap(ctx, prof, from, phases, fmt.Errorf("starting engine %q: %w", prof.ID, err))
+			p.failSwap(ctx, prof, from, phases, nil, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
 		}
 		p.opts.Ledger.add(p.name, e)
@@ -267,7 +268,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		if err != nil && !isClosed(e.exited) {
 			// Alive but not ready (startupTimeout, or poold stopping): those
 			// who wait are told now, not after the engine's stop grace.
-			p.failSwap(ctx, prof, from, phases, err)
+			p.failSwap(ctx, prof, from, phases, e, err)
 			p.stopUnready(e)
 			return
 		}
@@ -285,7 +286,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		p.mu.Lock()
 		p.eng = nil
 		p.mu.Unlock()
-		p.observeExit(prof.ID, "load_failed")
+		p.observeExit(prof.ID, statusapi.ExitLoadFailed)
 		if errors.Is(err, errPortShared) || e.portTaken() {
 			if attempt < portAttempts {
 				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt, "err", err)
@@ -298,7 +299,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			p.log.Warn("engine found too little free GPU memory; evicted a sleeper, starting it again", "profile", prof.ID, "attempt", attempt)
 			continue
 		}
-		p.failSwap(ctx, prof, from, phases, err)
+		p.failSwap(ctx, prof, from, phases, e, err)
 		return
 	}
 	now := p.opts.Now()
@@ -307,7 +308,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	p.watchHealth(p.eng)
 	p.lastErr = exposed
 	p.readyAt = now
-	p.backoff.ready(now)
+	p.backoff.ready(prof, now)
 	p.lastSwap = now.Sub(begin)
 	p.setStateLocked(StateReady)
 	admitted := p.sched.Ready(prof.ID, now)
@@ -392,11 +393,12 @@ func (p *Pool) stopUnready(e *engine) {
 		p.eng = nil
 	}
 	p.mu.Unlock()
-	p.observeExit(e.profile.ID, "load_failed")
+	p.observeExit(e.profile.ID, statusapi.ExitLoadFailed)
 }
 
 // failSwap records a failed swap and answers the profile's waiters at once.
-func (p *Pool) failSwap(ctx context.Context, prof *profile.Profile, from string, phases map[string]time.Duration, err error) {
+// e is the engine that did not become ready, nil when none started.
+func (p *Pool) failSwap(ctx context.Context, prof *profile.Profile, from string, phases map[string]time.Duration, e *engine, err error) {
 	if ctx.Err() != nil {
 		// Not a failure: poold is stopping, or the pool was removed.
 		p.log.Info("swap abandoned: the pool is stopping", "profile", prof.ID, "from", from)
@@ -406,7 +408,11 @@ func (p *Pool) failSwap(ctx context.Context, prof *profile.Profile, from string,
 	p.mu.Lock()
 	p.lastErr = err
 	p.setStateLocked(StateFailed)
-	p.backoff.failed(prof, err, p.opts.Now())
+	f := failure{err: err, exit: statusapi.ExitLoadFailed}
+	if e != nil {
+		f.reason = e.said()
+	}
+	p.backoff.failed(prof, f, p.opts.Now())
 	p.answerLocked(p.sched.Failed(prof.ID), &LoadError{Profile: prof.ID, Err: err})
 	// Left empty by the failure, the pool goes back to its default once
 	// nothing else is wanted, rather than sit empty.

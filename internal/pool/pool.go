@@ -55,7 +55,8 @@ type Observer interface {
 	// of each phase (drain, stop or sleep, vram_release, start, ready, wake).
 	Swap(pool, from, to, kind, result string, phases map[string]time.Duration)
 	// EngineExit reports an engine process that ended, and why: "stopped",
-	// "crashed" or "load_failed".
+	// or a failure's statusapi.ExitLoadFailed, ExitCrashed or
+	// ExitFirstRequest.
 	EngineExit(pool, profile, reason string)
 	// VRAMNotReleased reports a stopped engine whose GPU memory was still held
 	// when the VRAM check gave up.
@@ -272,6 +273,17 @@ func policyFor(spec *profile.PoolSpec, cfg *profile.Config) Policy {
 
 // Name is the pool's name.
 func (p *Pool) Name() string { return p.name }
+
+// ClearBackoff ends the restart backoff of the pool's failing profile (an
+// operator's POST /admin/pools/{pool}/clear-backoff, once its cause is
+// fixed): the next request for it starts its engine at once, and its next
+// failure is the first of a new streak. It returns the id of the profile
+// whose streak it ended, "" when there was none.
+func (p *Pool) ClearBackoff() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.backoff.clear()
+}
 
 // setStateLocked moves the pool to s; p.mu must be held.
 func (p *Pool) setStateLocked(s State) {

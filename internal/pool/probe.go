@@ -60,7 +60,7 @@ func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
 			return fmt.Errorf("while loading: %w", e.failure())
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("engine %q not ready after startupTimeout %s: GET /v1/models: %s; last output: %s", e.profile.ID, timeout, seen, e.logs.tail(5))
+				return fmt.Errorf("engine %q not ready after startupTimeout %s: GET /v1/models: %s; %s", e.profile.ID, timeout, seen, e.lastOutput())
 			}
 			return ctx.Err()
 		case <-t.C:

@@ -52,11 +52,18 @@ func reloadConfig(t *testing.T, pools string, profiles ...string) *profile.Confi
 // engine is gone.
 func runSet(t *testing.T, cfg *profile.Config) *Set {
 	t.Helper()
+	return runSetWith(t, cfg, Options{})
+}
+
+// runSetWith is runSet with opts, but Self (the test binary).
+func runSetWith(t *testing.T, cfg *profile.Config, opts Options) *Set {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewSet(cfg, Options{Launch: profile.Launch{Self: self}})
+	opts.Launch = profile.Launch{Self: self}
+	s := NewSet(cfg, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.Run(ctx)
 	t.Cleanup(func() {

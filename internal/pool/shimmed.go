@@ -115,6 +115,7 @@ func (e *engine) follow() (out io.ReadCloser, wait func() error) {
 	seen := max(0, len(h.Backlog)-h.Unseen)
 	for _, line := range h.Backlog[:seen] {
 		if !ownPoll(line) {
+			e.noteReason(line)
 			e.logs.add(line)
 		}
 	}

@@ -219,7 +219,7 @@ func (p *Pool) stopSleeper(sl *sleeper, why string) {
 	reason, grace := "stopped", e.profile.StopTimeout.Duration
 	select {
 	case <-e.exited:
-		reason, grace = "crashed", 0
+		reason, grace = statusapi.ExitCrashed, 0
 		p.log.Error("sleeping engine exited", "profile", e.profile.ID, "err", e.failure())
 	default:
 		p.log.Info("stopping sleeping engine", "profile", e.profile.ID, "pid", e.pid, "why", why)
@@ -278,7 +278,7 @@ func (p *Pool) wakeSleeper(ctx context.Context, sl *sleeper, from string, phases
 		p.observeExit(e.profile.ID, "stopped")
 		return false
 	}
-	p.observeExit(e.profile.ID, "load_failed")
+	p.observeExit(e.profile.ID, statusapi.ExitLoadFailed)
 	p.observeSwap(from, e.profile.ID, KindWake, "wake_failed", phases)
 	return false
 }

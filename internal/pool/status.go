@@ -49,6 +49,9 @@ func (p *Pool) Status() statusapi.Pool {
 		msg := p.lastErr.Error()
 		st.LastError = &msg
 	}
+	if b := p.backoff.prof; b != nil {
+		st.Failing = p.backoff.status(p.cfg.Lookup(b.ID), now)
+	}
 	if e := p.eng; e != nil {
 		es := &statusapi.Engine{Profile: e.profile.ID, PID: e.pid, Port: e.port, StartedAt: e.startedAt}
 		if s.Loaded() == e.profile.ID {

@@ -21,9 +21,13 @@ const maxAdminBody = 64 << 10
 //
 //	POST /admin/pools/{pool}/load   {"profile": "<id or alias>"}
 //	POST /admin/pools/{pool}/unload
+//	POST /admin/pools/{pool}/clear-backoff
 //
-// Both go through the pool's scheduler like requests (they wait their turn and
-// drain the pool like a swap) and answer when done, with the pool's status.
+// Load and unload go through the pool's scheduler like requests (they wait
+// their turn and drain the pool like a swap) and answer when done, with the
+// pool's status. Clear-backoff ends the restart backoff of the pool's
+// failing profile at once (Pool.ClearBackoff), and answers the pool's
+// status.
 func (h *Handler) handleAdmin(mux *http.ServeMux, token string) {
 	want := sha256.Sum256([]byte(token))
 	auth := func(next http.HandlerFunc) http.HandlerFunc {
@@ -38,6 +42,7 @@ func (h *Handler) handleAdmin(mux *http.ServeMux, token string) {
 	}
 	mux.HandleFunc("POST /admin/pools/{pool}/load", auth(h.serveLoad))
 	mux.HandleFunc("POST /admin/pools/{pool}/unload", auth(h.serveUnload))
+	mux.HandleFunc("POST /admin/pools/{pool}/clear-backoff", auth(h.serveClearBackoff))
 }
 
 // bearsToken reports whether r carries "Authorization: Bearer TOKEN" for
@@ -89,6 +94,15 @@ func (h *Handler) serveUnload(w http.ResponseWriter, r *http.Request) {
 	h.adminDone(w, r, p, "unload", p.Unload(r.Context()))
 }
 
+func (h *Handler) serveClearBackoff(w http.ResponseWriter, r *http.Request) {
+	p := h.adminPool(w, r)
+	if p == nil {
+		return
+	}
+	h.log.Info("admin clear-backoff", "pool", p.Name(), "profile", p.ClearBackoff())
+	writeJSON(w, p.Status())
+}
+
 // adminPool returns the pool named in the path, or answers 404.
 func (h *Handler) adminPool(w http.ResponseWriter, r *http.Request) *pool.Pool {
 	p := h.pools.Pool(r.PathValue("pool"))
@@ -110,8 +124,11 @@ func (h *Handler) adminDone(w http.ResponseWriter, r *http.Request, p *pool.Pool
 		return // the client left and withdrew its intent; nobody to answer
 	case errors.As(err, &qe):
 		code := "queue_full"
-		if errors.Is(err, pool.ErrQueueTimeout) {
+		switch {
+		case errors.Is(err, pool.ErrQueueTimeout):
 			code = "queue_timeout"
+		case errors.Is(err, pool.ErrBackoff):
+			code = "engine_backoff"
 		}
 		openai.WriteUnavailable(w, code, fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err), qe.RetryAfter)
 	case errors.Is(err, pool.ErrShutdown):

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
@@ -44,7 +46,7 @@ func adminDo(h http.Handler, path, auth, body string) *httptest.ResponseRecorder
 
 func TestAdminUnboundWithoutToken(t *testing.T) {
 	h := adminHandler(t, "")
-	for _, path := range []string{"/admin/pools/a/unload", "/admin/pools/a/load"} {
+	for _, path := range []string{"/admin/pools/a/unload", "/admin/pools/a/load", "/admin/pools/a/clear-backoff"} {
 		if rec := adminDo(h, path, "Bearer x", `{"profile":"m"}`); rec.Code != http.StatusNotFound {
 			t.Errorf("%s without an admin token: %d, want 404", path, rec.Code)
 		}
@@ -79,6 +81,7 @@ func TestAdminBadRequests(t *testing.T) {
 	}{
 		{"/admin/pools/nope/load", `{"profile":"m"}`, 404, "pool_not_found"},
 		{"/admin/pools/nope/unload", ``, 404, "pool_not_found"},
+		{"/admin/pools/nope/clear-backoff", ``, 404, "pool_not_found"},
 		{"/admin/pools/a/load", `{"profile":"nope"}`, 404, "model_not_found"},
 		{"/admin/pools/a/load", `{"profile":"only-b"}`, 400, "pool_not_eligible"},
 		{"/admin/pools/a/load", `{}`, 400, "invalid_body"},
@@ -91,6 +94,35 @@ func TestAdminBadRequests(t *testing.T) {
 		if rec.Code != c.code || json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error.Code != c.errCode {
 			t.Errorf("%s %s: %d %s; want %d %s", c.path, c.body, rec.Code, rec.Body, c.code, c.errCode)
 		}
+	}
+}
+
+// clear-backoff needs the admin token, and answers the pool's status: here
+// with nothing to clear (a pool that never ran has no failing profile).
+func TestAdminClearBackoff(t *testing.T) {
+	h := adminHandler(t, "s3cret")
+	if rec := adminDo(h, "/admin/pools/a/clear-backoff", "Bearer wrong", ""); rec.Code != http.StatusUnauthorized {
+		t.Fatalf("with a wrong token: %d %s", rec.Code, rec.Body)
+	}
+	rec := adminDo(h, "/admin/pools/a/clear-backoff", "Bearer s3cret", "")
+	var st statusapi.Pool
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &st) != nil || st.Name != "a" || st.Failing != nil {
+		t.Fatalf("clear-backoff: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// An explicit load of a profile whose restarts back off is refused as a
+// request for it is: 503 engine_backoff with Retry-After, not queue_full.
+func TestAdminLoadDuringBackoff(t *testing.T) {
+	h := adminHandler(t, "s3cret")
+	refusal := &pool.QueueError{Err: fmt.Errorf("%w after 2 consecutive failures (next start in 1m0s); last error: boom", pool.ErrBackoff), RetryAfter: time.Minute}
+	r := httptest.NewRequest(http.MethodPost, "/admin/pools/a/load", nil)
+	rec := httptest.NewRecorder()
+	h.adminDone(rec, r, h.pools.Pool("a"), "load m", refusal)
+	var e struct{ Error openaiError }
+	if rec.Code != http.StatusServiceUnavailable || json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error.Code != "engine_backoff" ||
+		rec.Header().Get("Retry-After") != "60" || !strings.Contains(e.Error.Message, "consecutive failures") {
+		t.Fatalf("load refused by the backoff: %d %s %v", rec.Code, rec.Body, rec.Header())
 	}
 }
 

@@ -64,8 +64,9 @@ type Options struct {
 	// KeepAliveInterval is how often a stream waiting for its lease gets an SSE
 	// comment line (see keepAlive); zero disables them.
 	KeepAliveInterval time.Duration
-	// AdminToken, when set, enables POST /admin/pools/{pool}/load and /unload
-	// for requests bearing it; empty leaves those routes unbound.
+	// AdminToken, when set, enables POST /admin/pools/{pool}/load, /unload
+	// and /clear-backoff for requests bearing it; empty leaves those routes
+	// unbound.
 	AdminToken string
 	// UpstreamHeaderTimeout bounds the wait for an engine's response headers
 	// (504 after it); zero waits as long as the client does.
@@ -483,6 +484,18 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	x.ctx, x.sent = ctx, time.Now()
 	fwd := upstream.WithIdleTimeout(context.WithValue(ctx, exchangeKey{}, x), lease.IdleTimeout)
 	h.rp.ServeHTTP(&statusWriter{ResponseWriter: w, status: &x.status}, r.WithContext(fwd))
+	if x.succeeded(r.Context().Err() != nil) {
+		lease.Succeeded()
+	}
+}
+
+// succeeded reports whether the engine answered the forwarded request
+// successfully, given whether the client has gone: a 2xx answer that
+// completed, and for a stream one that carried generated text (vLLM ends
+// the stream of a request whose engine core died with an error event and
+// [DONE], under a 200).
+func (x *exchange) succeeded(clientGone bool) bool {
+	return x.status/100 == 2 && x.outcome(x.status, clientGone) == metrics.OutcomeCompleted && (x.sse == nil || x.sse.ContentChunks() > 0)
 }
 
 // finish records a finished request in the metrics and the access log.

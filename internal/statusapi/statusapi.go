@@ -166,12 +166,47 @@ type Pool struct {
 	// it after all), else "stop"; "" when none is due.
 	ReleaseAt     *time.Time `json:"releaseAt,omitempty"`
 	ReleaseAction string     `json:"releaseAction,omitempty"`
+	// Failing is the profile whose engine failed, once or more in a row,
+	// while no engine of it is ready again: its restart backoff's streak,
+	// which a reload that changes the profile, or an operator's POST
+	// /admin/pools/{pool}/clear-backoff, ends too. Nil when none.
+	Failing *Failing `json:"failing,omitempty"`
+}
+
+// Failing is a profile whose engine keeps failing (Pool.Failing).
+type Failing struct {
+	Profile string `json:"profile"`
+	// Failures counts its engines' failures in a row.
+	Failures int `json:"failures"`
+	// Exit is how the last of them ended: ExitLoadFailed, ExitCrashed or
+	// ExitFirstRequest.
+	Exit string `json:"exit"`
+	// Reason is what that engine said went wrong: the last line of its
+	// output that read as the exception ending a traceback, from the
+	// exception's name on; "" when none did.
+	Reason string `json:"reason,omitempty"`
+	// LastError is that failure's error, whole.
+	LastError string `json:"lastError"`
+	// RetryAt is the earliest next start: until then its requests get 503
+	// engine_backoff at once. Nil when it may start now (after a first
+	// failure, or once the wait ran out).
+	RetryAt *time.Time `json:"retryAt"`
 }
 
 // The actions of an idle release (Pool.ReleaseAction).
 const (
 	ReleaseStop  = "stop"
 	ReleaseSleep = "sleep"
+)
+
+// How an engine that failed ended: the reasons of poold_engine_exits_total
+// but "stopped". ExitLoadFailed: it did not become ready; ExitCrashed: it
+// died or failed while serving; ExitFirstRequest: it died (or failed)
+// while serving its first request(s), before any succeeded.
+const (
+	ExitLoadFailed   = "load_failed"
+	ExitCrashed      = "crashed"
+	ExitFirstRequest = "first_request_failed"
 )
 
 // Adoption is one engine that the previous poold left running: adopted (it

@@ -335,12 +335,15 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 		`{pool="p0",profile="a",reason="stopped"} 1`,
 		`{pool="p0",profile="a",reason="crashed"} 0`,
 		`{pool="p0",profile="a",reason="load_failed"} 0`,
+		`{pool="p0",profile="a",reason="first_request_failed"} 0`,
 		`{pool="p0",profile="b",reason="stopped"} 0`,
 		`{pool="p0",profile="b",reason="crashed"} 0`,
 		`{pool="p0",profile="b",reason="load_failed"} 0`,
+		`{pool="p0",profile="b",reason="first_request_failed"} 0`,
 		`{pool="p1",profile="broken",reason="stopped"} 0`,
 		`{pool="p1",profile="broken",reason="crashed"} 0`,
 		`{pool="p1",profile="broken",reason="load_failed"} 1`,
+		`{pool="p1",profile="broken",reason="first_request_failed"} 0`,
 	)
 	checkSeries(t, mfs, "poold_queue_wait_seconds", `{model="a",pool="p0"} 5`, `{model="b",pool="p0"} 2`)
 	checkSeries(t, mfs, "poold_time_to_first_byte_seconds", `{model="a",pool="p0"} 5`, `{model="b",pool="p0"} 2`)
