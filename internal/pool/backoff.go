@@ -15,6 +15,13 @@ const (
 	DefaultMaxRestartBackoff = 5 * time.Minute
 )
 
+// firstRequestHold is the least wait after the second and later deaths in
+// a row of a profile's engine at its first request, whatever the base: such
+// an engine dies of every request it is given, and each start costs a
+// whole load (about 45 s for vLLM), so a short hold would keep the pool
+// loading. The wait doubles from it, up to the cap.
+const firstRequestHold = time.Minute
+
 // ErrBackoff marks a request refused because the pool is backing off restarts
 // of a profile that keeps failing.
 var ErrBackoff = errors.New("engine restarts are backing off")
@@ -22,7 +29,9 @@ var ErrBackoff = errors.New("engine restarts are backing off")
 // restartBackoff spaces out the starts of a profile whose engine keeps failing
 // (a failed load, a crash soon after it became ready, or a death at its first
 // request(s), before any succeeded). The first failure is retried at once; the
-// n-th consecutive one waits base·2^(n-2), capped at max. An engine of the
+// n-th consecutive one waits base·2^(n-2), capped at max, where base is at
+// least firstRequestHold when the last failure was a death at the first
+// request. An engine of the
 // profile that stays ready for max or longer ends the streak, unless it dies
 // at its first request: an engine that sat idle, ready, then died of the
 // first request it was given, served nothing. Another profile's engine does
@@ -83,6 +92,9 @@ func (b *restartBackoff) delay() time.Duration {
 		return 0
 	}
 	d := b.base
+	if b.last.exit == statusapi.ExitFirstRequest {
+		d = max(d, firstRequestHold)
+	}
 	for i := 2; i < b.failures && d < b.max; i++ {
 		d *= 2
 	}

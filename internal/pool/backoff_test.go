@@ -92,12 +92,16 @@ func TestRestartBackoffNotResetByAnotherProfile(t *testing.T) {
 // served nothing: however long it was ready, idle, before the first request
 // came, its death goes on the streak. One that answered requests and
 // lasted ends the streak, as before.
+// Deaths at the first request add up however long each engine was ready,
+// and hold the profile for at least firstRequestHold from the second on,
+// whatever the base: each start is a whole load, and the engine dies of
+// every request it is given.
 func TestRestartBackoffFirstRequestDeathsAddUp(t *testing.T) {
-	b := restartBackoff{base: time.Second, max: time.Minute}
+	b := restartBackoff{base: time.Second, max: 5 * time.Minute}
 	a := &profile.Profile{ID: "a"}
 	first := failure{err: errors.New(`engine "a" died at its first request`), exit: statusapi.ExitFirstRequest, reason: "RuntimeError: x"}
 	now := t0
-	for i, want := range []time.Duration{0, time.Second, 2 * time.Second} {
+	for i, want := range []time.Duration{0, time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute} {
 		b.ready(a, now)
 		now = now.Add(time.Hour) // ready, idle, for longer than the cap
 		if d := b.failed(a, first, now); d != want {
@@ -105,7 +109,7 @@ func TestRestartBackoffFirstRequestDeathsAddUp(t *testing.T) {
 		}
 	}
 	b.ready(a, now)
-	now = now.Add(time.Minute)
+	now = now.Add(5 * time.Minute)
 	if d := b.failed(a, crash(errors.New("crash")), now); d != 0 {
 		t.Fatalf("a crash after a lasting run waits %s, want 0", d)
 	}
@@ -128,10 +132,10 @@ func TestRestartBackoffStatus(t *testing.T) {
 	}
 	b.failed(a, first, t0)
 	st := b.status(a, t0)
-	if st == nil || st.Failures != 2 || st.RetryAt == nil || !st.RetryAt.Equal(t0.Add(time.Second)) {
-		t.Fatalf("after two failures: %+v, want a retry at %s", st, t0.Add(time.Second))
+	if st == nil || st.Failures != 2 || st.RetryAt == nil || !st.RetryAt.Equal(t0.Add(firstRequestHold)) {
+		t.Fatalf("after two failures: %+v, want a retry at %s", st, t0.Add(firstRequestHold))
 	}
-	if st := b.status(a, t0.Add(time.Second)); st == nil || st.RetryAt != nil {
+	if st := b.status(a, t0.Add(firstRequestHold)); st == nil || st.RetryAt != nil {
 		t.Fatalf("once the wait ran out: %+v, want failing with no retry time", st)
 	}
 	if st := b.status(&profile.Profile{ID: "a"}, t0); st == nil {
