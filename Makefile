@@ -66,6 +66,9 @@ test-vllm:
 
 # The benchmark harness (docs/benchmarks.md): every workload directly against the
 # engine and through poold, in alternating rounds, printed as one table.
+# Workloads 1v and 5v run real engines, vLLM's CPU build, when it is given:
+#   make bench BENCHFLAGS="-vllm $(scripts/install-vllm.sh --check) -only 1v,5v"
+# (or POOLD_VLLM_HOME set); without it they are skipped with a note.
 BENCHFLAGS ?=
 bench:
 	$(GO) run ./test/bench $(BENCHFLAGS)

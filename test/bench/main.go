@@ -5,7 +5,11 @@
 // table of medians over the rounds with poold's ratio or added cost. Absolute
 // figures on a shared 2-core machine are noise; the ratios are the result.
 //
-//	go run ./test/bench [-rounds 5] [-dur 2s] [-smoke]
+//	go run ./test/bench [-rounds 5] [-dur 2s] [-smoke] [-only 1,5] [-vllm DIR]
+//
+// Workloads 1v and 5v run real engines, vLLM's CPU build installed in DIR
+// (scripts/install-vllm.sh; by default $POOLD_VLLM_HOME), and are skipped
+// without it.
 //
 // docs/benchmarks.md keeps the latest table and what each figure means.
 package main
@@ -35,17 +39,21 @@ type options struct {
 	scale     bool          // run workload 7's Go benchmarks
 	benchtime string        // -benchtime of the Go benchmarks run (7, 1t), each run 5 times but in smoke mode
 	only      string        // comma-separated workloads to run; empty runs all
+	vllm      string        // vLLM's CPU build, for workloads 1v and 5v; empty skips them
+	swapsVLLM int           // swaps each way timed in workload 5v
 }
 
 func defaults() options {
 	return options{rounds: 5, dur: 2 * time.Second, dur4b: 3 * time.Second, streams4b: 1000,
-		swaps: 10, swaps5w: 5, load5w: 3 * time.Second, pools5r: 4, requests6: 100_000, idle6: 5000, scale: true, benchtime: "200ms"}
+		swaps: 10, swaps5w: 5, load5w: 3 * time.Second, pools5r: 4, requests6: 100_000, idle6: 5000, scale: true, benchtime: "200ms",
+		swapsVLLM: 2}
 }
 
 // smoke is a run of a few seconds that checks correctness, not speed.
 func smoke() options {
 	return options{rounds: 1, dur: 150 * time.Millisecond, dur4b: 300 * time.Millisecond, streams4b: 20,
-		swaps: 1, swaps5w: 1, load5w: 150 * time.Millisecond, pools5r: 2, requests6: 200, idle6: 20, scale: false, benchtime: "100x"}
+		swaps: 1, swaps5w: 1, load5w: 150 * time.Millisecond, pools5r: 2, requests6: 200, idle6: 20, scale: false, benchtime: "100x",
+		swapsVLLM: 1}
 }
 
 func main() {
@@ -59,12 +67,14 @@ func main() {
 	flag.IntVar(&o.requests6, "requests", o.requests6, "requests before workload 6's RSS figure")
 	flag.IntVar(&o.idle6, "idle-streams", o.idle6, "concurrent slow streams of workload 6")
 	flag.BoolVar(&o.scale, "scale", o.scale, "run workload 7 (go test -bench in internal/pool and internal/profile)")
-	flag.StringVar(&o.only, "only", "", "run only these workloads, comma-separated (1,1f,1c,1t,2,2m,2u,2s,3,4,4b,5,5a,5w,5r,6,7)")
+	flag.StringVar(&o.only, "only", "", "run only these workloads, comma-separated (1,1f,1c,1t,2,2m,2u,2s,3,4,4b,5,5a,5w,5r,6,7,1v,5v)")
+	flag.StringVar(&o.vllm, "vllm", os.Getenv("POOLD_VLLM_HOME"), "vLLM's CPU build (scripts/install-vllm.sh), for workloads 1v and 5v; empty skips them")
+	flag.IntVar(&o.swapsVLLM, "vllm-swaps", o.swapsVLLM, "swaps each way timed in workload 5v (each about 45 s, and as long again for the engine's own start)")
 	flag.Parse()
 	if *isSmoke {
-		only := o.only
+		only, vllm := o.only, o.vllm
 		o = smoke()
-		o.only = only
+		o.only, o.vllm = only, vllm
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

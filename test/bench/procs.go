@@ -34,11 +34,17 @@ type proc struct {
 
 // start runs bin args with stdout and stderr in dir/name.log.
 func start(dir, name, bin string, args ...string) (*proc, error) {
+	return startEnv(dir, name, bin, nil, args...)
+}
+
+// startEnv is start with the environment env (the harness's own when nil).
+func startEnv(dir, name, bin string, env []string, args ...string) (*proc, error) {
 	logf, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		return nil, fmt.Errorf("creating %s's log: %w", name, err)
 	}
 	cmd := exec.Command(bin, args...)
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -156,7 +162,11 @@ func writeConfig(dir, name string, data []byte) (string, error) {
 }
 
 // stop sends SIGTERM to p's process group and waits (SIGKILL after 20 s).
-func (p *proc) stop() {
+func (p *proc) stop() { p.stopWithin(20 * time.Second) }
+
+// stopWithin sends SIGTERM to p's process group and waits for p to exit,
+// sending the group SIGKILL after d.
+func (p *proc) stopWithin(d time.Duration) {
 	select {
 	case <-p.exited:
 		return
@@ -165,7 +175,7 @@ func (p *proc) stop() {
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-p.exited:
-	case <-time.After(20 * time.Second):
+	case <-time.After(d):
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		<-p.exited
 	}
@@ -255,11 +265,16 @@ func waitPoolsReady(ctx context.Context, p *proc) error {
 }
 
 type poolStatus struct {
-	Name   string `json:"name"`
-	State  string `json:"state"`
-	Engine *struct {
-		PID int `json:"pid"`
-	} `json:"engine"`
+	Name   string        `json:"name"`
+	State  string        `json:"state"`
+	Engine *engineStatus `json:"engine"`
+}
+
+// engineStatus is what poold's /status says of a pool's engine.
+type engineStatus struct {
+	Profile string `json:"profile"`
+	PID     int    `json:"pid"`
+	Port    int    `json:"port"`
 }
 
 func status(base string) (struct{ Pools []poolStatus }, error) {
@@ -274,16 +289,25 @@ func status(base string) (struct{ Pools []poolStatus }, error) {
 
 // enginePID is the pid of the engine poold runs on pool.
 func enginePID(base, pool string) (int, error) {
+	e, err := poolEngine(base, pool)
+	if err != nil {
+		return 0, err
+	}
+	return e.PID, nil
+}
+
+// poolEngine is the engine poold runs on pool.
+func poolEngine(base, pool string) (*engineStatus, error) {
 	st, err := status(base)
 	if err != nil {
-		return 0, fmt.Errorf("reading poold's status: %w", err)
+		return nil, fmt.Errorf("reading poold's status: %w", err)
 	}
 	for _, p := range st.Pools {
 		if p.Name == pool && p.Engine != nil {
-			return p.Engine.PID, nil
+			return p.Engine, nil
 		}
 	}
-	return 0, fmt.Errorf("pool %q has no engine", pool)
+	return nil, fmt.Errorf("pool %q has no engine", pool)
 }
 
 // cpuTime is the user+system CPU time pid has used.

@@ -87,6 +87,7 @@ type bench struct {
 	direct   map[string]*proc // engines started directly, by model
 	poold    *proc
 	dc, pc   *http.Client // direct and poold clients
+	real     *realVLLM    // the real-engine workloads' poold, once started
 }
 
 // side is one of the ways a workload runs: directly, through poold, through
@@ -147,9 +148,16 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 		{"5r", "restart with loaded pools, engines adopted and not", b.w5r},
 		{"6", "memory", b.w6},
 		{"7", "scale", b.w7},
+		{"1v", "added latency on a real vLLM engine", b.w1v},
+		{"5v", "swaps on real vLLM engines", b.w5v},
 	}
+	var skipped []string
 	for _, s := range steps {
 		if (s.id == "7" && !o.scale) || (o.only != "" && !slices.Contains(strings.Split(o.only, ","), s.id)) {
+			continue
+		}
+		if o.vllm == "" && slices.Contains(vllmWorkloads, s.id) {
+			skipped = append(skipped, s.id)
 			continue
 		}
 		logf(logw, "workload %s: %s", s.id, s.name)
@@ -158,6 +166,9 @@ func run(ctx context.Context, o options, logw io.Writer) (rep *report, err error
 		}
 		b.dc.CloseIdleConnections()
 		b.pc.CloseIdleConnections()
+	}
+	if len(skipped) > 0 {
+		b.rep.notes = append(b.rep.notes, fmt.Sprintf("workloads %s skipped: %s", strings.Join(skipped, ", "), noVLLM))
 	}
 	return b.rep, nil
 }
@@ -237,6 +248,11 @@ func (b *bench) startAll(ctx context.Context) error {
 }
 
 func (b *bench) stopAll() {
+	if b.real != nil {
+		if err := b.real.stop(); err != nil {
+			logf(b.logw, "stopping the real engines: %v", err)
+		}
+	}
 	if b.poold != nil {
 		b.poold.stop()
 	}
@@ -348,6 +364,7 @@ func errCount(rs []result) int {
 
 func us(s float64) string   { return fmt.Sprintf("%.0f µs", s*1e6) }
 func ms(s float64) string   { return fmt.Sprintf("%.1f ms", s*1e3) }
+func ms2(s float64) string  { return fmt.Sprintf("%.2f ms", s*1e3) }
 func pct(x float64) string  { return fmt.Sprintf("%.0f%%", x*100) }
 func rate(x float64) string { return fmt.Sprintf("%.0f/s", x) }
 func mib(b int64) string    { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
