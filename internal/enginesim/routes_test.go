@@ -188,7 +188,7 @@ func TestJSONRoutesNeedJSONContentType(t *testing.T) {
 					t.Errorf("POST %s as %q: %d %s, want 400", p, ct, resp.StatusCode, b)
 					continue
 				}
-				mustEqualJSON(t, decode(t, b), `{"error":{"message":"Unsupported Media Type: Only 'application/json' is allowed","type":"Bad Request","param":null,"code":400}}`)
+				mustEqualJSON(t, decode(t, b), `{"error":{"message":"1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed","type":"Bad Request","param":null,"code":400}}`)
 			}
 			for _, ct := range []string{"application/json", "Application/JSON; charset=utf-8", "application/json;charset=UTF-8"} {
 				resp, b := doHeader(t, http.MethodPost, ts.URL+p, `{"model":"m1"}`, map[string]string{"Content-Type": ct})

