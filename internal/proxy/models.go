@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -74,6 +75,19 @@ func (h *Handler) modelEntry(name string, prof *profile.Profile, states map[stri
 // engineModelsTimeout bounds the question to an engine about its models.
 const engineModelsTimeout = 2 * time.Second
 
+// engineGet is a GET of path from the engine on port, on a connection of its
+// own: unlike a forwarded request, it knows no engine keep-alive to keep an
+// idle connection within (upstream.WithIdleTimeout), and one kept for the
+// Transport's default would be closed by the engine first.
+func engineGet(ctx context.Context, port int, path string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("asking the engine for %s: %w", path, err)
+	}
+	req.Close = true
+	return req, nil
+}
+
 // engineMaxModelLen asks the engine serving profile id, if one does, for
 // the max_model_len of its /v1/models entry; 0 when none serves it or the
 // engine does not say.
@@ -90,7 +104,7 @@ func (h *Handler) engineMaxModelLen(ctx context.Context, id string) int {
 	}
 	ctx, cancel := context.WithTimeout(ctx, engineModelsTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+"/v1/models", nil)
+	req, err := engineGet(ctx, port, "/v1/models")
 	if err != nil {
 		return 0
 	}

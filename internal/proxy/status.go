@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strconv"
 
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/statusapi"
@@ -45,7 +44,7 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusServiceUnavailable, "no_engine", "", fmt.Sprintf("pool %q runs no engine", name))
 		return
 	}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(eng.Port)+"/metrics", nil)
+	req, err := engineGet(r.Context(), eng.Port, "/metrics")
 	if err != nil {
 		openai.WriteError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
 		return

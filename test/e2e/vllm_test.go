@@ -104,7 +104,9 @@ func TestStartRefusedForMemoryEvictsAndRetries(t *testing.T) {
 // connections to the engine sooner, so that between requests further apart
 // than that the engine never closes one first (a request on such a
 // connection would fail, or at best be sent again), while requests close
-// together still share one.
+// together still share one. The same holds for what poold asks the engine
+// itself: its models, for GET /v1/models/{id}, and its metrics, passed
+// through on GET /pools/{pool}/metrics.
 func TestEngineKeepAliveIsRespected(t *testing.T) {
 	tag := t.Name()
 	d := startPoold(t, tag, profilesJSON(tag,
@@ -114,6 +116,17 @@ func TestEngineKeepAliveIsRespected(t *testing.T) {
 	for _, gap := range []time.Duration{0, 100 * time.Millisecond, 2500 * time.Millisecond, 2500 * time.Millisecond} {
 		time.Sleep(gap) // the idle time under test, not a wait for an event
 		d.chat("m")
+		for _, path := range []string{"/v1/models/m", "/pools/p0/metrics"} {
+			resp, err := http.Get(d.url + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+			}
+		}
 	}
 	if n := d.metricValue("poold_engine_connections_closed_by_engine_total"); n != 0 {
 		t.Fatalf("the engine closed %v idle connections before poold did, want 0", n)
