@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install vLLM's CPU build, pinned, into a virtual environment in a cache
-# folder, for the real-vLLM suite (test/vllm) and the real-engine benchmarks.
+# folder, for the real-vLLM suite (test/e2e/realvllm_test.go) and the real-engine benchmarks.
 #
 #   scripts/install-vllm.sh          install unless done; print the folder
 #   scripts/install-vllm.sh --check  print the folder if installed, else exit 1

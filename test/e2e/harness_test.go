@@ -352,16 +352,26 @@ type status struct {
 
 func (d *daemon) status() status {
 	d.t.Helper()
-	resp, err := http.Get(d.url + "/status")
+	st, err := d.fetchStatus()
 	if err != nil {
-		d.t.Fatalf("GET /status: %v", err)
-	}
-	defer resp.Body.Close()
-	var st status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		d.t.Fatalf("decoding /status: %v", err)
+		d.t.Fatal(err)
 	}
 	return st
+}
+
+// fetchStatus is status for a goroutine other than the test's, which must
+// not call Fatal.
+func (d *daemon) fetchStatus() (status, error) {
+	var st status
+	resp, err := http.Get(d.url + "/status")
+	if err != nil {
+		return st, fmt.Errorf("GET /status: %w", err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return st, fmt.Errorf("decoding /status: %w", err)
+	}
+	return st, nil
 }
 
 // poolStatus is the status of one pool.

@@ -230,18 +230,23 @@ func realChat(model string, stream bool, n int, extra string) string {
 	return fmt.Sprintf(`{"model":%q,"stream":%t,"max_tokens":%d,"ignore_eos":true,"messages":[{"role":"user","content":"say something nice"}]%s}`, model, stream, n, extra)
 }
 
-// streamTokens counts a chat or completions stream's content chunks and its
-// usage chunks.
+// streamTokens counts a chat or completions stream's chunks with choices
+// and its usage chunks, and says whether it ran to its end: a choice
+// finished for its length (max_tokens, under ignore_eos), then [DONE]. It
+// does not count tokens: a busy engine sends several in one chunk.
 func streamTokens(t *testing.T, body []byte) (chunks, usage int, done bool) {
 	t.Helper()
+	finished := false
 	for _, ev := range sseEvents(body) {
 		if ev == "[DONE]" {
-			done = true
+			done = finished
 			continue
 		}
 		var c struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   *struct{}         `json:"usage"`
+			Choices []struct {
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage *struct{} `json:"usage"`
 		}
 		if err := json.Unmarshal([]byte(ev), &c); err != nil {
 			t.Fatalf("stream event is not JSON: %v: %s", err, ev)
@@ -251,6 +256,9 @@ func streamTokens(t *testing.T, body []byte) (chunks, usage int, done bool) {
 		}
 		if len(c.Choices) > 0 {
 			chunks++
+		}
+		for _, ch := range c.Choices {
+			finished = finished || (ch.FinishReason != nil && *ch.FinishReason == "length")
 		}
 	}
 	return chunks, usage, done
@@ -274,7 +282,9 @@ func TestRealVLLMServes(t *testing.T) {
 			{ID: "llama", Model: "llama", Args: []string{"--max-num-seqs", "2"}},
 			{ID: "qwen", Model: "qwen"},
 		})
-	args := append(keepArgs(state, time.Minute), "--vllm-command", v.launcher())
+	// A CPU engine streaming on a busy 2-core machine can take seconds to
+	// answer its /metrics: the scrape's bound is widened from 2 s.
+	args := append(keepArgs(state, time.Minute), "--vllm-command", v.launcher(), "--engine-metrics-timeout", "15s")
 	d := startPoold(t, tag, profiles, args...)
 	reapAtCleanup(t, d, tag)
 	d.waitPool("p0", 5*time.Minute, "llama ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "llama" })
@@ -313,7 +323,7 @@ func TestRealVLLMServes(t *testing.T) {
 		checkLogged(t, d, id, prompt, 7)
 		// A stream that did not ask gets no usage, and is counted exactly.
 		code, id, body = d.send(ctx, "/v1/chat/completions", realChat("llama", true, 9, ""), nil)
-		if chunks, usage, done := streamTokens(t, body); code != http.StatusOK || usage != 0 || !done || chunks < 9 {
+		if chunks, usage, done := streamTokens(t, body); code != http.StatusOK || usage != 0 || !done || chunks == 0 {
 			t.Fatalf("chat stream without include_usage: %d, %d usage chunks, %d chunks, done %t:\n%s", code, usage, chunks, done, body)
 		}
 		checkLogged(t, d, id, prompt, 9)
@@ -401,75 +411,104 @@ func TestRealVLLMServes(t *testing.T) {
 		var last *engineStats
 		for seen := false; !seen; time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("engineStats never showed the stream running: %+v", last)
+				ended := "still running"
+				select {
+				case b := <-done:
+					ended = fmt.Sprintf("ended: %s", tail(string(b), 2))
+				default:
+				}
+				t.Fatalf("engineStats never showed the stream running: %+v; %v failed scrapes; the stream %s", last,
+					d.metricValue(`poold_engine_metrics_scrape_failures_total{pool="p0"}`), ended)
 			}
 			for _, p := range d.status().Pools {
 				last = p.EngineStats
 				seen = seen || (p.EngineStats != nil && p.EngineStats.Running == 1 && p.EngineStats.KVCacheUsage > 0)
 			}
 		}
-		if chunks, _, ok := streamTokens(t, <-done); !ok || chunks < 1790 {
+		if chunks, _, ok := streamTokens(t, <-done); !ok {
 			t.Errorf("the stream measured ended early: %d chunks", chunks)
 		}
 	})
 
 	t.Run("max-num-seqs", func(t *testing.T) {
 		// A burst of 6 at an engine that runs 2 at once: poold holds the
-		// rest, so the engine never queues one.
+		// rest (each of at least 4 logs a queue wait), so the engine never
+		// queues one.
 		var wg sync.WaitGroup
-		codes := make(chan int, 6)
+		type sent struct {
+			code int
+			id   string
+		}
+		results := make(chan sent, 6)
 		for range 6 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				code, _, _ := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 400, ""), nil)
-				codes <- code
+				code, id, _ := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 400, ""), nil)
+				results <- sent{code, id}
 			}()
 		}
-		waited := false
 		stop := make(chan struct{})
-		watched := make(chan struct{})
+		watched := make(chan error, 1)
 		go func() {
-			defer close(watched)
 			for {
 				select {
 				case <-stop:
+					watched <- nil
 					return
 				case <-time.After(20 * time.Millisecond):
 				}
-				for _, p := range d.status().Pools {
+				st, err := d.fetchStatus()
+				if err != nil {
+					watched <- err
+					return
+				}
+				for _, p := range st.Pools {
 					if p.InFlight > 2 {
-						t.Errorf("%d requests on an engine of --max-num-seqs 2", p.InFlight)
+						watched <- fmt.Errorf("%d requests on an engine of --max-num-seqs 2", p.InFlight)
+						return
 					}
 					if p.EngineStats != nil && p.EngineStats.Waiting > 0 {
-						t.Errorf("the engine queued %d requests", p.EngineStats.Waiting)
-					}
-					for _, n := range p.Waiting {
-						waited = waited || n > 0
+						watched <- fmt.Errorf("the engine queued %d requests", p.EngineStats.Waiting)
+						return
 					}
 				}
 			}
 		}()
 		wg.Wait()
 		close(stop)
-		<-watched
-		close(codes)
-		for c := range codes {
-			if c != http.StatusOK {
-				t.Errorf("a request of the burst got %d", c)
+		if err := <-watched; err != nil {
+			t.Error(err)
+		}
+		close(results)
+		queued := 0
+		for r := range results {
+			if r.code != http.StatusOK {
+				t.Errorf("a request of the burst got %d", r.code)
+				continue
+			}
+			if ms, _ := waitLogLine(t, d, r.id)["queue_wait_ms"].(float64); ms > 0 {
+				queued++
 			}
 		}
-		if !waited {
-			t.Error("no request of the burst waited in poold's queue")
+		if queued < 4 {
+			t.Errorf("%d requests of the burst waited in poold's queue, want at least 4 of 6", queued)
 		}
 	})
 
 	t.Run("keep-alive", func(t *testing.T) {
+		// The request after the engine's 5 s idle close gets a connection
+		// poold has not kept past it: it is not sent on one the engine
+		// closed. (Connections idle since earlier are not counted here: on a
+		// machine this busy poold may read the end of an answer over a
+		// second after the engine sent it, and finds a few closed first.)
+		const series = "poold_engine_connections_closed_by_engine_total"
 		d.chat("llama")
 		time.Sleep(6 * time.Second) // past the engine's 5 s keep-alive: the idle time under test
+		before := d.metricValue(series)
 		d.chat("llama")
-		if n := d.metricValue("poold_engine_connections_closed_by_engine_total"); n > 0 {
-			t.Errorf("the engine closed %v idle connections before poold did", n)
+		if n := d.metricValue(series) - before; n > 0 {
+			t.Errorf("the request after the idle time met %v connections the engine had closed", n)
 		}
 	})
 
@@ -499,7 +538,7 @@ func TestRealVLLMServes(t *testing.T) {
 		if code != http.StatusOK {
 			t.Fatalf("the swap's own request: %d %s", code, body)
 		}
-		if chunks, _, done := streamTokens(t, <-stream); !done || chunks < 1790 {
+		if chunks, _, done := streamTokens(t, <-stream); !done {
 			t.Errorf("the llama stream was cut by the swap: %d chunks, done %t", chunks, done)
 		}
 		waitGone(t, "llama's tree after the swap", llamaTree, 30*time.Second)
@@ -518,7 +557,7 @@ func TestRealVLLMServes(t *testing.T) {
 		}()
 		<-started
 		d.stop() // SIGTERM: the stream runs to its end, the engine stays
-		if chunks, _, done := streamTokens(t, <-stream); !done || chunks < 1790 {
+		if chunks, _, done := streamTokens(t, <-stream); !done {
 			t.Errorf("the stream in flight at SIGTERM: %d chunks, done %t", chunks, done)
 		}
 		for p, name := range tree {
@@ -556,7 +595,8 @@ func TestRealVLLMServes(t *testing.T) {
 		d3.stop()
 		body := <-stream
 		if !strings.Contains(string(body), "shutting_down") {
-			t.Errorf("a stream cut at the drain bound does not say so: %s", tail(string(body), 3))
+			chunks, _, done := streamTokens(t, body)
+			t.Errorf("a stream cut at the drain bound does not say so: %d chunks, ran to its end %t, %d bytes, ending %q", chunks, done, len(body), tail(string(body), 6))
 		}
 		stopEngines(t, state, tag)
 		waitGone(t, "the tree after stop-engines", tree, 30*time.Second)
@@ -606,25 +646,33 @@ func readAllClose(t *testing.T, resp *http.Response) []byte {
 	return []byte(b.String())
 }
 
-// engineGone returns a channel closed once pool has served on an engine
-// and that engine is gone (the pool has none, or another).
-func (d *daemon) engineGone(pool string) <-chan struct{} {
-	gone := make(chan struct{})
+// engineGone returns a channel that gets nil once pool has served on an
+// engine and that engine is gone (the pool has none, or another), or an
+// error when ctx ends or 10 minutes pass first.
+func (d *daemon) engineGone(ctx context.Context, pool string) <-chan error {
+	gone := make(chan error, 1)
 	go func() {
-		defer close(gone)
 		pid := 0
 		deadline := time.Now().Add(10 * time.Minute) // four engines starting at once on two cores
-		for time.Now().Before(deadline) {
-			p := d.pool(pool)
-			switch {
-			case p.State == "ready" && p.Engine != nil:
-				pid = p.Engine.PID
-			case pid != 0:
+		for time.Now().Before(deadline) && ctx.Err() == nil {
+			st, err := d.fetchStatus()
+			if err != nil {
+				gone <- err
 				return
+			}
+			for _, p := range st.Pools {
+				switch {
+				case p.Name != pool:
+				case p.State == "ready" && p.Engine != nil:
+					pid = p.Engine.PID
+				case pid != 0:
+					gone <- nil
+					return
+				}
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		d.t.Errorf("pool %s: no engine served and went within 10m", pool)
+		gone <- fmt.Errorf("pool %s: no engine served and went within 10m", pool)
 	}()
 	return gone
 }
@@ -691,7 +739,7 @@ func TestRealVLLMStartFailures(t *testing.T) {
 	// vLLM answers head16's first request 500 and its server exits about
 	// 3 s later: a request sent in between meets the same dying engine, so
 	// each is sent once the engine before it has gone.
-	dead := d.engineGone("p4")
+	dead := d.engineGone(ctx, "p4")
 
 	for _, c := range []struct {
 		name string
@@ -716,12 +764,16 @@ func TestRealVLLMStartFailures(t *testing.T) {
 	if r := <-head16; r.code == http.StatusOK {
 		t.Fatalf("head16's first request: %d %s", r.code, r.body)
 	}
-	<-dead
-	dead = d.engineGone("p4")
+	if err := <-dead; err != nil {
+		t.Fatal(err)
+	}
+	dead = d.engineGone(ctx, "p4")
 	if r := <-ask("head16"); r.code == http.StatusOK {
 		t.Fatalf("head16's second request: %d %s", r.code, r.body)
 	}
-	<-dead
+	if err := <-dead; err != nil {
+		t.Fatal(err)
+	}
 	begin := time.Now()
 	code, h, body := sendTo(ctx, t, d.url+"/v1/chat/completions", realChat("head16", false, 2, ""), nil)
 	if code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" || !strings.Contains(string(body), "head_dim=16") {
