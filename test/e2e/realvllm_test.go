@@ -403,25 +403,31 @@ func TestRealVLLMServes(t *testing.T) {
 		// One stream in flight shows as running in engineStats, read from
 		// the engine's own /metrics.
 		done := make(chan []byte, 1)
+		begin := time.Now()
 		go func() {
 			_, _, b := d.send(ctx, "/v1/chat/completions", realChat("llama", true, 1900, ""), nil)
 			done <- b
 		}()
 		deadline := time.Now().Add(time.Minute)
 		var last *engineStats
+		samples := map[string]bool{} // each distinct engineStats seen, for a failure's message
 		for seen := false; !seen; time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				ended := "still running"
 				select {
 				case b := <-done:
-					ended = fmt.Sprintf("ended: %s", tail(string(b), 2))
+					chunks, _, whole := streamTokens(t, b)
+					ended = fmt.Sprintf("ended (%d chunks, ran to its end %t)", chunks, whole)
 				default:
 				}
-				t.Fatalf("engineStats never showed the stream running: %+v; %v failed scrapes; the stream %s", last,
-					d.metricValue(`poold_engine_metrics_scrape_failures_total{pool="p0"}`), ended)
+				t.Fatalf("engineStats never showed the stream running: last %+v; seen %v; %v failed scrapes; the stream began %s ago and %s", last, samples,
+					d.metricValue(`poold_engine_metrics_scrape_failures_total{pool="p0"}`), time.Since(begin).Round(time.Second), ended)
 			}
 			for _, p := range d.status().Pools {
 				last = p.EngineStats
+				if last != nil {
+					samples[fmt.Sprintf("running %d kv %g", last.Running, last.KVCacheUsage)] = true
+				}
 				seen = seen || (p.EngineStats != nil && p.EngineStats.Running == 1 && p.EngineStats.KVCacheUsage > 0)
 			}
 		}
