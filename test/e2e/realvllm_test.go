@@ -401,7 +401,9 @@ func TestRealVLLMServes(t *testing.T) {
 
 	t.Run("metrics", func(t *testing.T) {
 		// One stream in flight shows as running in engineStats, read from
-		// the engine's own /metrics.
+		// the engine's own /metrics, and its KV cache as in use. The two
+		// are asked of the samples apart: on a busy machine a scrape can
+		// fall between the engine's updates of its gauges.
 		done := make(chan []byte, 1)
 		begin := time.Now()
 		go func() {
@@ -411,7 +413,7 @@ func TestRealVLLMServes(t *testing.T) {
 		deadline := time.Now().Add(time.Minute)
 		var last *engineStats
 		samples := map[string]bool{} // each distinct engineStats seen, for a failure's message
-		for seen := false; !seen; time.Sleep(20 * time.Millisecond) {
+		for running, kv := false, false; !running || !kv; time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				ended := "still running"
 				select {
@@ -420,7 +422,7 @@ func TestRealVLLMServes(t *testing.T) {
 					ended = fmt.Sprintf("ended (%d chunks, ran to its end %t)", chunks, whole)
 				default:
 				}
-				t.Fatalf("engineStats never showed the stream running: last %+v; seen %v; %v failed scrapes; the stream began %s ago and %s", last, samples,
+				t.Fatalf("engineStats never showed the stream (running seen %t, KV in use seen %t): last %+v; seen %v; %v failed scrapes; the stream began %s ago and %s", running, kv, last, samples,
 					d.metricValue(`poold_engine_metrics_scrape_failures_total{pool="p0"}`), time.Since(begin).Round(time.Second), ended)
 			}
 			for _, p := range d.status().Pools {
@@ -428,7 +430,8 @@ func TestRealVLLMServes(t *testing.T) {
 				if last != nil {
 					samples[fmt.Sprintf("running %d kv %g", last.Running, last.KVCacheUsage)] = true
 				}
-				seen = seen || (p.EngineStats != nil && p.EngineStats.Running == 1 && p.EngineStats.KVCacheUsage > 0)
+				running = running || (last != nil && last.Running == 1)
+				kv = kv || (last != nil && last.KVCacheUsage > 0)
 			}
 		}
 		if chunks, _, ok := streamTokens(t, <-done); !ok {
