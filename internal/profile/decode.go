@@ -295,6 +295,10 @@ func (d *decodeCheck) value(n *node, k kind, path string) *node {
 		if p == "" {
 			p = "top level"
 		}
+		if k == kDuration && n.kind == 'n' {
+			d.fail(p, true, "cannot decode number %s into duration: write it as a string with a unit, such as \"%ss\"", n.text, n.text)
+			return nil
+		}
 		d.fail(p, true, "cannot decode %s into %s", n.typeName(), kindNames[k])
 		return nil
 	}
@@ -377,9 +381,54 @@ members:
 				continue members
 			}
 		}
-		d.fail(path, false, "unknown field %q", key)
+		d.fail(path, false, "unknown field %q%s", key, suggest(key, fields))
 	}
 	return out
+}
+
+// suggest returns ` (did you mean "name"?)` for the known field nearest to
+// an unknown key: one that differs only in case, else one within two edits
+// (a swap of neighbours counts as one) of a key at least twice as long as
+// that. It returns "" when no field is near enough.
+func suggest(key string, fields []field) string {
+	best, bestDist := "", 3
+	for _, f := range fields {
+		if strings.EqualFold(f.name, key) {
+			return fmt.Sprintf(" (did you mean %q?)", f.name)
+		}
+		if dist := editDistance(strings.ToLower(key), strings.ToLower(f.name)); dist < bestDist && 2*dist <= len(key) {
+			best, bestDist = f.name, dist
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+// editDistance is the optimal string alignment distance between a and b,
+// byte-wise: insertions, deletions, substitutions and swaps of neighbours.
+func editDistance(a, b string) int {
+	// rows i-2, i-1 and i of the table, each len(b)+1 long.
+	prev2, prev, cur := make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }
 
 // duplicateKey reports whether n.keys[i] appeared earlier in the object.

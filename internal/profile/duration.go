@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -39,6 +40,9 @@ func (d Duration) problem(zeroOK bool) string {
 	if d.given {
 		v, err := time.ParseDuration(d.text)
 		if err != nil {
+			if _, nerr := strconv.ParseFloat(d.text, 64); nerr == nil {
+				return fmt.Sprintf("invalid duration %q: a duration needs a unit, such as \"%ss\"", d.text, d.text)
+			}
 			return fmt.Sprintf("invalid duration %q", d.text)
 		}
 		switch {

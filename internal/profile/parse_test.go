@@ -112,3 +112,21 @@ func TestSyntaxErrorPosition(t *testing.T) {
 		}
 	}
 }
+
+func TestEditDistance(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want int
+	}{
+		{"", "", 0}, {"args", "args", 0}, {"", "args", 4}, {"argz", "args", 1},
+		{"alaises", "aliases", 1}, {"maxQueu", "maxQueue", 1}, {"mode", "name", 3},
+		{"ab", "ba", 1}, {"abc", "ca", 3},
+	} {
+		if got := editDistance(c.a, c.b); got != c.want {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", c.a, c.b, got, c.want)
+		}
+		if got := editDistance(c.b, c.a); got != c.want {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", c.b, c.a, got, c.want)
+		}
+	}
+}
