@@ -2,7 +2,10 @@
 
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X main.version=$(VERSION)
+# The commit, stamped too: a build without VCS stamping (-buildvcs=false, a
+# copy without .git) still says what it was built from.
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 BIN     ?= bin
 
 # go-nvml (the only cgo package outside the standard library) calls NVML

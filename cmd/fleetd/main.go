@@ -14,13 +14,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime/debug"
 
 	"github.com/poold/poold/internal/cli"
 )
 
-// version is set at build time with -ldflags "-X main.version=v1.2.3".
-var version = "dev"
+// version and commit are set at build time with -ldflags
+// "-X main.version=v1.2.3 -X main.commit=<sha>" (the Makefile does).
+var version, commit = "dev", ""
 
 func main() {
 	os.Exit(program().Main(os.Args[1:], os.Stdout, os.Stderr))
@@ -44,14 +44,5 @@ func program() *cli.Program {
 	}
 }
 
-// revision is the VCS revision the binary was built from, or "unknown".
-func revision() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				return s.Value
-			}
-		}
-	}
-	return "unknown"
-}
+// revision is the commit the binary was built from (cli.Revision).
+func revision() string { return cli.Revision(commit) }

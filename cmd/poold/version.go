@@ -1,20 +1,12 @@
 package main
 
-import "runtime/debug"
+import "github.com/poold/poold/internal/cli"
 
-// version is set at build time with -ldflags "-X main.version=v1.2.3".
-var version = "dev"
+// version and commit are set at build time with -ldflags
+// "-X main.version=v1.2.3 -X main.commit=<sha>" (the Makefile does).
+var version, commit = "dev", ""
 
-// revision is the VCS revision the binary was built from, or "unknown".
-func revision() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				return s.Value
-			}
-		}
-	}
-	return "unknown"
-}
+// revision is the commit the binary was built from (cli.Revision).
+func revision() string { return cli.Revision(commit) }
 
 func versionString() string { return "poold " + version + " (" + revision() + ")" }

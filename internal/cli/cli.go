@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"text/tabwriter"
 
@@ -199,3 +200,21 @@ func usageLine(fl *pflag.FlagSet, usage string) string {
 func isFlag(s string) bool { return len(s) > 0 && s[0] == '-' }
 
 func isHelp(s string) bool { return s == "-h" || s == "--help" }
+
+// Revision is the commit a binary was built from: stamped, when the build
+// set it (the Makefile stamps it with -ldflags), else the VCS revision Go
+// recorded, else "unknown" (a build without VCS stamping and without the
+// Makefile's, such as go run or go test).
+func Revision(stamped string) string {
+	if stamped != "" {
+		return stamped
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return "unknown"
+}

@@ -104,3 +104,13 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("--some: %d %v, stdout %q, stderr %q", code, ok, stdout, stderr)
 	}
 }
+
+func TestRevision(t *testing.T) {
+	if got := Revision("0123abc"); got != "0123abc" {
+		t.Errorf("Revision(stamped) = %q, want the stamp", got)
+	}
+	// A test binary carries no VCS stamp.
+	if got := Revision(""); got != "unknown" {
+		t.Errorf("Revision(\"\") = %q in a test binary, want unknown", got)
+	}
+}
