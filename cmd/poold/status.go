@@ -23,8 +23,8 @@ func status(args []string, stdout, stderr io.Writer) int {
 }
 
 // printStatus writes the daemon line, the profiles line (and the refused
-// reload's errors, if any), then one row per pool (ENGINE: what its awake
-// engine reports running and waiting, and its KV cache use; ASLEEP: its
+// reload's errors, if any), then one row per pool (ENGINE: its engine's pid
+// and what the engine reports running and waiting, and its KV cache use; ASLEEP: its
 // sleeping engines, docs/sleep-mode.md; IDLE RELEASE: what its idle engine
 // is due, docs/scheduling.md).
 func printStatus(w io.Writer, st statusapi.Poold) {
@@ -46,7 +46,7 @@ func printStatus(w io.Writer, st statusapi.Poold) {
 			gpus[i] = strconv.Itoa(g)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, strings.Join(gpus, ","), p.State,
-			profileCell(p.Profile, p.SwitchingTo), p.InFlight, waitingCell(p.Waiting), engineCell(p.EngineStats), sleepingCell(p.Sleeping),
+			profileCell(p.Profile, p.SwitchingTo), p.InFlight, waitingCell(p.Waiting), engineCell(p.Engine, p.EngineStats), sleepingCell(p.Sleeping),
 			releaseCell(p.ReleaseAt, p.ReleaseAction), errorCell(p.LastError))
 	}
 	tw.Flush()
@@ -79,13 +79,22 @@ func waitingCell(waiting map[string]int) string {
 	return fmt.Sprintf("%d (%s)", total, strings.Join(by, " "))
 }
 
-// engineCell is what the awake engine reports: "12 run, 3 wait, KV 87%",
-// or "-" without a recent sample.
-func engineCell(st *statusapi.EngineStats) string {
-	if st == nil {
+// engineCell is the pool's engine process and what it reports: "pid 4242,
+// 12 run, 3 wait, KV 87%"; "pid 4242" alone until its first sample (as
+// right after a swap), "pid 4242, loading" before it is ready, or "-"
+// without an engine.
+func engineCell(e *statusapi.Engine, st *statusapi.EngineStats) string {
+	if e == nil {
 		return "-"
 	}
-	return fmt.Sprintf("%d run, %d wait, KV %.0f%%", st.Running, st.Waiting, st.KVCacheUsage*100)
+	cell := "pid " + strconv.Itoa(e.PID)
+	switch {
+	case e.ReadyAt == nil:
+		cell += ", loading"
+	case st != nil:
+		cell += fmt.Sprintf(", %d run, %d wait, KV %.0f%%", st.Running, st.Waiting, st.KVCacheUsage*100)
+	}
+	return cell
 }
 
 // sleepingCell lists the pool's sleeping engines, least recently used
