@@ -2,11 +2,16 @@ package pool
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -105,7 +110,7 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 		c.Close()
 		return nil, fmt.Errorf("its supervisor runs pid %d, not the recorded %d", c.Hello.PID, rec.PID)
 	}
-	env := engineEnv(prof, spec)
+	env, given := engineEnv(prof, spec), givenEnv(prof, spec)
 	e := &engine{
 		profile:    prof,
 		port:       rec.Port,
@@ -115,6 +120,7 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 		startedAt:  time.Now(),
 		argv:       prof.Argv(rec.Port, spec, p.opts.Launch),
 		env:        env,
+		given:      given,
 		token:      rec.Token,
 		startTicks: rec.StartTicks,
 		cgroup:     rec.Cgroup,
@@ -138,8 +144,10 @@ func (p *Pool) verify(ctx context.Context, e *engine, rec LedgerEngine) error {
 	if st, err := procStat(rec.PID); err != nil || st.start != rec.StartTicks || st.state == 'Z' || isClosed(e.exited) {
 		return fmt.Errorf("its process %d %w", rec.PID, errNotRecorded)
 	}
-	if e.conn.Hello.Fingerprint != shim.Fingerprint(e.argv, e.env) {
-		return errors.New("its profile changed while poold was down, or the vllm-command setting did (another command line or environment)")
+	// A shim started by an older poold holds a fingerprint of the whole
+	// environment: it stands while poold's own environment has not changed.
+	if fp := e.conn.Hello.Fingerprint; fp != shim.Fingerprint(e.argv, e.given) && fp != shim.Fingerprint(e.argv, e.env) {
+		return fmt.Errorf("its profile changed while poold was down, or the vllm-command setting did: %s", changes(rec, e.argv, e.given))
 	}
 	p.mu.Lock()
 	busy, allowExposed := rec.Sleeping == 0 && p.eng != nil, p.spec.AllowNonLoopback
@@ -240,4 +248,118 @@ func (e *engine) stopThroughShim(grace time.Duration, log *slog.Logger) error {
 	case <-t.C:
 		return fmt.Errorf("the shim %d did not report its engine's exit within %s", pid, grace+killWait+outputWait)
 	}
+}
+
+// envSums is a digest of each variable of env by name: the first 16 hex
+// digits of the sha256 of its value, enough to tell a change, without
+// keeping a value that may be a secret.
+func envSums(env []string) map[string]string {
+	sums := make(map[string]string, len(env))
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		sum := sha256.Sum256([]byte(v))
+		sums[k] = hex.EncodeToString(sum[:8])
+	}
+	return sums
+}
+
+// changes says what differs between the engine rec records and the one the
+// profile in force would start with argv and given: the flags of the
+// command line added, removed or changed, and the variables, by name only
+// (a value may be a secret). A ledger of an older poold records neither.
+func changes(rec LedgerEngine, argv, given []string) string {
+	if rec.Argv == nil {
+		return "another command line or environment"
+	}
+	var parts []string
+	added, removed, changed := argChanges(rec.Argv, argv)
+	for _, c := range []struct {
+		what  string
+		names []string
+	}{{"added", added}, {"removed", removed}, {"changed", changed}} {
+		if len(c.names) > 0 {
+			parts = append(parts, fmt.Sprintf("argument %s %s", strings.Join(c.names, ", "), c.what))
+		}
+	}
+	now := envSums(given)
+	var vars [3][]string // added, removed, changed
+	for _, k := range slices.Sorted(maps.Keys(now)) {
+		switch old, ok := rec.EnvSums[k]; {
+		case !ok:
+			vars[0] = append(vars[0], k)
+		case old != now[k]:
+			vars[2] = append(vars[2], k)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(rec.EnvSums)) {
+		if _, ok := now[k]; !ok {
+			vars[1] = append(vars[1], k)
+		}
+	}
+	for i, what := range []string{"added", "removed", "changed"} {
+		if len(vars[i]) > 0 {
+			parts = append(parts, fmt.Sprintf("variable %s %s", strings.Join(vars[i], ", "), what))
+		}
+	}
+	if len(parts) == 0 {
+		return "another command line or environment"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// argChanges names the arguments that differ between the command lines was
+// and now, past what they share at both ends: each by its flag (cut at
+// "="), a flag's value by the flag before it, or by its place ("#3"); the
+// values themselves are not shown.
+func argChanges(was, now []string) (added, removed, changed []string) {
+	pre := 0
+	for pre < len(was) && pre < len(now) && was[pre] == now[pre] {
+		pre++
+	}
+	suf := 0
+	for suf < len(was)-pre && suf < len(now)-pre && was[len(was)-1-suf] == now[len(now)-1-suf] {
+		suf++
+	}
+	name := func(argv []string, i int) string {
+		switch a := argv[i]; {
+		case strings.HasPrefix(a, "-"):
+			flag, _, _ := strings.Cut(a, "=")
+			return flag
+		case i > 0 && strings.HasPrefix(argv[i-1], "-"):
+			flag, _, _ := strings.Cut(argv[i-1], "=")
+			return flag
+		}
+		return "#" + strconv.Itoa(i)
+	}
+	var old, cur []string
+	for i := pre; i < len(was)-suf; i++ {
+		old = append(old, name(was, i))
+	}
+	for i := pre; i < len(now)-suf; i++ {
+		cur = append(cur, name(now, i))
+	}
+	for _, n := range uniq(cur) {
+		if slices.Contains(old, n) {
+			changed = append(changed, n)
+		} else {
+			added = append(added, n)
+		}
+	}
+	for _, n := range uniq(old) {
+		if !slices.Contains(cur, n) {
+			removed = append(removed, n)
+		}
+	}
+	return added, removed, changed
+}
+
+// uniq is names without repeats, in their first order.
+func uniq(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }

@@ -38,6 +38,9 @@ type engine struct {
 	pid       int      // also the process group id
 	startedAt time.Time
 	argv, env []string // the command line and the environment (engineEnv), but the token
+	// given is the part of env that poold gives on purpose (givenEnv): with
+	// argv, what the engine's fingerprint covers.
+	given []string
 	// token is POOLD_ENGINE_TOKEN in the environment of the engine and its
 	// descendants, which tells them from unrelated processes after a crash.
 	token string
@@ -97,7 +100,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.L
 		return nil, fmt.Errorf("choosing a port: %w", err)
 	}
 	argv := prof.Argv(port, spec, launch)
-	env := engineEnv(prof, spec)
+	env, given := engineEnv(prof, spec), givenEnv(prof, spec)
 	token := rand.Text()
 	var cmd *exec.Cmd
 	var shimPath string
@@ -109,7 +112,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.L
 		}
 	} else {
 		shimPath = shims.socket(token)
-		cmd = shims.command(launch.Self, shimPath, token, shim.Fingerprint(argv, env), prof.StopTimeout.Duration, argv)
+		cmd = shims.command(launch.Self, shimPath, token, shim.Fingerprint(argv, given), prof.StopTimeout.Duration, argv)
 		cmd.Env = env
 	}
 	var cgroup string
@@ -130,6 +133,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.L
 		startedAt: time.Now(),
 		argv:      argv,
 		env:       env,
+		given:     given,
 		token:     token,
 		cgroup:    cgroup,
 		shimPath:  shimPath,
@@ -205,6 +209,21 @@ func (e *engine) runs(prof *profile.Profile, spec *profile.PoolSpec, launch prof
 // token: what it inherits of poold's environment, then what the profile sets.
 func engineEnv(prof *profile.Profile, spec *profile.PoolSpec) []string {
 	return append(prof.Inherited(os.Environ()), prof.Environ(spec)...)
+}
+
+// givenEnv is the part of engineEnv that poold gives prof's engine on
+// purpose: the variables prof's PassEnv names, then those it sets. An
+// engine's fingerprint covers these and not what it inherits by family
+// (PATH, SHELL, XDG_*…), so that a poold started from another shell, or
+// from make, still adopts it.
+func givenEnv(prof *profile.Profile, spec *profile.PoolSpec) []string {
+	var env []string
+	for _, kv := range prof.Inherited(os.Environ()) {
+		if k, _, _ := strings.Cut(kv, "="); slices.Contains(prof.PassEnv, k) {
+			env = append(env, kv)
+		}
+	}
+	return append(env, prof.Environ(spec)...)
 }
 
 // base is the engine's loopback URL.

@@ -63,6 +63,12 @@ type LedgerEngine struct {
 	Shim string `json:"shim,omitempty"`
 	// Sleeping is the sleep level of an engine put to sleep; 0 when awake.
 	Sleeping int `json:"sleeping,omitempty"`
+	// Argv is the engine's command line, and EnvSums a digest of each
+	// variable poold gave it on purpose (givenEnv), by name, its value not
+	// kept: what an adoption refused for a changed profile compares to say
+	// what changed (changes). Both are nil in a ledger of an older poold.
+	Argv    []string          `json:"argv,omitempty"`
+	EnvSums map[string]string `json:"envSums,omitempty"`
 }
 
 // ledgerFile is the JSON shape of engines.json.
@@ -323,7 +329,8 @@ func (l *Ledger) add(pool string, e *engine) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.engines[e.pid] = LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token, Cgroup: e.cgroup, Shim: e.shimPath}
+	l.engines[e.pid] = LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token, Cgroup: e.cgroup, Shim: e.shimPath,
+		Argv: e.argv, EnvSums: envSums(e.given)}
 	if err := l.writeLocked(); err != nil {
 		l.log.Warn("recording engine", "pid", e.pid, "err", err)
 	}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -183,33 +184,60 @@ func TestRestartKeepsEngines(t *testing.T) {
 }
 
 // TestRestartChangedProfile: a profile changed while poold was down is not
-// adopted; its pool alone loads afresh.
+// adopted, and the refusal names what changed; its pool alone loads afresh.
+// A poold started from another shell (another SHELL, XDG session, locale)
+// adopts an unchanged profile's engine all the same.
 func TestRestartChangedProfile(t *testing.T) {
 	tag := t.Name()
 	state := t.TempDir()
-	pools := []pool{{Name: "p0", GPUs: []int{0}, Default: "a"}, {Name: "p1", GPUs: []int{1}, Default: "b"}}
+	pools := []pool{{Name: "p0", GPUs: []int{0}, Default: "a"}, {Name: "p1", GPUs: []int{1}, Default: "b"}, {Name: "p2", GPUs: []int{2}, Default: "c"}}
 	b := loadingSim("b", "p1")
+	c := loadingSim("c", "p2")
+	cEnv := func(v string) map[string]any {
+		return map[string]any{"env": map[string]string{"POOLD_E2E_TAG": runTag(tag), "GORACE": "atexit_sleep_ms=0", "C_SETTING": v}}
+	}
+	c.Extra = cEnv("1")
+	shell := func(name, session string) func(*exec.Cmd) {
+		return func(cmd *exec.Cmd) {
+			cmd.Env = append(os.Environ(), "SHELL=/bin/"+name, "XDG_SESSION_ID="+session, "LC_TIME=C."+name)
+		}
+	}
 	args := keepArgs(state, time.Minute)
-	d1 := startPoold(t, tag, profilesJSON(tag, pools, []sim{loadingSim("a", "p0"), b}, nil), args...)
-	aPID, bPID := d1.serving("p0", "a"), d1.serving("p1", "b")
+	d1 := launchWith(t, tag, profilesJSON(tag, pools, []sim{loadingSim("a", "p0"), b, c}, nil), shell("sh", "1"), args...)
+	d1.waitHealthy()
+	aPID, bPID, cPID := d1.serving("p0", "a"), d1.serving("p1", "b"), d1.serving("p2", "c")
 	d1.stop()
 
 	b.Flags = append(slices.Clone(b.Flags), "--sim-itl", "5ms")
-	d2 := startPoold(t, tag, profilesJSON(tag, pools, []sim{loadingSim("a", "p0"), b}, nil), args...)
+	c.Extra = cEnv("2")
+	d2 := launchWith(t, tag, profilesJSON(tag, pools, []sim{loadingSim("a", "p0"), b, c}, nil), shell("zsh", "2"), args...)
+	d2.waitHealthy()
 	if got := d2.serving("p0", "a"); got != aPID {
-		t.Errorf("p0 serves a from pid %d, want the adopted %d", got, aPID)
+		t.Errorf("p0 serves a from pid %d, want the adopted %d (adoption %+v)", got, aPID, d2.adoption("p0"))
 	}
 	if got := d2.serving("p1", "b"); got == bPID {
 		t.Errorf("p1 serves the changed b from the old engine %d", got)
 	}
-	if n := d2.engineStarts(); n != 1 {
-		t.Errorf("%d engines started after the restart, want 1 (the changed b)", n)
+	if got := d2.serving("p2", "c"); got == cPID {
+		t.Errorf("p2 serves the changed c from the old engine %d", got)
 	}
-	if ad := d2.adoption("p1"); len(ad) != 1 || ad[0].Adopted || !strings.Contains(ad[0].Reason, "profile changed") {
-		t.Errorf("p1's adoption: %+v, want b refused for its changed profile", ad)
+	if n := d2.engineStarts(); n != 2 {
+		t.Errorf("%d engines started after the restart, want 2 (the changed b and c)", n)
 	}
-	if alive(bPID) {
-		t.Errorf("the old engine of b (pid %d) still runs", bPID)
+	for _, w := range []struct{ pool, reason string }{
+		{"p1", "argument --sim-itl added"},
+		{"p2", "variable C_SETTING changed"},
+	} {
+		if ad := d2.adoption(w.pool); len(ad) != 1 || ad[0].Adopted || !strings.Contains(ad[0].Reason, "profile changed") || !strings.Contains(ad[0].Reason, w.reason) {
+			t.Errorf("%s's adoption: %+v, want a refusal for its changed profile that says %q", w.pool, ad, w.reason)
+		} else if strings.Contains(ad[0].Reason, "C_SETTING=") || strings.Contains(ad[0].Reason, "5ms") {
+			t.Errorf("%s's refusal shows a value: %q", w.pool, ad[0].Reason)
+		}
+	}
+	for _, pid := range []int{bPID, cPID} {
+		if alive(pid) {
+			t.Errorf("the old engine %d of a changed profile still runs", pid)
+		}
 	}
 	d2.stop()
 	stopEngines(t, state, tag)
