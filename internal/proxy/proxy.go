@@ -414,6 +414,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Profile = prof.ID
+	// Refused before any pool is asked: a swap would load an engine that
+	// answers the route 404 anyway.
+	if msg := notServed(prof, rt.path); msg != "" {
+		rec.Status = http.StatusNotFound
+		openai.WriteError(w, rec.Status, "route_not_served", "", msg)
+		return
+	}
 	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
 	bound, ok := h.opts.Tenants.Cap(w, ten, rt.path, req)
 	if !ok {
