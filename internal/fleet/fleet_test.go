@@ -431,8 +431,16 @@ func TestNoRetryAfterBytes(t *testing.T) {
 	if err == nil {
 		t.Fatal("the stream ended cleanly after the host failed")
 	}
-	if !strings.Contains(string(rest), `"error"`) {
+	// The event is fleetd's and says what broke: the host, not an engine.
+	var e struct {
+		Error struct{ Message, Type, Code string }
+	}
+	data, ok := strings.CutPrefix(strings.TrimSpace(string(rest)), "data: ")
+	if !ok || json.Unmarshal([]byte(data), &e) != nil {
 		t.Fatalf("no error event: %q", rest)
+	}
+	if e.Error.Code != "host_failed" || e.Error.Type != "server_error" || !strings.Contains(e.Error.Message, `host "breaks" failed`) {
+		t.Fatalf("error event %q, want host_failed naming the host", rest)
 	}
 	if n := spare.postCount(); n != 0 {
 		t.Fatalf("retried after bytes were sent: spare got %d", n)

@@ -678,10 +678,18 @@ type watchedBody struct {
 
 func (b *watchedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && errors.Is(err, upstream.ErrBodyIdle) {
+	switch {
+	case err == nil || err == io.EOF:
+	case errors.Is(err, upstream.ErrBodyIdle):
 		b.h.log.Warn("host stalled while answering", "host", b.a.host.name, "requestId", b.a.id, "err", err)
 		err = &openai.StreamError{Status: http.StatusGatewayTimeout, Code: "host_timeout",
 			Message: fmt.Sprintf("host %q stalled: %v", b.a.host.name, err)}
+	case b.a.client.Err() == nil:
+		// The host broke the answer off (it died, or its connection did):
+		// the stream's error event says so, in fleetd's words.
+		b.h.log.Warn("host failed while answering", "host", b.a.host.name, "requestId", b.a.id, "err", err)
+		err = &openai.StreamError{Status: http.StatusBadGateway, Code: "host_failed",
+			Message: fmt.Sprintf("host %q failed while answering: %v", b.a.host.name, err)}
 	}
 	if n > 0 {
 		now := b.a.now()

@@ -21,7 +21,7 @@ type apiError struct {
 // errorType maps a status to the OpenAI error type name.
 func errorType(status int) string {
 	switch status {
-	case http.StatusBadRequest, http.StatusMethodNotAllowed, http.StatusRequestEntityTooLarge, http.StatusRequestHeaderFieldsTooLarge:
+	case http.StatusBadRequest, http.StatusMethodNotAllowed, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity, http.StatusRequestHeaderFieldsTooLarge:
 		return "invalid_request_error"
 	case http.StatusUnauthorized:
 		return "authentication_error"

@@ -12,7 +12,8 @@ import (
 	"github.com/poold/poold/internal/profile"
 )
 
-// maxErrorBody bounds the error body kept to turn into a final SSE event.
+// maxErrorBody bounds the error body kept to turn into a final SSE event,
+// and the engine's error answer read to reshape it (reshapeError).
 const maxErrorBody = 16 << 10
 
 // keepAlive is the ResponseWriter of a streaming request that may wait for its

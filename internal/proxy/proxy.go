@@ -7,11 +7,13 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -414,6 +416,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Profile = prof.ID
+	// Refused before any pool is asked: a swap would load an engine that
+	// answers the route 404 anyway.
+	if msg := notServed(prof, rt.path); msg != "" {
+		rec.Status = http.StatusNotFound
+		openai.WriteError(w, rec.Status, "route_not_served", "", msg)
+		return
+	}
 	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
 	bound, ok := h.opts.Tenants.Cap(w, ten, rt.path, req)
 	if !ok {
@@ -640,10 +649,39 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	x.plain.Store(true)
+	if resp.StatusCode >= 400 {
+		reshapeError(resp, x.path == "/v1/messages")
+	}
 	x.tail = openai.NewUsageReader(resp.Body, x.markFirst)
 	x.tail.SetDrain(maxDrain)
 	resp.Body = x.tail
 	return nil
+}
+
+// reshapeError gives an engine's JSON error answer the shape of poold's
+// own errors (openai.EngineError; Anthropic's on the Messages route), so
+// that a client reads one shape whoever refused it. It reads at most
+// maxErrorBody of the body: a larger one, one that fails, or one encoded,
+// goes on as the engine sent it.
+func reshapeError(resp *http.Response, anthropic bool) {
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "application/json" || resp.Header.Get("Content-Encoding") != "" {
+		return
+	}
+	head, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+1))
+	if err != nil || len(head) > maxErrorBody {
+		resp.Body = readCloser{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+		return
+	}
+	body, _ := openai.EngineError(resp.StatusCode, head, anthropic)
+	resp.Body = readCloser{bytes.NewReader(body), resp.Body}
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+}
+
+// readCloser reads from one reader and closes another: a body read ahead.
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // maxDrain bounds what is read of a plain answer after its client left, for

@@ -1,8 +1,13 @@
 package proxy
 
 import (
+	"fmt"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
+
+	"github.com/poold/poold/internal/profile"
 )
 
 // inferenceRoutes are the only paths poold forwards to an engine: vLLM's
@@ -41,6 +46,47 @@ var untokened = map[string]bool{
 var formRoutes = map[string]bool{
 	"/v1/audio/transcriptions": true,
 	"/v1/audio/translations":   true,
+}
+
+// runnerRoutes are the inference routes that only one kind of model serves
+// (profile.Runner): vLLM registers the routes that generate text for a
+// generative model only, and the pooling routes for a pooling model only.
+// The others (tokenize, detokenize) every model serves.
+var runnerRoutes = map[string]string{
+	"/v1/chat/completions":     profile.RunnerGenerate,
+	"/v1/completions":          profile.RunnerGenerate,
+	"/v1/responses":            profile.RunnerGenerate,
+	"/v1/messages":             profile.RunnerGenerate,
+	"/v1/audio/transcriptions": profile.RunnerGenerate,
+	"/v1/audio/translations":   profile.RunnerGenerate,
+	"/v1/embeddings":           profile.RunnerPooling,
+	"/v1/score":                profile.RunnerPooling,
+	"/score":                   profile.RunnerPooling,
+	"/v1/rerank":               profile.RunnerPooling,
+	"/rerank":                  profile.RunnerPooling,
+	"/v2/rerank":               profile.RunnerPooling,
+	"/classify":                profile.RunnerPooling,
+	"/pooling":                 profile.RunnerPooling,
+}
+
+// notServed returns, when prof's engine cannot serve path (its arguments
+// say it runs the other kind of model), the message of poold's 404
+// route_not_served, naming the routes it does serve; "" when it may.
+func notServed(prof *profile.Profile, path string) string {
+	runner := prof.Runner()
+	want, ok := runnerRoutes[path]
+	if !ok || runner == "" || runner == want {
+		return ""
+	}
+	var serves []string
+	for p := range inferenceRoutes {
+		if r, ok := runnerRoutes[p]; !ok || r == runner {
+			serves = append(serves, p)
+		}
+	}
+	slices.Sort(serves)
+	return fmt.Sprintf("model %s is a %s model (its engine's arguments say so), which does not serve POST %s; it serves POST %s",
+		strconv.Quote(prof.ID), runner, path, strings.Join(serves, ", "))
 }
 
 // route is where an inference request goes: the engine's path, and the pool

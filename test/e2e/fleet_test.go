@@ -366,8 +366,8 @@ func TestFleetFailover(t *testing.T) {
 	if err == nil || strings.Contains(string(rest), "[DONE]") {
 		t.Fatalf("the stream of the killed host ended cleanly: %v\n%s", err, rest)
 	}
-	if !strings.Contains(string(rest), `"error"`) {
-		t.Fatalf("the stream of the killed host ended without an error event:\n%s", rest)
+	if !strings.Contains(string(rest), `"host_failed"`) {
+		t.Fatalf("the stream of the killed host ended without fleetd's host_failed event:\n%s", rest)
 	}
 	// It is counted as cut, not as a success.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {

@@ -380,17 +380,20 @@ func TestRealVLLMServes(t *testing.T) {
 	})
 
 	t.Run("engine errors", func(t *testing.T) {
-		// A bound past the context: the engine's own 400, passed as it is.
+		// A bound past the context: the engine's own 400 (its BadRequestError,
+		// code 400), in poold's shape: OpenAI's type, a string code, the
+		// engine's message and param.
 		code, _, body := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 5000, ""), nil)
 		var e struct {
 			Error struct {
-				Type  string
-				Param *string
-				Code  any
+				Message, Type string
+				Param         *string
+				Code          any
 			}
 		}
-		if err := json.Unmarshal(body, &e); code != http.StatusBadRequest || err != nil || e.Error.Type != "BadRequestError" {
-			t.Errorf("max_tokens past the context: %d %s, want the engine's 400 BadRequestError", code, body)
+		if err := json.Unmarshal(body, &e); code != http.StatusBadRequest || err != nil || e.Error.Type != "invalid_request_error" ||
+			e.Error.Code != "engine_error" || e.Error.Param == nil || e.Error.Message == "" {
+			t.Errorf("max_tokens past the context: %d %s, want the engine's 400 as invalid_request_error, code engine_error, with its param", code, body)
 		}
 		// A model poold does not know: poold's own 404, no engine asked.
 		code, _, body = d.send(ctx, "/v1/chat/completions", realChat("nope", false, 2, ""), nil)

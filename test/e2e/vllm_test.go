@@ -410,6 +410,33 @@ func TestPoolingModelWakes(t *testing.T) {
 	}
 }
 
+// A route the model's kind does not serve: poold refuses it without a swap
+// where the profile's flags say the kind (--runner pooling), and otherwise
+// the engine's own FastAPI 404 reaches the client in poold's shape.
+func TestRoutesTheModelDoesNotServe(t *testing.T) {
+	tag := t.Name()
+	d := startPoold(t, tag, profilesJSON(tag,
+		[]pool{{Name: "p0", GPUs: []int{0}, Default: "e", Extra: map[string]any{"minResidency": "0s"}}},
+		[]sim{{ID: "e", Flags: []string{"--runner", "pooling"}}, {ID: "g"}}, nil))
+	before := d.waitPool("p0", 20*time.Second, "e ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "e" && p.Engine != nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	code, _, body := d.send(ctx, "/v1/chat/completions", `{"model":"e","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if c, typ, msg := errorCode(t, body); code != http.StatusNotFound || c != "route_not_served" || typ != "not_found_error" || !strings.Contains(msg, "/v1/embeddings") {
+		t.Fatalf("chat to a pooling model: %d %s", code, body)
+	}
+	if after := d.pool("p0"); after.Profile != "e" || after.SwitchingTo != "" || after.Engine == nil || after.Engine.PID != before.Engine.PID {
+		t.Fatalf("the refusal touched the pool: before %+v, after %+v", before, after)
+	}
+
+	// g's flags say nothing: poold loads it, and its engine answers 404.
+	code, _, body = d.send(ctx, "/v1/embeddings", `{"model":"g","input":"hi"}`, nil)
+	if c, typ, _ := errorCode(t, body); code != http.StatusNotFound || c != "route_not_served" || typ != "not_found_error" {
+		t.Fatalf("embeddings to a generative model: %d %s", code, body)
+	}
+}
+
 // Item 12: engine output lines over 64 KiB (a 70,000-character start-up
 // line; an 80 KB prompt that vLLM with --enable-log-requests logs on one
 // line) are cut and marked in poold's log, and the engine lives on: poold
