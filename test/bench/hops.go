@@ -10,7 +10,7 @@ import (
 
 // w1f: concurrency 1, directly, through poold, through fleetd → poold, and
 // through bareproxy → poold, the paths taking turns request by request: the
-// latency each path adds to the engine's (issue 6: the chain adds at most
+// latency each path adds to the engine's (the target: the chain adds at most
 // twice what poold alone adds). bareproxy is fleetd's forwarding alone; its
 // chain is the reference for what any such hop costs here. A plain answer's
 // p50 latency, then a 64-token stream's p50 TTFB.

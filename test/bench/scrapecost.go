@@ -7,7 +7,7 @@ import (
 
 // w2s: engine metrics read every second (the default) and not at all
 // (--engine-metrics-interval=0): what the scrape costs plain requests
-// (issue 20: at most 3%).
+// (target: at most 3%).
 func (b *bench) w2s(ctx context.Context) error {
 	return b.settingCost(ctx, "2s", "engine metrics scraped every 1s", []string{"--engine-metrics-interval=0"}, .97,
 		func(on, off *proc) error { return b.checkScrapeSetting(ctx, on, off) })

@@ -43,7 +43,7 @@ func (k keyed) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // w1t: what a tenants file of 10,000 tenants adds to a plain request
-// (issue 19: at most 5 µs). Measured twice: the gate alone in process (go
+// (target: at most 5 µs). Measured twice: the gate alone in process (go
 // test -bench BenchmarkGate in internal/tenant, no file against 10,000
 // tenants: the figure the target applies to), and workload 1 (concurrency
 // 1) through two fresh poolds, one with the file and one without, in

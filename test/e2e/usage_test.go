@@ -35,11 +35,12 @@ import (
 // its name (usageTenants).
 var tenants = []string{"team-a", "team-b", "team-c"}
 
-// usageTenants is the tenants file of tenants.
-func usageTenants() []byte {
+// usageTenants is the tenants file of tenants, each with the requests per
+// minute rpm gives it (none where it gives none).
+func usageTenants(rpm map[string]int) []byte {
 	var specs []tenantSpec
 	for _, name := range tenants {
-		specs = append(specs, tenantSpec{Name: name, Key: "sk-" + name})
+		specs = append(specs, tenantSpec{Name: name, Key: "sk-" + name, RPM: rpm[name]})
 	}
 	return tenantsJSON(specs...)
 }
@@ -117,7 +118,7 @@ func usageRequest(ctx context.Context, client *http.Client, base, kind, tenant, 
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
 	s.add(kind+" "+strconv.Itoa(resp.StatusCode), id, err == nil)
-	if resp.StatusCode == http.StatusServiceUnavailable {
+	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
 		// A clear refusal: back off as a client would.
 		select {
 		case <-ctx.Done():
@@ -239,7 +240,7 @@ func TestUsageLedgerReconcilesWithTheAccessLog(t *testing.T) {
 	settings := writeSettings(t, usageSettings)
 	state := filepath.Join(t.TempDir(), "state")
 	begin := time.Now()
-	d := startPoold(t, tag, usageProfiles(tag), "--config", settings, "--tenants", writeTenants(t, usageTenants()), "--state-dir", state, "--log-level", "warn",
+	d := startPoold(t, tag, usageProfiles(tag), "--config", settings, "--tenants", writeTenants(t, usageTenants(map[string]int{"team-c": 300})), "--state-dir", state, "--log-level", "warn",
 		"--restart-backoff", "50ms", "--restart-backoff-max", "500ms")
 	s := newSent()
 	loadBegin := time.Now()
@@ -281,14 +282,18 @@ func TestUsageLedgerReconcilesWithTheAccessLog(t *testing.T) {
 		t.Fatalf("%d access-log lines and %d ledger rows, want %d of each", lines, len(rows), requests)
 	}
 
-	// Every outcome the load was built to produce is in the ledger; 503s
-	// (a full queue, a restart backoff) stand in for tenancy's 429s.
+	// Every outcome the load was built to produce is in the ledger: 503s
+	// (a full queue, a restart backoff) and team-c's 429s (its requests
+	// per minute) among them.
 	outcomes := map[string]int{}
 	estimated, swaps := 0, 0
 	for _, r := range rows {
 		outcomes[r.Outcome]++
-		if r.Status == http.StatusServiceUnavailable {
+		switch r.Status {
+		case http.StatusServiceUnavailable:
 			outcomes["503"]++
+		case http.StatusTooManyRequests:
+			outcomes["429"]++
 		}
 		if r.Estimated {
 			estimated++
@@ -298,7 +303,7 @@ func TestUsageLedgerReconcilesWithTheAccessLog(t *testing.T) {
 		}
 	}
 	t.Logf("ledger outcomes %v; %d with estimated tokens; %d caused a swap", outcomes, estimated, swaps)
-	for _, o := range []string{"completed", "upstream_aborted", "client_aborted", "503"} {
+	for _, o := range []string{"completed", "upstream_aborted", "client_aborted", "503", "429"} {
 		if outcomes[o] == 0 {
 			t.Errorf("no request with outcome %q: %v", o, outcomes)
 		}

@@ -18,7 +18,8 @@
 #
 # Part 2 runs poold with real vLLM engines on the GPU: a generative model
 # that sleeps at level 2 with request logging on, and a pooling model. It
-# prints one line per item of issue 14 that it checks (1 to 5, 9 and 12),
+# prints one line per item of the table in docs/gpu.md that it checks (1 to 5,
+# 9 and 12),
 # "item N: PASS …" or "item N: FAIL …", and exits 1 if any failed.
 set -euo pipefail
 
