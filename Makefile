@@ -27,8 +27,13 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/poold ./cmd/fleetd
 
 # Run poold on the demo profiles: no GPU, the simulator engine as a real subprocess.
+# The demo keeps its state (engines and usage ledgers) in the checkout,
+# ignored by git, so it runs the same for every user, and stops its engines
+# with poold on Ctrl-C. DEMOFLAGS adds poold flags (--listen ADDR).
+DEMO_STATE ?= .demo
 demo: build
-	$(BIN)/poold --profiles profiles/demo.json
+	@echo "demo: poold's state in $(DEMO_STATE)/; Ctrl-C stops poold and its engines"
+	$(BIN)/poold --profiles profiles/demo.json --state-dir $(DEMO_STATE) --keep-engines-on-restart=false $(DEMOFLAGS)
 
 vet:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt would change:"; gofmt -l .; exit 1)

@@ -248,8 +248,8 @@ func TestStandsAlone(t *testing.T) {
 func TestCheckerParts(t *testing.T) {
 	for h, want := range map[string]string{
 		"503 `queue_full`, `queue_timeout`, `engine_backoff`": "503-queue_full-queue_timeout-engine_backoff",
-		"A restart loaded a pool afresh: `is not adopted`":     "a-restart-loaded-a-pool-afresh-is-not-adopted",
-		"What poold reads":                                     "what-poold-reads",
+		"A restart loaded a pool afresh: `is not adopted`":    "a-restart-loaded-a-pool-afresh-is-not-adopted",
+		"What poold reads": "what-poold-reads",
 	} {
 		if got := slug(strings.ReplaceAll(h, "`", "")); got != want {
 			t.Errorf("slug(%q) = %q, want %q", h, got, want)

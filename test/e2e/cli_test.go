@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -270,5 +271,76 @@ profiles[0] "embed": model "` + dir + `/models/bge-m3": no such file or director
 	code, stdout, stderr = runCLI(t, []string{"PATH=" + dir}, pooldBin, "check", bad)
 	if want := bad + ": invalid:\nprofiles[0] \"x\": model: required unless command is set\n"; code != 1 || stdout != "" || stderr != want {
 		t.Errorf("bad file: exit %d, stdout %q, stderr %q; want 1 and %q", code, stdout, stderr, want)
+	}
+}
+
+// make demo runs poold on the demo profiles with its state in the folder
+// DEMO_STATE names (by default one of the checkout), whoever runs it, and
+// Ctrl-C (SIGINT to the terminal's process group: make and poold) stops
+// poold and its engines, leaving none running.
+func TestMakeDemo(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make is not installed")
+	}
+	state := filepath.Join(t.TempDir(), "state")
+	addr := freeAddr(t)
+	d := &daemon{t: t, url: "http://" + addr, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	cmd := exec.Command("make", "-s", "-C", "../..", "demo", "BIN="+t.TempDir(), "DEMO_STATE="+state, "DEMOFLAGS=--listen "+addr+" --log-format json")
+	cmd.Stdout, cmd.Stderr = d.stdout, d.stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's foreground group
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		d.err = cmd.Wait()
+		close(d.exited)
+	}()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-d.exited
+	})
+	// make builds first: minutes on a busy machine.
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		if st, err := d.fetchStatus(); err == nil && len(st.Pools) == 2 && st.Pools[0].Engine != nil && st.Pools[1].Engine != nil && st.Pools[0].State == "ready" && st.Pools[1].State == "ready" {
+			break
+		}
+		select {
+		case <-d.exited:
+			t.Fatalf("make demo ended: %v\n%s%s", d.err, d.stdout.String(), d.stderr.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the demo's pools not ready after 5 min\n%s", d.stderr.String())
+		}
+	}
+	var engines []int
+	for _, p := range d.status().Pools {
+		engines = append(engines, p.Engine.PID)
+	}
+	for _, f := range []string{"engines.json", "usage.db"} {
+		if _, err := os.Stat(filepath.Join(state, f)); err != nil {
+			t.Errorf("the demo's state folder has no %s: %v", f, err)
+		}
+	}
+	if !strings.Contains(d.stdout.String(), "state in "+state) {
+		t.Errorf("make demo does not say where its state is: %q", d.stdout.String())
+	}
+
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("make demo still runs a minute after Ctrl-C\n%s", d.stderr.String())
+	}
+	for _, pid := range engines {
+		if alive(pid) {
+			t.Errorf("engine %d still runs after Ctrl-C", pid)
+		}
+	}
+	if !strings.Contains(d.stderr.String(), "stopping engines") {
+		t.Errorf("poold did not say it stops its engines:\n%s", tail(d.stderr.String(), 20))
 	}
 }
