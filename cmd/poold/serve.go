@@ -271,7 +271,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	servErr := serving.Wait()
 	if keep {
-		log.Info("leaving the engines running for the next poold", "adopt_timeout", s.AdoptTimeout)
+		log.Info("leaving the engines running for the next poold to adopt: each stops by itself after adopt_timeout unless one does; poold stop-engines stops them now", "adopt_timeout", s.AdoptTimeout, "state_dir", s.StateDir)
 		pools.Detach()
 	} else {
 		log.Info("stopping engines")
