@@ -62,6 +62,10 @@ type Config struct {
 	EnableRequestIDHeaders bool
 	// EnableLogRequests logs every generation request with its whole prompt.
 	EnableLogRequests bool
+	// EnableForceIncludeUsage is --enable-force-include-usage: every stream
+	// of chat or completions carries usage in each chunk and ends with the
+	// usage chunk, whatever its stream_options say.
+	EnableForceIncludeUsage bool
 	// DisableAccessLog is --disable-uvicorn-access-log: no access log line
 	// (access.go); AccessLogSkip, --disable-access-log-for-endpoints, lists
 	// the paths whose requests get none.
@@ -353,6 +357,8 @@ var flagSpecs = map[string]flagSpec{
 	"enable-request-id-headers": {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableRequestIDHeaders }), "add X-Request-Id to every response"},
 	"enable-log-requests":       {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableLogRequests }), "log every request with its whole prompt, on one line"},
 	"max-num-seqs":              {kindInt, intFlag(func(c *Config) *int { return &c.MaxNumSeqs }, 1), "requests generating at once; the others wait (default: no bound)"},
+
+	"enable-force-include-usage": {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableForceIncludeUsage }), "usage in every stream chunk and a final usage chunk, whatever stream_options say"},
 
 	"disable-uvicorn-access-log": {kindBool, boolFlag(func(c *Config) *bool { return &c.DisableAccessLog }), "print no access log line"},
 	"disable-access-log-for-endpoints": {kindString, func(c *Config, v string) error {

@@ -158,6 +158,12 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 		p.usage = so.IncludeUsage == nil || *so.IncludeUsage
 		p.contUsage = p.usage && so.ContinuousUsageStats != nil && *so.ContinuousUsageStats
 	}
+	if s.cfg.EnableForceIncludeUsage && p.stream {
+		// --enable-force-include-usage overrides stream_options, turning on
+		// both the usage chunk and usage in every chunk
+		// (should_include_usage in vllm/entrypoints/utils.py).
+		p.usage, p.contUsage = true, true
+	}
 	if req.N != nil {
 		if *req.N < 1 {
 			badRequest(w, info, fmt.Sprintf("n must be at least 1, got %d.", *req.N))
