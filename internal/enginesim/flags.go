@@ -51,7 +51,12 @@ type Config struct {
 	// Accepted for compatibility with `vllm serve`, otherwise ignored.
 	TensorParallelSize int
 	Dtype              string
-	ShutdownTimeout    int
+
+	// ShutdownTimeout is --shutdown-timeout, in seconds: after SIGTERM the
+	// server refuses new requests (503) and lets those in flight run on
+	// this long before it aborts them. Zero, vLLM's default, aborts them at
+	// once.
+	ShutdownTimeout int
 
 	// EnableSleepMode, with DevMode, serves vLLM's sleep endpoints (sleep.go).
 	EnableSleepMode bool
@@ -344,7 +349,7 @@ var flagSpecs = map[string]flagSpec{
 	}, "share of each GPU's memory to take (default 0.9; checked against --sim-gpu-dir)"},
 	"enable-prefix-caching":     {kindBool, boolFlag(func(c *Config) *bool { return &c.EnablePrefixCaching }), "simulated prefix cache (default on; --no-enable-prefix-caching)"},
 	"dtype":                     {kindString, stringFlag(func(c *Config) *string { return &c.Dtype }), "ignored"},
-	"shutdown-timeout":          {kindInt, intFlag(func(c *Config) *int { return &c.ShutdownTimeout }, 0), "ignored"},
+	"shutdown-timeout":          {kindInt, intFlag(func(c *Config) *int { return &c.ShutdownTimeout }, 0), "seconds in-flight requests may run on after SIGTERM, new ones refused 503 (default 0: abort at once)"},
 	"quantization":              {kindString, ignored, "ignored"},
 	"kv-cache-dtype":            {kindString, ignored, "ignored"},
 	"max-num-batched-tokens":    {kindInt, ignored, "ignored"},

@@ -502,14 +502,15 @@ func (s *Server) kvTransferParams(prompt int) map[string]any {
 
 // decodeEnded reads how decode ended: it reports whether the answer goes
 // on. A dead engine core is answered by fail (a 500, or a stream's error
-// event); a client gone is recorded as 499; a request that /sleep aborted
-// goes on with what it made, its plan's finish "abort".
+// event); a client gone is recorded as 499; a request that /sleep or the end
+// of --shutdown-timeout aborted goes on with what it made, its plan's
+// finish "abort".
 func (s *Server) decodeEnded(cause error, p *plan, info *reqInfo, fail func()) bool {
 	switch {
 	case errors.Is(cause, errCoreDead):
 		fail()
 		return false
-	case errors.Is(cause, errSleepAbort):
+	case isAbort(cause):
 		p.finish = "abort"
 	case cause != nil:
 		info.status = 499

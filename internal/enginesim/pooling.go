@@ -36,8 +36,8 @@ func (s *Server) runPooling(w http.ResponseWriter, r *http.Request, info *reqInf
 		switch cause := context.Cause(q.r.Context()); {
 		case errors.Is(cause, errCoreDead):
 			s.failDead(w, info)
-		case errors.Is(cause, errSleepAbort):
-			writeError(w, info, http.StatusInternalServerError, "InternalServerError", "", errSleepAbort.Error())
+		case isAbort(cause):
+			writeError(w, info, http.StatusInternalServerError, "InternalServerError", "", cause.Error())
 		default:
 			info.status = 499
 		}

@@ -49,14 +49,15 @@ type Server struct {
 	// process. Tests may replace it before serving.
 	crash func()
 
-	// mu guards running, kvTokens, prefix and sleep, and orders the updates of
-	// the gauges that mirror them.
+	// mu guards running, kvTokens, prefix, sleep and drain, and orders the
+	// updates of the gauges that mirror them.
 	mu       sync.Mutex
 	running  int // requests being generated now
 	kvTokens int // tokens held in the KV cache by running requests
 	kvCap    int // the KV cache's capacity in tokens
 	prefix   *prefixCache
 	sleep    sleepState
+	drain    drainState
 	// aborted counts the in-flight requests /sleep aborted.
 	aborted atomic.Int64
 
@@ -227,6 +228,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, p string, info *r
 		writeJSON(w, http.StatusUnauthorized, []byte(`{"error":"Unauthorized"}`))
 		return
 	}
+	if p != "/metrics" && s.rejecting() {
+		writeUnavailable(w, info)
+		return
+	}
 	switch p {
 	case "/health", "/ping":
 		if !s.allow(w, r, info, http.MethodGet, http.MethodPost) {
@@ -264,6 +269,11 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, p string, info *r
 		writeError(w, info, http.StatusBadRequest, "Bad Request", "", errNotJSON)
 		return
 	}
+	if !s.enter() {
+		writeUnavailable(w, info)
+		return
+	}
+	defer s.leave()
 	h(w, r, info)
 }
 
