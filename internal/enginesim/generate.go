@@ -318,8 +318,18 @@ func newToolCall(t toolParam) *toolCall {
 // every choice, ITL apart, calling emit(i) as token i is made. It returns how
 // many tokens each choice got and, when it stopped early, why: the cause of
 // q's context (the client left, /sleep aborted the request, the core died) or
-// errClientGone when emit failed.
+// errClientGone when emit failed. It records in q what was made and why it
+// ended.
 func (s *Server) decode(q *request, p *plan, emit func(i int) bool) (made int, cause error) {
+	defer func() {
+		q.generated = p.n * made
+		switch {
+		case cause == nil:
+			q.finish = engineFinish(p.finish)
+		case errors.Is(cause, errCoreDead):
+			q.finish = ""
+		}
+	}()
 	var sl sleeper
 	defer sl.stop()
 	ctx := q.r.Context()
@@ -349,6 +359,15 @@ func (s *Server) decode(q *request, p *plan, emit func(i int) bool) (made int, c
 		}
 	}
 	return p.completion, nil
+}
+
+// engineFinish is the engine's finish reason for an answer's: a tool call
+// ends on a stop token.
+func engineFinish(answer string) string {
+	if answer == "tool_calls" {
+		return "stop"
+	}
+	return answer
 }
 
 // sentTokens records n content tokens sent and crashes the process once

@@ -35,6 +35,7 @@ func (s *Server) runPooling(w http.ResponseWriter, r *http.Request, info *reqInf
 	if !sl.sleep(q.r.Context().Done(), s.cfg.TTFT) {
 		switch cause := context.Cause(q.r.Context()); {
 		case errors.Is(cause, errCoreDead):
+			q.finish = ""
 			s.failDead(w, info)
 		case isAbort(cause):
 			writeError(w, info, http.StatusInternalServerError, "InternalServerError", "", cause.Error())
@@ -44,6 +45,7 @@ func (s *Server) runPooling(w http.ResponseWriter, r *http.Request, info *reqInf
 		return
 	}
 	s.metrics.ttft.Observe(time.Since(q.start).Seconds())
+	q.finish = "stop"
 	b, _ := json.Marshal(result())
 	s.writeResult(w, b)
 }

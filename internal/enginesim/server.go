@@ -110,7 +110,7 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 		cfg:     cfg,
 		kind:    cfg.kind(),
 		logger:  logger,
-		metrics: newSimMetrics(cfg.ServedModelNames[0]),
+		metrics: newSimMetrics(cfg),
 		names:   make(map[string]struct{}, len(cfg.ServedModelNames)),
 		model:   cfg.ServedModelNames[0],
 		crash: func() {

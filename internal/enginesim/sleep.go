@@ -74,6 +74,12 @@ type request struct {
 	id     uint64
 	kv     int // tokens it holds in the KV cache
 	start  time.Time
+	prompt int // its prompt's tokens
+	// generated counts the tokens it made, all choices together; finish is
+	// why it ended, a finished_reason of vllm:request_success_total ("abort"
+	// until it ends otherwise; "" when the dead core ended it).
+	generated int
+	finish    string
 }
 
 // admit queues r until the engine serves (fully awake) and a slot is free
@@ -93,7 +99,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, info *reqInfo, id
 		s.failDead(w, info)
 		return nil, false
 	}
-	q := &request{s: s, start: time.Now()}
+	q := &request{s: s, start: time.Now(), prompt: len(ids), finish: "abort"}
 	s.metrics.waiting.Inc()
 	ctx := r.Context()
 	slot := s.slots == nil // without --max-num-seqs there is no slot to take
@@ -147,6 +153,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, info *reqInfo, id
 	s.metrics.setLoad(s.running, s.kvTokens, s.kvCap)
 	s.mu.Unlock()
 	s.metrics.waiting.Dec()
+	s.metrics.queueTime.Observe(time.Since(q.start).Seconds())
 	s.metrics.promptTokens.Add(float64(len(ids)))
 	if s.prefix != nil {
 		s.metrics.prefixQueries.Add(float64(len(ids)))
@@ -182,7 +189,7 @@ func (q *request) done() {
 		<-s.slots
 	}
 	q.cancel(nil)
-	s.metrics.e2e.Observe(time.Since(q.start).Seconds())
+	s.metrics.finished(q.finish, q.prompt, q.generated, time.Since(q.start))
 }
 
 // serveSleep serves vLLM's sleep-mode endpoints and reports whether p is one
