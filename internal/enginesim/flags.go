@@ -60,6 +60,13 @@ type Config struct {
 
 	// EnableSleepMode, with DevMode, serves vLLM's sleep endpoints (sleep.go).
 	EnableSleepMode bool
+	// IdleSleep, when positive, puts the engine to sleep by itself once no
+	// request has been in flight for that long, at IdleSleepLevel (1, the
+	// default, or 2); the next request wakes it. It stands in for the idle
+	// sleep of the newest vLLM servers, whose flags the simulator does not
+	// claim to know, and needs EnableSleepMode. Zero never sleeps idle.
+	IdleSleep      time.Duration
+	IdleSleepLevel int
 	// EnableAutoToolChoice and ToolCallParser allow tool_choice "auto", as in vLLM.
 	EnableAutoToolChoice bool
 	ToolCallParser       string
@@ -405,6 +412,10 @@ var flagSpecs = map[string]flagSpec{
 	"sim-child":              {kindBool, boolFlag(func(c *Config) *bool { return &c.Child }), "internal: run as the spawned child"},
 	"sim-child-lifetime":     {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.ChildLifetime }), "the child exits by itself after this (default 10m)"},
 
+	// Idle sleep, as the newest vLLM servers can do by themselves.
+	"sim-idle-sleep":       {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.IdleSleep }), "sleep by itself after this long without a request in flight (needs --enable-sleep-mode; default 0: never); the next request wakes it"},
+	"sim-idle-sleep-level": {kindInt, intFlag(func(c *Config) *int { return &c.IdleSleepLevel }, 1), "the level of --sim-idle-sleep: 1 (default) or 2"},
+
 	// The engine core's death, and the watchdog that ends the server then.
 	"sim-core-dies-after":      {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.CoreDiesAfter }), "the engine core dies this long after ready: /health 503, inference 500, exit at the watchdog"},
 	"sim-die-on-first-request": {kindBool, boolFlag(func(c *Config) *bool { return &c.DieOnFirstRequest }), "become ready, then die at the first inference request: print the reason (an unsupported CPU attention head size), answer it 500, exit at the watchdog"},
@@ -459,6 +470,7 @@ func ParseFlags(args []string) (Config, error) {
 		EnablePrefixCaching:  true,
 		Tokens:               16,
 		SleepResidueMiB:      512,
+		IdleSleepLevel:       1,
 		PortMessage:          "old",
 		SSENewline:           "lf",
 		WatchdogInterval:     5 * time.Second,
@@ -545,6 +557,12 @@ func ParseFlags(args []string) (Config, error) {
 		if n == "" {
 			return Config{}, errors.New("argument --served-model-name: empty name")
 		}
+	}
+	if cfg.IdleSleepLevel > 2 {
+		return Config{}, fmt.Errorf("argument --sim-idle-sleep-level: invalid choice: %d (choose from 1, 2)", cfg.IdleSleepLevel)
+	}
+	if cfg.IdleSleep > 0 && !cfg.EnableSleepMode {
+		return Config{}, errors.New("--sim-idle-sleep needs --enable-sleep-mode")
 	}
 	if cfg.FailLoad && cfg.NeverReady {
 		return Config{}, errors.New("--sim-fail-load and --sim-never-ready are exclusive")

@@ -209,6 +209,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	h := NewHandler(cfg, logger)
 	h.mem = mem
 	h.access = os.Stdout
+	defer h.stopIdleSleep() // before the GPU memory is released
 	defer func() { logger.Info("engine exiting", "sleep_aborted_requests", h.SleepAborted()) }()
 	keepAlive := cfg.KeepAlive
 	if keepAlive <= 0 {

@@ -87,9 +87,10 @@ type Server struct {
 	out io.Writer
 }
 
-// NewHandler returns a Server for cfg (as returned by ParseFlags; a zero Tokens or
-// MaxModelLen falls back to the defaults). logger receives the simulator's own
-// lines (nil discards them); it writes no access log (Run has it on stdout).
+// NewHandler returns a Server for cfg (as returned by ParseFlags; a zero
+// Tokens, MaxModelLen or IdleSleepLevel falls back to the defaults). logger
+// receives the simulator's own lines (nil discards them); it writes no
+// access log (Run has it on stdout).
 func NewHandler(cfg Config, logger *slog.Logger) *Server {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -105,6 +106,9 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 	}
 	if cfg.MaxModelLen <= 0 {
 		cfg.MaxModelLen = 4096
+	}
+	if cfg.IdleSleepLevel <= 0 {
+		cfg.IdleSleepLevel = 1
 	}
 	s := &Server{
 		cfg:     cfg,
@@ -138,6 +142,7 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 		s.prefix = newPrefixCache(s.kvCap / prefixBlock)
 	}
 	s.sleep.init()
+	s.armIdleSleep()
 	s.routes = map[string]func(http.ResponseWriter, *http.Request, *reqInfo){
 		"/tokenize":   s.handleTokenize,
 		"/detokenize": s.handleDetokenize,

@@ -43,6 +43,8 @@ func (s *Server) rejecting() bool {
 }
 
 // enter counts an inference request in flight, unless the server drains.
+// The engine is busy from then on: its idle-sleep timer stops, and an
+// engine that slept for being idle wakes.
 func (s *Server) enter() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -50,17 +52,31 @@ func (s *Server) enter() bool {
 		return false
 	}
 	s.drain.inflight++
+	if st := &s.sleep; st.idleTimer != nil {
+		st.idleTimer.Stop()
+		if st.idle && !st.waking {
+			st.waking = true
+			go s.idleWake()
+		}
+	}
 	return true
 }
 
-// leave ends what enter began.
+// leave ends what enter began; the last request to leave starts the
+// engine's idle time.
 func (s *Server) leave() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.drain.inflight--
-	if s.drain.inflight == 0 && s.drain.idle != nil {
+	if s.drain.inflight > 0 {
+		return
+	}
+	if s.drain.idle != nil {
 		close(s.drain.idle)
 		s.drain.idle = nil
+	}
+	if s.sleep.idleTimer != nil {
+		s.sleep.idleTimer.Reset(s.cfg.IdleSleep)
 	}
 }
 

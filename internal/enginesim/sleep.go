@@ -35,6 +35,13 @@ type sleepState struct {
 	// /sleep can abort them; nextReq numbers them.
 	requests map[uint64]context.CancelCauseFunc
 	nextReq  uint64
+	// With --sim-idle-sleep: idleTimer puts the engine to sleep once it has
+	// been idle that long (nil without the flag); idle reports that the
+	// engine sleeps because it was idle, and waking that the next request
+	// is waking it.
+	idleTimer *time.Timer
+	idle      bool
+	waking    bool
 }
 
 func (st *sleepState) init() {
@@ -297,22 +304,10 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request, info *reqIn
 			cancel(errSleepAbort)
 		}
 	}
-	if !st.asleep() {
-		st.level = level
-	}
-	level = st.level
-	st.weights, st.kv, st.needReload = false, false, false
-	st.update()
-	if s.prefix != nil {
-		s.prefix.reset() // the KV cache is gone
-	}
+	level = s.sleepLocked(level)
+	st.idle = false // put to sleep by a caller, it waits for a wake
 	s.mu.Unlock()
-	if s.mem != nil {
-		if err := s.mem.set(false, false); err != nil {
-			s.logger.Error("shrinking simulated gpu memory", "err", err)
-		}
-	}
-	s.metrics.setSleepState(level)
+	s.slept(level)
 	if n > 0 {
 		s.aborted.Add(int64(n))
 		s.metrics.sleepAborted.Add(float64(n))
@@ -320,6 +315,34 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request, info *reqIn
 	}
 	s.logger.Info("sleeping", "level", level, "mode", mode, "aborted", n)
 	w.WriteHeader(http.StatusOK)
+}
+
+// sleepLocked puts the engine to sleep at level (kept from a sleep already
+// under way) and returns the level it sleeps at. The caller holds opMu and
+// s.mu, and calls slept after releasing s.mu.
+func (s *Server) sleepLocked(level int) int {
+	st := &s.sleep
+	if !st.asleep() {
+		st.level = level
+	}
+	st.weights, st.kv, st.needReload = false, false, false
+	st.update()
+	if s.prefix != nil {
+		s.prefix.reset() // the KV cache is gone
+	}
+	return st.level
+}
+
+// slept ends a sleep at level: the simulated GPU memory shrinks to its
+// residue and vllm:engine_sleep_state reports the level. The caller holds
+// opMu.
+func (s *Server) slept(level int) {
+	if s.mem != nil {
+		if err := s.mem.set(false, false); err != nil {
+			s.logger.Error("shrinking simulated gpu memory", "err", err)
+		}
+	}
+	s.metrics.setSleepState(level)
 }
 
 // handleWake wakes what ?tags= names ("weights", "kv_cache"; repeated), or
@@ -368,7 +391,11 @@ func (s *Server) handleWake(w http.ResponseWriter, r *http.Request, info *reqInf
 	if !st.asleep() {
 		st.level = 0
 	}
+	st.idle = false
 	st.update()
+	if st.idleTimer != nil && !st.asleep() && s.drain.inflight == 0 {
+		st.idleTimer.Reset(s.cfg.IdleSleep) // awake and idle again
+	}
 	s.mu.Unlock()
 	s.metrics.setSleepState(0) // vLLM reports "awake" after any wake_up
 	s.logger.Info("woke up", "from_level", level, "tags", tags, "weights", weights, "kv_cache", kv)
@@ -411,4 +438,78 @@ func (s *Server) handleRPC(w http.ResponseWriter, r *http.Request, info *reqInfo
 	s.mu.Unlock()
 	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "weights reloaded", slog.Duration("took", time.Since(t)))
 	writeJSON(w, http.StatusOK, []byte(`{"results":[null]}`))
+}
+
+// armIdleSleep starts the idle-sleep timer of --sim-idle-sleep; nothing
+// without it.
+func (s *Server) armIdleSleep() {
+	if s.cfg.IdleSleep > 0 {
+		s.sleep.idleTimer = time.AfterFunc(s.cfg.IdleSleep, s.idleSleep)
+	}
+}
+
+// stopIdleSleep ends --sim-idle-sleep for an engine that exits: its timer
+// fires no more.
+func (s *Server) stopIdleSleep() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sleep.idleTimer != nil {
+		s.sleep.idleTimer.Stop()
+		s.sleep.idleTimer = nil
+	}
+}
+
+// idleSleep puts an engine idle for --sim-idle-sleep to sleep by itself at
+// --sim-idle-sleep-level, as the idle sleep of the newest vLLM servers
+// does: no caller asked for it, and only vllm:engine_sleep_state and
+// /is_sleeping tell. An engine that is busy, or asleep already, is left as
+// it is.
+func (s *Server) idleSleep() {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	if s.drain.inflight > 0 || s.sleep.asleep() || s.coreDead() {
+		s.mu.Unlock()
+		return
+	}
+	level := s.sleepLocked(s.cfg.IdleSleepLevel)
+	s.sleep.idle = true
+	s.mu.Unlock()
+	s.slept(level)
+	s.logger.Info("sleeping after idle time (--sim-idle-sleep)", "level", level, "idle", s.cfg.IdleSleep)
+}
+
+// idleWake wakes an engine that slept for being idle, for the request that
+// arrived: the wake's time, and after a level-2 sleep the weights'
+// reload's, then it serves. A wake that fails (no room on the simulated
+// GPUs) leaves it asleep, its requests queued.
+func (s *Server) idleWake() {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	st := &s.sleep
+	st.waking = false
+	if !st.idle {
+		s.mu.Unlock()
+		return
+	}
+	level := st.level
+	s.mu.Unlock()
+	wait := s.cfg.WakeDelay
+	if level == 2 {
+		wait += s.cfg.LoadDelay / 2
+	}
+	time.Sleep(wait)
+	if s.mem != nil {
+		if err := s.mem.set(true, true); err != nil {
+			s.logger.Error("waking after idle sleep failed", "err", err)
+			return
+		}
+	}
+	s.mu.Lock()
+	st.weights, st.kv, st.needReload, st.level, st.idle = true, true, false, 0, false
+	st.update()
+	s.mu.Unlock()
+	s.metrics.setSleepState(0)
+	s.logger.Info("woke up for a request after idle sleep", "from_level", level)
 }
