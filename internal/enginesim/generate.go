@@ -339,7 +339,7 @@ func (s *Server) decode(q *request, p *plan, emit func(i int) bool) (made int, c
 		if i == 0 {
 			d = s.cfg.TTFT
 		}
-		if !sl.sleep(ctx.Done(), d) {
+		if !sl.sleep(ctx.Done(), d) || !q.awake(ctx.Done()) {
 			return i, context.Cause(ctx)
 		}
 		now := time.Now()

@@ -169,6 +169,27 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, info *reqInfo, id
 	return q, true
 }
 
+// awake waits, before the request makes its next token, while the engine
+// sleeps with it kept in flight (/sleep?mode=keep), or until done is
+// closed; it reports whether the request may go on.
+func (q *request) awake(done <-chan struct{}) bool {
+	s := q.s
+	for {
+		s.mu.Lock()
+		st := &s.sleep
+		paused, gate := st.asleep() || st.needReload, st.gate
+		s.mu.Unlock()
+		if !paused {
+			return true
+		}
+		select {
+		case <-gate:
+		case <-done:
+			return false
+		}
+	}
+}
+
 // grow adds n generated tokens to the request's share of the KV cache.
 func (q *request) grow(n int) {
 	s := q.s
@@ -253,7 +274,9 @@ func (s *Server) serveSleep(w http.ResponseWriter, r *http.Request, p string, in
 // handleSleep puts the engine to sleep at ?level= (1, the default, or 2).
 // With ?mode=abort (the default) it aborts the requests in flight, which
 // finish with finish_reason "abort"; with mode=wait it queues new requests and
-// lets those in flight finish first. Either way, requests that arrive while it
+// lets those in flight finish first; with mode=keep it keeps them, paused,
+// and they go on after the wake (the pause modes of the engine core in
+// vllm/v1/engine/core.py). Either way, requests that arrive while it
 // sleeps queue until a full wake. Its simulated GPU memory shrinks to the
 // residue.
 func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request, info *reqInfo) {
@@ -270,8 +293,8 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request, info *reqIn
 	if mode == "" {
 		mode = "abort"
 	}
-	if mode != "abort" && mode != "wait" {
-		badRequest(w, info, fmt.Sprintf("mode: must be abort or wait, not %q", mode))
+	if mode != "abort" && mode != "wait" && mode != "keep" {
+		badRequest(w, info, fmt.Sprintf("mode: must be abort, wait or keep, not %q", mode))
 		return
 	}
 	s.opMu.Lock()
@@ -298,7 +321,7 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request, info *reqIn
 		}
 		s.mu.Lock()
 		st.pausing = false
-	} else {
+	} else if mode == "abort" {
 		n = len(st.requests)
 		for _, cancel := range st.requests {
 			cancel(errSleepAbort)

@@ -206,7 +206,7 @@ func TestSleepLevel2WakeOrder(t *testing.T) {
 
 func TestSleepBadParameters(t *testing.T) {
 	_, ts := newSleepServer(t, true)
-	for _, path := range []string{"/sleep?level=3", "/sleep?level=x", "/sleep?mode=keep", "/wake_up?tags=everything"} {
+	for _, path := range []string{"/sleep?level=3", "/sleep?level=x", "/sleep?mode=drop", "/wake_up?tags=everything"} {
 		post(t, ts.URL+path, "", http.StatusBadRequest)
 	}
 	post(t, ts.URL+"/collective_rpc", `{"method":"format_disk"}`, http.StatusBadRequest)
@@ -391,5 +391,24 @@ func TestIdleSleepFlags(t *testing.T) {
 		if _, err := ParseFlags(args); err == nil {
 			t.Errorf("%v: parsed", args)
 		}
+	}
+}
+
+// /sleep?mode=keep keeps the request in flight, paused: it makes no token
+// while the engine sleeps, and goes on to its end after the wake.
+func TestSleepModeKeep(t *testing.T) {
+	s, ts := newSleepServer(t, true, "--sim-itl", "20ms")
+	inflight := send(ts.URL+"/v1/completions", `{"model":"m1","prompt":"x","max_tokens":20}`)
+	waitRunning(t, s, 1)
+	post(t, ts.URL+"/sleep?level=1&mode=keep", "", http.StatusOK)
+	stillQueued(t, inflight, "asleep with mode=keep")
+	waitRunning(t, s, 1) // kept, not aborted
+	post(t, ts.URL+"/wake_up", "", http.StatusOK)
+	res := answered(t, inflight, "kept request")
+	if res.status != http.StatusOK || !strings.Contains(res.body, `"finish_reason":"length"`) || !strings.Contains(res.body, "tok19 ") {
+		t.Fatalf("kept request: %d %s", res.status, res.body)
+	}
+	if s.SleepAborted() != 0 {
+		t.Fatalf("mode=keep aborted %d requests", s.SleepAborted())
 	}
 }
