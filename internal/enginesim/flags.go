@@ -51,10 +51,22 @@ type Config struct {
 	// Accepted for compatibility with `vllm serve`, otherwise ignored.
 	TensorParallelSize int
 	Dtype              string
-	ShutdownTimeout    int
+
+	// ShutdownTimeout is --shutdown-timeout, in seconds: after SIGTERM the
+	// server refuses new requests (503) and lets those in flight run on
+	// this long before it aborts them. Zero, vLLM's default, aborts them at
+	// once.
+	ShutdownTimeout int
 
 	// EnableSleepMode, with DevMode, serves vLLM's sleep endpoints (sleep.go).
 	EnableSleepMode bool
+	// IdleSleep, when positive, puts the engine to sleep by itself once no
+	// request has been in flight for that long, at IdleSleepLevel (1, the
+	// default, or 2); the next request wakes it. It stands in for the idle
+	// sleep of the newest vLLM servers, whose flags the simulator does not
+	// claim to know, and needs EnableSleepMode. Zero never sleeps idle.
+	IdleSleep      time.Duration
+	IdleSleepLevel int
 	// EnableAutoToolChoice and ToolCallParser allow tool_choice "auto", as in vLLM.
 	EnableAutoToolChoice bool
 	ToolCallParser       string
@@ -62,6 +74,10 @@ type Config struct {
 	EnableRequestIDHeaders bool
 	// EnableLogRequests logs every generation request with its whole prompt.
 	EnableLogRequests bool
+	// EnableForceIncludeUsage is --enable-force-include-usage: every stream
+	// of chat or completions carries usage in each chunk and ends with the
+	// usage chunk, whatever its stream_options say.
+	EnableForceIncludeUsage bool
 	// DisableAccessLog is --disable-uvicorn-access-log: no access log line
 	// (access.go); AccessLogSkip, --disable-access-log-for-endpoints, lists
 	// the paths whose requests get none.
@@ -340,7 +356,7 @@ var flagSpecs = map[string]flagSpec{
 	}, "share of each GPU's memory to take (default 0.9; checked against --sim-gpu-dir)"},
 	"enable-prefix-caching":     {kindBool, boolFlag(func(c *Config) *bool { return &c.EnablePrefixCaching }), "simulated prefix cache (default on; --no-enable-prefix-caching)"},
 	"dtype":                     {kindString, stringFlag(func(c *Config) *string { return &c.Dtype }), "ignored"},
-	"shutdown-timeout":          {kindInt, intFlag(func(c *Config) *int { return &c.ShutdownTimeout }, 0), "ignored"},
+	"shutdown-timeout":          {kindInt, intFlag(func(c *Config) *int { return &c.ShutdownTimeout }, 0), "seconds in-flight requests may run on after SIGTERM, new ones refused 503 (default 0: abort at once)"},
 	"quantization":              {kindString, ignored, "ignored"},
 	"kv-cache-dtype":            {kindString, ignored, "ignored"},
 	"max-num-batched-tokens":    {kindInt, ignored, "ignored"},
@@ -353,6 +369,8 @@ var flagSpecs = map[string]flagSpec{
 	"enable-request-id-headers": {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableRequestIDHeaders }), "add X-Request-Id to every response"},
 	"enable-log-requests":       {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableLogRequests }), "log every request with its whole prompt, on one line"},
 	"max-num-seqs":              {kindInt, intFlag(func(c *Config) *int { return &c.MaxNumSeqs }, 1), "requests generating at once; the others wait (default: no bound)"},
+
+	"enable-force-include-usage": {kindBool, boolFlag(func(c *Config) *bool { return &c.EnableForceIncludeUsage }), "usage in every stream chunk and a final usage chunk, whatever stream_options say"},
 
 	"disable-uvicorn-access-log": {kindBool, boolFlag(func(c *Config) *bool { return &c.DisableAccessLog }), "print no access log line"},
 	"disable-access-log-for-endpoints": {kindString, func(c *Config, v string) error {
@@ -393,6 +411,10 @@ var flagSpecs = map[string]flagSpec{
 	"sim-spawn-child":        {kindBool, boolFlag(func(c *Config) *bool { return &c.SpawnChild }), "spawn a VLLM::EngineCore child that ignores SIGTERM (and holds the simulated GPU memory)"},
 	"sim-child":              {kindBool, boolFlag(func(c *Config) *bool { return &c.Child }), "internal: run as the spawned child"},
 	"sim-child-lifetime":     {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.ChildLifetime }), "the child exits by itself after this (default 10m)"},
+
+	// Idle sleep, as the newest vLLM servers can do by themselves.
+	"sim-idle-sleep":       {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.IdleSleep }), "sleep by itself after this long without a request in flight (needs --enable-sleep-mode; default 0: never); the next request wakes it"},
+	"sim-idle-sleep-level": {kindInt, intFlag(func(c *Config) *int { return &c.IdleSleepLevel }, 1), "the level of --sim-idle-sleep: 1 (default) or 2"},
 
 	// The engine core's death, and the watchdog that ends the server then.
 	"sim-core-dies-after":      {kindDuration, durFlag(func(c *Config) *time.Duration { return &c.CoreDiesAfter }), "the engine core dies this long after ready: /health 503, inference 500, exit at the watchdog"},
@@ -448,6 +470,7 @@ func ParseFlags(args []string) (Config, error) {
 		EnablePrefixCaching:  true,
 		Tokens:               16,
 		SleepResidueMiB:      512,
+		IdleSleepLevel:       1,
 		PortMessage:          "old",
 		SSENewline:           "lf",
 		WatchdogInterval:     5 * time.Second,
@@ -534,6 +557,12 @@ func ParseFlags(args []string) (Config, error) {
 		if n == "" {
 			return Config{}, errors.New("argument --served-model-name: empty name")
 		}
+	}
+	if cfg.IdleSleepLevel > 2 {
+		return Config{}, fmt.Errorf("argument --sim-idle-sleep-level: invalid choice: %d (choose from 1, 2)", cfg.IdleSleepLevel)
+	}
+	if cfg.IdleSleep > 0 && !cfg.EnableSleepMode {
+		return Config{}, errors.New("--sim-idle-sleep needs --enable-sleep-mode")
 	}
 	if cfg.FailLoad && cfg.NeverReady {
 		return Config{}, errors.New("--sim-fail-load and --sim-never-ready are exclusive")

@@ -38,7 +38,7 @@ func TestParseFlagsVLLMSyntax(t *testing.T) {
 		ServedModelNames: []string{"llama", "llama-8b", "chat"}, MaxModelLen: 8192,
 		TensorParallelSize: 2, GPUMemoryUtilization: 0.9, EnablePrefixCaching: true, Dtype: "bfloat16",
 		ShutdownTimeout: 30, EnableSleepMode: true, Runner: "auto", Convert: "auto",
-		SleepResidueMiB: 512, PortMessage: "old", SSENewline: "lf", WatchdogInterval: 5 * time.Second,
+		SleepResidueMiB: 512, IdleSleepLevel: 1, PortMessage: "old", SSENewline: "lf", WatchdogInterval: 5 * time.Second,
 		LoadDelay: 1500 * time.Millisecond, TTFT: 20 * time.Millisecond, ITL: 5 * time.Millisecond, Tokens: 7,
 		CrashAfterTokens: 3, ExitAfterReady: 2 * time.Second, IgnoreSigterm: true, SpawnChild: true,
 		ChildLifetime: time.Minute,

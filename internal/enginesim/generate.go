@@ -158,6 +158,12 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, info *re
 		p.usage = so.IncludeUsage == nil || *so.IncludeUsage
 		p.contUsage = p.usage && so.ContinuousUsageStats != nil && *so.ContinuousUsageStats
 	}
+	if s.cfg.EnableForceIncludeUsage && p.stream {
+		// --enable-force-include-usage overrides stream_options, turning on
+		// both the usage chunk and usage in every chunk
+		// (should_include_usage in vllm/entrypoints/utils.py).
+		p.usage, p.contUsage = true, true
+	}
 	if req.N != nil {
 		if *req.N < 1 {
 			badRequest(w, info, fmt.Sprintf("n must be at least 1, got %d.", *req.N))
@@ -312,8 +318,18 @@ func newToolCall(t toolParam) *toolCall {
 // every choice, ITL apart, calling emit(i) as token i is made. It returns how
 // many tokens each choice got and, when it stopped early, why: the cause of
 // q's context (the client left, /sleep aborted the request, the core died) or
-// errClientGone when emit failed.
+// errClientGone when emit failed. It records in q what was made and why it
+// ended.
 func (s *Server) decode(q *request, p *plan, emit func(i int) bool) (made int, cause error) {
+	defer func() {
+		q.generated = p.n * made
+		switch {
+		case cause == nil:
+			q.finish = engineFinish(p.finish)
+		case errors.Is(cause, errCoreDead):
+			q.finish = ""
+		}
+	}()
 	var sl sleeper
 	defer sl.stop()
 	ctx := q.r.Context()
@@ -323,7 +339,7 @@ func (s *Server) decode(q *request, p *plan, emit func(i int) bool) (made int, c
 		if i == 0 {
 			d = s.cfg.TTFT
 		}
-		if !sl.sleep(ctx.Done(), d) {
+		if !sl.sleep(ctx.Done(), d) || !q.awake(ctx.Done()) {
 			return i, context.Cause(ctx)
 		}
 		now := time.Now()
@@ -343,6 +359,15 @@ func (s *Server) decode(q *request, p *plan, emit func(i int) bool) (made int, c
 		}
 	}
 	return p.completion, nil
+}
+
+// engineFinish is the engine's finish reason for an answer's: a tool call
+// ends on a stop token.
+func engineFinish(answer string) string {
+	if answer == "tool_calls" {
+		return "stop"
+	}
+	return answer
 }
 
 // sentTokens records n content tokens sent and crashes the process once
@@ -496,14 +521,15 @@ func (s *Server) kvTransferParams(prompt int) map[string]any {
 
 // decodeEnded reads how decode ended: it reports whether the answer goes
 // on. A dead engine core is answered by fail (a 500, or a stream's error
-// event); a client gone is recorded as 499; a request that /sleep aborted
-// goes on with what it made, its plan's finish "abort".
+// event); a client gone is recorded as 499; a request that /sleep or the end
+// of --shutdown-timeout aborted goes on with what it made, its plan's
+// finish "abort".
 func (s *Server) decodeEnded(cause error, p *plan, info *reqInfo, fail func()) bool {
 	switch {
 	case errors.Is(cause, errCoreDead):
 		fail()
 		return false
-	case errors.Is(cause, errSleepAbort):
+	case isAbort(cause):
 		p.finish = "abort"
 	case cause != nil:
 		info.status = 499

@@ -138,8 +138,9 @@ func reexecPrefix(args []string) []string {
 // does), runs vLLM's GPU memory check against --sim-gpu-dir, waits the load
 // delay (bound but not listening: connections are refused), then serves. When
 // ctx ends it closes the listener and all connections (aborting in-flight
-// requests, as vLLM does with the default shutdown timeout), releases its GPU
-// memory and returns nil. It returns ErrLoadFailed for --sim-fail-load,
+// requests, as vLLM does with the default shutdown timeout, 0), or with
+// --shutdown-timeout N first drains for up to N seconds (Server.shutdown);
+// then it releases its GPU memory and returns nil. It returns ErrLoadFailed for --sim-fail-load,
 // ErrExitAfterReady for --sim-exit-after-ready, ErrEngineDead when the engine
 // core died, or an error wrapping ErrPortInUse, ErrGPUMemory or a serve error.
 // A nil logger discards logs.
@@ -208,6 +209,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	h := NewHandler(cfg, logger)
 	h.mem = mem
 	h.access = os.Stdout
+	defer h.stopIdleSleep() // before the GPU memory is released
 	defer func() { logger.Info("engine exiting", "sleep_aborted_requests", h.SleepAborted()) }()
 	keepAlive := cfg.KeepAlive
 	if keepAlive <= 0 {
@@ -231,7 +233,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	for {
 		select {
 		case <-ctx.Done():
-			_ = srv.Close()
+			if cfg.ShutdownTimeout > 0 {
+				h.shutdown(time.Duration(cfg.ShutdownTimeout) * time.Second)
+				shutDown(srv)
+			} else {
+				_ = srv.Close()
+			}
 			return nil
 		case <-exitc:
 			logger.Error("simulated engine death (--sim-exit-after-ready)")

@@ -35,15 +35,17 @@ func (s *Server) runPooling(w http.ResponseWriter, r *http.Request, info *reqInf
 	if !sl.sleep(q.r.Context().Done(), s.cfg.TTFT) {
 		switch cause := context.Cause(q.r.Context()); {
 		case errors.Is(cause, errCoreDead):
+			q.finish = ""
 			s.failDead(w, info)
-		case errors.Is(cause, errSleepAbort):
-			writeError(w, info, http.StatusInternalServerError, "InternalServerError", "", errSleepAbort.Error())
+		case isAbort(cause):
+			writeError(w, info, http.StatusInternalServerError, "InternalServerError", "", cause.Error())
 		default:
 			info.status = 499
 		}
 		return
 	}
 	s.metrics.ttft.Observe(time.Since(q.start).Seconds())
+	q.finish = "stop"
 	b, _ := json.Marshal(result())
 	s.writeResult(w, b)
 }

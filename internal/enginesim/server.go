@@ -49,14 +49,15 @@ type Server struct {
 	// process. Tests may replace it before serving.
 	crash func()
 
-	// mu guards running, kvTokens, prefix and sleep, and orders the updates of
-	// the gauges that mirror them.
+	// mu guards running, kvTokens, prefix, sleep and drain, and orders the
+	// updates of the gauges that mirror them.
 	mu       sync.Mutex
 	running  int // requests being generated now
 	kvTokens int // tokens held in the KV cache by running requests
 	kvCap    int // the KV cache's capacity in tokens
 	prefix   *prefixCache
 	sleep    sleepState
+	drain    drainState
 	// aborted counts the in-flight requests /sleep aborted.
 	aborted atomic.Int64
 
@@ -86,9 +87,10 @@ type Server struct {
 	out io.Writer
 }
 
-// NewHandler returns a Server for cfg (as returned by ParseFlags; a zero Tokens or
-// MaxModelLen falls back to the defaults). logger receives the simulator's own
-// lines (nil discards them); it writes no access log (Run has it on stdout).
+// NewHandler returns a Server for cfg (as returned by ParseFlags; a zero
+// Tokens, MaxModelLen or IdleSleepLevel falls back to the defaults). logger
+// receives the simulator's own lines (nil discards them); it writes no
+// access log (Run has it on stdout).
 func NewHandler(cfg Config, logger *slog.Logger) *Server {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -105,11 +107,14 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 	if cfg.MaxModelLen <= 0 {
 		cfg.MaxModelLen = 4096
 	}
+	if cfg.IdleSleepLevel <= 0 {
+		cfg.IdleSleepLevel = 1
+	}
 	s := &Server{
 		cfg:     cfg,
 		kind:    cfg.kind(),
 		logger:  logger,
-		metrics: newSimMetrics(cfg.ServedModelNames[0]),
+		metrics: newSimMetrics(cfg),
 		names:   make(map[string]struct{}, len(cfg.ServedModelNames)),
 		model:   cfg.ServedModelNames[0],
 		crash: func() {
@@ -137,6 +142,7 @@ func NewHandler(cfg Config, logger *slog.Logger) *Server {
 		s.prefix = newPrefixCache(s.kvCap / prefixBlock)
 	}
 	s.sleep.init()
+	s.armIdleSleep()
 	s.routes = map[string]func(http.ResponseWriter, *http.Request, *reqInfo){
 		"/tokenize":   s.handleTokenize,
 		"/detokenize": s.handleDetokenize,
@@ -227,6 +233,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, p string, info *r
 		writeJSON(w, http.StatusUnauthorized, []byte(`{"error":"Unauthorized"}`))
 		return
 	}
+	if p != "/metrics" && s.rejecting() {
+		writeUnavailable(w, info)
+		return
+	}
 	switch p {
 	case "/health", "/ping":
 		if !s.allow(w, r, info, http.MethodGet, http.MethodPost) {
@@ -264,6 +274,11 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, p string, info *r
 		writeError(w, info, http.StatusBadRequest, "Bad Request", "", errNotJSON)
 		return
 	}
+	if !s.enter() {
+		writeUnavailable(w, info)
+		return
+	}
+	defer s.leave()
 	h(w, r, info)
 }
 

@@ -516,3 +516,22 @@ func TestCrashAfterTokensHook(t *testing.T) {
 		t.Fatalf("got %d tokens, crashes %d: %s", n, crashes.Load(), b)
 	}
 }
+
+// A request without a model (or with an empty one) is served by the first
+// served name, on every route, as vLLM's: the answer names it.
+func TestModelOmittedIsFirstServedName(t *testing.T) {
+	_, gen := newTestServer(t)
+	_, pool := newTestServer(t, "--runner", "pooling")
+	for _, tc := range []struct{ url, body string }{
+		{gen.URL + "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`},
+		{gen.URL + "/v1/completions", `{"model":"","prompt":"hi"}`},
+		{gen.URL + "/v1/responses", `{"input":"hi"}`},
+		{gen.URL + "/v1/messages", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`},
+		{pool.URL + "/v1/embeddings", `{"input":"hi"}`},
+	} {
+		m := decode(t, post(t, tc.url, tc.body, http.StatusOK))
+		if m["model"] != "m1" {
+			t.Errorf("%s %s: model %v, want m1", tc.url, tc.body, m["model"])
+		}
+	}
+}

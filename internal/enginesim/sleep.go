@@ -35,6 +35,13 @@ type sleepState struct {
 	// /sleep can abort them; nextReq numbers them.
 	requests map[uint64]context.CancelCauseFunc
 	nextReq  uint64
+	// With --sim-idle-sleep: idleTimer puts the engine to sleep once it has
+	// been idle that long (nil without the flag); idle reports that the
+	// engine sleeps because it was idle, and waking that the next request
+	// is waking it.
+	idleTimer *time.Timer
+	idle      bool
+	waking    bool
 }
 
 func (st *sleepState) init() {
@@ -74,6 +81,12 @@ type request struct {
 	id     uint64
 	kv     int // tokens it holds in the KV cache
 	start  time.Time
+	prompt int // its prompt's tokens
+	// generated counts the tokens it made, all choices together; finish is
+	// why it ended, a finished_reason of vllm:request_success_total ("abort"
+	// until it ends otherwise; "" when the dead core ended it).
+	generated int
+	finish    string
 }
 
 // admit queues r until the engine serves (fully awake) and a slot is free
@@ -93,7 +106,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, info *reqInfo, id
 		s.failDead(w, info)
 		return nil, false
 	}
-	q := &request{s: s, start: time.Now()}
+	q := &request{s: s, start: time.Now(), prompt: len(ids), finish: "abort"}
 	s.metrics.waiting.Inc()
 	ctx := r.Context()
 	slot := s.slots == nil // without --max-num-seqs there is no slot to take
@@ -147,12 +160,34 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, info *reqInfo, id
 	s.metrics.setLoad(s.running, s.kvTokens, s.kvCap)
 	s.mu.Unlock()
 	s.metrics.waiting.Dec()
+	s.metrics.queueTime.Observe(time.Since(q.start).Seconds())
 	s.metrics.promptTokens.Add(float64(len(ids)))
 	if s.prefix != nil {
 		s.metrics.prefixQueries.Add(float64(len(ids)))
 		s.metrics.prefixHits.Add(float64(hits))
 	}
 	return q, true
+}
+
+// awake waits, before the request makes its next token, while the engine
+// sleeps with it kept in flight (/sleep?mode=keep), or until done is
+// closed; it reports whether the request may go on.
+func (q *request) awake(done <-chan struct{}) bool {
+	s := q.s
+	for {
+		s.mu.Lock()
+		st := &s.sleep
+		paused, gate := st.asleep() || st.needReload, st.gate
+		s.mu.Unlock()
+		if !paused {
+			return true
+		}
+		select {
+		case <-gate:
+		case <-done:
+			return false
+		}
+	}
 }
 
 // grow adds n generated tokens to the request's share of the KV cache.
@@ -182,7 +217,7 @@ func (q *request) done() {
 		<-s.slots
 	}
 	q.cancel(nil)
-	s.metrics.e2e.Observe(time.Since(q.start).Seconds())
+	s.metrics.finished(q.finish, q.prompt, q.generated, time.Since(q.start))
 }
 
 // serveSleep serves vLLM's sleep-mode endpoints and reports whether p is one
@@ -239,7 +274,9 @@ func (s *Server) serveSleep(w http.ResponseWriter, r *http.Request, p string, in
 // handleSleep puts the engine to sleep at ?level= (1, the default, or 2).
 // With ?mode=abort (the default) it aborts the requests in flight, which
 // finish with finish_reason "abort"; with mode=wait it queues new requests and
-// lets those in flight finish first. Either way, requests that arrive while it
+// lets those in flight finish first; with mode=keep it keeps them, paused,
+// and they go on after the wake (the pause modes of the engine core in
+// vllm/v1/engine/core.py). Either way, requests that arrive while it
 // sleeps queue until a full wake. Its simulated GPU memory shrinks to the
 // residue.
 func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request, info *reqInfo) {
@@ -256,8 +293,8 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request, info *reqIn
 	if mode == "" {
 		mode = "abort"
 	}
-	if mode != "abort" && mode != "wait" {
-		badRequest(w, info, fmt.Sprintf("mode: must be abort or wait, not %q", mode))
+	if mode != "abort" && mode != "wait" && mode != "keep" {
+		badRequest(w, info, fmt.Sprintf("mode: must be abort, wait or keep, not %q", mode))
 		return
 	}
 	s.opMu.Lock()
@@ -284,28 +321,16 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request, info *reqIn
 		}
 		s.mu.Lock()
 		st.pausing = false
-	} else {
+	} else if mode == "abort" {
 		n = len(st.requests)
 		for _, cancel := range st.requests {
 			cancel(errSleepAbort)
 		}
 	}
-	if !st.asleep() {
-		st.level = level
-	}
-	level = st.level
-	st.weights, st.kv, st.needReload = false, false, false
-	st.update()
-	if s.prefix != nil {
-		s.prefix.reset() // the KV cache is gone
-	}
+	level = s.sleepLocked(level)
+	st.idle = false // put to sleep by a caller, it waits for a wake
 	s.mu.Unlock()
-	if s.mem != nil {
-		if err := s.mem.set(false, false); err != nil {
-			s.logger.Error("shrinking simulated gpu memory", "err", err)
-		}
-	}
-	s.metrics.setSleepState(level)
+	s.slept(level)
 	if n > 0 {
 		s.aborted.Add(int64(n))
 		s.metrics.sleepAborted.Add(float64(n))
@@ -313,6 +338,34 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request, info *reqIn
 	}
 	s.logger.Info("sleeping", "level", level, "mode", mode, "aborted", n)
 	w.WriteHeader(http.StatusOK)
+}
+
+// sleepLocked puts the engine to sleep at level (kept from a sleep already
+// under way) and returns the level it sleeps at. The caller holds opMu and
+// s.mu, and calls slept after releasing s.mu.
+func (s *Server) sleepLocked(level int) int {
+	st := &s.sleep
+	if !st.asleep() {
+		st.level = level
+	}
+	st.weights, st.kv, st.needReload = false, false, false
+	st.update()
+	if s.prefix != nil {
+		s.prefix.reset() // the KV cache is gone
+	}
+	return st.level
+}
+
+// slept ends a sleep at level: the simulated GPU memory shrinks to its
+// residue and vllm:engine_sleep_state reports the level. The caller holds
+// opMu.
+func (s *Server) slept(level int) {
+	if s.mem != nil {
+		if err := s.mem.set(false, false); err != nil {
+			s.logger.Error("shrinking simulated gpu memory", "err", err)
+		}
+	}
+	s.metrics.setSleepState(level)
 }
 
 // handleWake wakes what ?tags= names ("weights", "kv_cache"; repeated), or
@@ -361,7 +414,11 @@ func (s *Server) handleWake(w http.ResponseWriter, r *http.Request, info *reqInf
 	if !st.asleep() {
 		st.level = 0
 	}
+	st.idle = false
 	st.update()
+	if st.idleTimer != nil && !st.asleep() && s.drain.inflight == 0 {
+		st.idleTimer.Reset(s.cfg.IdleSleep) // awake and idle again
+	}
 	s.mu.Unlock()
 	s.metrics.setSleepState(0) // vLLM reports "awake" after any wake_up
 	s.logger.Info("woke up", "from_level", level, "tags", tags, "weights", weights, "kv_cache", kv)
@@ -404,4 +461,78 @@ func (s *Server) handleRPC(w http.ResponseWriter, r *http.Request, info *reqInfo
 	s.mu.Unlock()
 	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "weights reloaded", slog.Duration("took", time.Since(t)))
 	writeJSON(w, http.StatusOK, []byte(`{"results":[null]}`))
+}
+
+// armIdleSleep starts the idle-sleep timer of --sim-idle-sleep; nothing
+// without it.
+func (s *Server) armIdleSleep() {
+	if s.cfg.IdleSleep > 0 {
+		s.sleep.idleTimer = time.AfterFunc(s.cfg.IdleSleep, s.idleSleep)
+	}
+}
+
+// stopIdleSleep ends --sim-idle-sleep for an engine that exits: its timer
+// fires no more.
+func (s *Server) stopIdleSleep() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sleep.idleTimer != nil {
+		s.sleep.idleTimer.Stop()
+		s.sleep.idleTimer = nil
+	}
+}
+
+// idleSleep puts an engine idle for --sim-idle-sleep to sleep by itself at
+// --sim-idle-sleep-level, as the idle sleep of the newest vLLM servers
+// does: no caller asked for it, and only vllm:engine_sleep_state and
+// /is_sleeping tell. An engine that is busy, or asleep already, is left as
+// it is.
+func (s *Server) idleSleep() {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	if s.drain.inflight > 0 || s.sleep.asleep() || s.coreDead() {
+		s.mu.Unlock()
+		return
+	}
+	level := s.sleepLocked(s.cfg.IdleSleepLevel)
+	s.sleep.idle = true
+	s.mu.Unlock()
+	s.slept(level)
+	s.logger.Info("sleeping after idle time (--sim-idle-sleep)", "level", level, "idle", s.cfg.IdleSleep)
+}
+
+// idleWake wakes an engine that slept for being idle, for the request that
+// arrived: the wake's time, and after a level-2 sleep the weights'
+// reload's, then it serves. A wake that fails (no room on the simulated
+// GPUs) leaves it asleep, its requests queued.
+func (s *Server) idleWake() {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	st := &s.sleep
+	st.waking = false
+	if !st.idle {
+		s.mu.Unlock()
+		return
+	}
+	level := st.level
+	s.mu.Unlock()
+	wait := s.cfg.WakeDelay
+	if level == 2 {
+		wait += s.cfg.LoadDelay / 2
+	}
+	time.Sleep(wait)
+	if s.mem != nil {
+		if err := s.mem.set(true, true); err != nil {
+			s.logger.Error("waking after idle sleep failed", "err", err)
+			return
+		}
+	}
+	s.mu.Lock()
+	st.weights, st.kv, st.needReload, st.level, st.idle = true, true, false, 0, false
+	st.update()
+	s.mu.Unlock()
+	s.metrics.setSleepState(0)
+	s.logger.Info("woke up for a request after idle sleep", "from_level", level)
 }

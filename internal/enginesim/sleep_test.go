@@ -206,7 +206,7 @@ func TestSleepLevel2WakeOrder(t *testing.T) {
 
 func TestSleepBadParameters(t *testing.T) {
 	_, ts := newSleepServer(t, true)
-	for _, path := range []string{"/sleep?level=3", "/sleep?level=x", "/sleep?mode=keep", "/wake_up?tags=everything"} {
+	for _, path := range []string{"/sleep?level=3", "/sleep?level=x", "/sleep?mode=drop", "/wake_up?tags=everything"} {
 		post(t, ts.URL+path, "", http.StatusBadRequest)
 	}
 	post(t, ts.URL+"/collective_rpc", `{"method":"format_disk"}`, http.StatusBadRequest)
@@ -289,19 +289,6 @@ func TestSleepModeWait(t *testing.T) {
 // vllm:engine_sleep_state reports the sleep level, as vLLM's does.
 func TestSleepStateMetric(t *testing.T) {
 	_, ts := newSleepServer(t, true)
-	state := func() string {
-		_, b := do(t, http.MethodGet, ts.URL+"/metrics", "")
-		var out []string
-		for _, st := range []string{"awake", "weights_offloaded", "discard_all"} {
-			prefix := `vllm:engine_sleep_state{engine="0",model_name="m1",sleep_state="` + st + `"} `
-			for line := range strings.SplitSeq(string(b), "\n") {
-				if v, ok := strings.CutPrefix(line, prefix); ok {
-					out = append(out, st+"="+v)
-				}
-			}
-		}
-		return strings.Join(out, " ")
-	}
 	for _, step := range []struct{ path, want string }{
 		{"", "awake=1 weights_offloaded=0 discard_all=0"},
 		{"/sleep?level=2", "awake=0 weights_offloaded=0 discard_all=1"},
@@ -311,7 +298,7 @@ func TestSleepStateMetric(t *testing.T) {
 		if step.path != "" {
 			post(t, ts.URL+step.path, "", http.StatusOK)
 		}
-		if got := state(); got != step.want {
+		if got := sleepStateMetric(t, ts.URL); got != step.want {
 			t.Errorf("after %q: %s, want %s", step.path, got, step.want)
 		}
 	}
@@ -334,5 +321,94 @@ func waitRunning(t *testing.T, s *Server, n int) {
 			t.Fatalf("%d requests running, want %d", got, n)
 		case <-time.After(time.Millisecond):
 		}
+	}
+}
+
+// sleepStateMetric reads vllm:engine_sleep_state as "awake=1
+// weights_offloaded=0 discard_all=0".
+func sleepStateMetric(t *testing.T, url string) string {
+	t.Helper()
+	_, b := do(t, http.MethodGet, url+"/metrics", "")
+	var out []string
+	for _, st := range []string{"awake", "weights_offloaded", "discard_all"} {
+		prefix := `vllm:engine_sleep_state{engine="0",model_name="m1",sleep_state="` + st + `"} `
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, prefix); ok {
+				out = append(out, st+"="+v)
+			}
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// With --sim-idle-sleep the engine sleeps by itself once idle, at the
+// level asked, as vllm:engine_sleep_state and /is_sleeping tell; the next
+// request wakes it and is answered, and the engine sleeps again once idle.
+// (Its awake state between the two is too short to read reliably.)
+func TestIdleSleep(t *testing.T) {
+	for _, tc := range []struct {
+		level, asleep string
+	}{
+		{"1", "awake=0 weights_offloaded=1 discard_all=0"},
+		{"2", "awake=0 weights_offloaded=0 discard_all=1"},
+	} {
+		_, ts := newSleepServer(t, true, "--sim-idle-sleep", "30ms", "--sim-idle-sleep-level", tc.level)
+		for round := range 2 {
+			waitFor(t, 5*time.Second, "the engine to sleep idle", func() bool { return isSleeping(t, ts.URL) })
+			if got := sleepStateMetric(t, ts.URL); got != tc.asleep {
+				t.Fatalf("level %s, round %d: asleep %s, want %s", tc.level, round, got, tc.asleep)
+			}
+			// Answered only once the engine serves again: the request woke it.
+			if b := post(t, ts.URL+"/v1/chat/completions", chatBody, http.StatusOK); !strings.Contains(string(b), `"finish_reason":"length"`) {
+				t.Fatalf("level %s, round %d: request after idle sleep: %s", tc.level, round, b)
+			}
+		}
+	}
+}
+
+// An engine put to sleep by a caller does not wake for a request, idle
+// sleep or not; after its wake it sleeps idle again.
+func TestIdleSleepAfterCallerSleep(t *testing.T) {
+	_, ts := newSleepServer(t, true, "--sim-idle-sleep", "30ms")
+	waitFor(t, 5*time.Second, "the engine to sleep idle", func() bool { return isSleeping(t, ts.URL) })
+	post(t, ts.URL+"/wake_up", "", http.StatusOK)
+	post(t, ts.URL+"/sleep?level=1", "", http.StatusOK)
+	r := send(ts.URL+"/v1/chat/completions", chatBody)
+	waitQueued(t, ts.URL, 1)
+	stillQueued(t, r, "asleep by a caller")
+	post(t, ts.URL+"/wake_up", "", http.StatusOK)
+	if res := answered(t, r, "queued request"); res.status != http.StatusOK {
+		t.Fatalf("queued request: %d %s", res.status, res.body)
+	}
+	waitFor(t, 5*time.Second, "the engine to sleep idle again", func() bool { return isSleeping(t, ts.URL) })
+}
+
+func TestIdleSleepFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"m", "--sim-idle-sleep", "1s"},
+		{"m", "--enable-sleep-mode", "--sim-idle-sleep", "1s", "--sim-idle-sleep-level", "3"},
+	} {
+		if _, err := ParseFlags(args); err == nil {
+			t.Errorf("%v: parsed", args)
+		}
+	}
+}
+
+// /sleep?mode=keep keeps the request in flight, paused: it makes no token
+// while the engine sleeps, and goes on to its end after the wake.
+func TestSleepModeKeep(t *testing.T) {
+	s, ts := newSleepServer(t, true, "--sim-itl", "20ms")
+	inflight := send(ts.URL+"/v1/completions", `{"model":"m1","prompt":"x","max_tokens":20}`)
+	waitRunning(t, s, 1)
+	post(t, ts.URL+"/sleep?level=1&mode=keep", "", http.StatusOK)
+	stillQueued(t, inflight, "asleep with mode=keep")
+	waitRunning(t, s, 1) // kept, not aborted
+	post(t, ts.URL+"/wake_up", "", http.StatusOK)
+	res := answered(t, inflight, "kept request")
+	if res.status != http.StatusOK || !strings.Contains(res.body, `"finish_reason":"length"`) || !strings.Contains(res.body, "tok19 ") {
+		t.Fatalf("kept request: %d %s", res.status, res.body)
+	}
+	if s.SleepAborted() != 0 {
+		t.Fatalf("mode=keep aborted %d requests", s.SleepAborted())
 	}
 }

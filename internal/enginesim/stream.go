@@ -225,7 +225,7 @@ func (s *Server) stream(w http.ResponseWriter, q *request, p *plan, info *reqInf
 	case errors.Is(cause, errCoreDead):
 		s.failDeadStream(out)
 		return
-	case errors.Is(cause, errSleepAbort):
+	case isAbort(cause):
 		roles()
 		for choice := range p.n {
 			out.send(c.aborted(choice, made))

@@ -132,3 +132,42 @@ func topKeys(t *testing.T, b []byte) []string {
 	}
 	return keys
 }
+
+// With --enable-force-include-usage every chunk of a chat or completions
+// stream carries usage and the stream ends with the usage chunk, whatever
+// stream_options say; a plain answer is as before.
+func TestForceIncludeUsage(t *testing.T) {
+	_, ts := newTestServer(t, "--enable-force-include-usage")
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/chat/completions", `"messages":[{"role":"user","content":"a b"}]`},
+		{"/v1/completions", `"prompt":"a b"`},
+	} {
+		for _, opts := range []string{``, `,"stream_options":{"include_usage":false}`, `,"stream_options":{}`} {
+			events := streamEvents(t, ts.URL+tc.path, `{"model":"m1",`+tc.body+`,"max_tokens":2,"stream":true`+opts+`}`)
+			if len(events) < 3 || events[len(events)-1] != "[DONE]" {
+				t.Fatalf("%s %s: events %q", tc.path, opts, events)
+			}
+			events = events[:len(events)-1]
+			last := decode(t, []byte(events[len(events)-1]))
+			if u, ok := last["usage"].(map[string]any); !ok || len(last["choices"].([]any)) != 0 || u["completion_tokens"] != 2.0 || u["total_tokens"] != 4.0 {
+				t.Fatalf("%s %s: last chunk %s, want the usage chunk", tc.path, opts, events[len(events)-1])
+			}
+			made := 0.0
+			for _, e := range events[:len(events)-1] {
+				m := decode(t, []byte(e))
+				u, ok := m["usage"].(map[string]any)
+				if !ok || u["prompt_tokens"] != 2.0 || u["completion_tokens"].(float64) < made {
+					t.Fatalf("%s %s: chunk without growing usage: %s", tc.path, opts, e)
+				}
+				made = u["completion_tokens"].(float64)
+			}
+			if made != 2 {
+				t.Fatalf("%s %s: the last token chunk counts %v tokens", tc.path, opts, made)
+			}
+		}
+	}
+	plain := decode(t, post(t, ts.URL+"/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"a b"}],"max_tokens":2}`, http.StatusOK))
+	if u, ok := plain["usage"].(map[string]any); !ok || u["total_tokens"] != 4.0 {
+		t.Fatalf("plain answer's usage: %v", plain["usage"])
+	}
+}
