@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 )
 
 // usageArgs is what follows "poold usage" in its usage line.
-const usageArgs = "[reconcile --access-log FILE] [--since T] [--until T] [--by tenant|model|pool|day] [--format table|json|csv] [flags]"
+const usageArgs = "[reconcile --access-log FILE] [--since T] [--until T] [--by tenant|model|pool|day] [--format table|json|csv] [--spread none|tokens|holder] [flags]"
 
 // usageCommand prints a usage and cost report from the ledger (or, with
 // --postgres, the fleet's database), or, as "usage reconcile", compares the
@@ -39,6 +40,8 @@ func usageCommand(args []string, stdout, stderr io.Writer) int {
 	by := fl.String("by", "tenant", "group the rows by tenant, model, pool or day")
 	format := fl.String("format", "table", "table, json or csv")
 	split := fl.String("split", "", "share serving GPU time by tokens or lease time (default: usage-cost.split, else tokens)")
+	spread := fl.String("spread", "", "share the pools' own time (idle, swapping, asleep, empty) among tenants: none, tokens (by their tokens on the pool) or holder (to the tenants of the model that held the pool) (default: usage-cost.spread, else none)")
+	addPriceFlags(fl)
 	pg := fl.String("postgres", "", "report over the whole fleet from this PostgreSQL DSN instead of the local ledger")
 	accessLog := fl.String("access-log", "", "reconcile: the JSON access log to compare with the ledger")
 	if code, ok := cli.ParseFlags(fl, usageArgs, args, stdout, stderr); !ok {
@@ -56,7 +59,7 @@ func usageCommand(args []string, stdout, stderr io.Writer) int {
 	// the flags given here override.
 	var pass []string
 	fl.Visit(func(f *pflag.Flag) {
-		if f.Name == "config" || f.Name == "state-dir" || f.Name == "usage-db" {
+		if f.Name == "config" || f.Name == "state-dir" || f.Name == "usage-db" || slices.Contains(priceFlags, f.Name) {
 			pass = append(pass, "--"+f.Name+"="+f.Value.String())
 		}
 	})
@@ -78,7 +81,7 @@ func usageCommand(args []string, stdout, stderr io.Writer) int {
 	if reconcile {
 		return reconcileCommand(ctx, db, *accessLog, *since, *until, stdout, stderr)
 	}
-	win, err := usage.ParseWindow(*since, *until, *by, *format, *split, usage.Split(prices.Split), time.Now())
+	win, err := usage.ParseWindow(usage.Query{Since: *since, Until: *until, By: *by, Format: *format, Split: *split, Spread: *spread}, &prices, time.Now())
 	if err != nil {
 		return cli.UsageError(stderr, fl, usageArgs, err)
 	}
@@ -98,6 +101,7 @@ func usageCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "poold usage: %v\n", err)
 		return cli.ExitFailure
 	}
+	u.SpreadPoolTime(win.Spread)
 	rep := u.Report(win.By, &prices)
 	if err := rep.Write(stdout, win.Format); err != nil {
 		fmt.Fprintf(stderr, "poold usage: %v\n", err)

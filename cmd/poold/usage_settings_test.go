@@ -54,3 +54,31 @@ func TestUnknownUsageCostKey(t *testing.T) {
 		t.Errorf("err = %v; want one naming gpu_hour", err)
 	}
 }
+
+// Prices set by flag or environment override the settings file's
+// usage-cost keys; the currency is USD unless one is set.
+func TestPricesByFlagAndEnvironment(t *testing.T) {
+	t.Setenv("POOLD_CONFIG", writeYAML(t, "usage-cost:\n  gpu-hour: 2.5\n  prompt-per-million: 0.1\n  completion-per-million: 0.3\n"))
+	t.Setenv("POOLD_USAGE_PROMPT_PER_MILLION", "0.2")
+	s, err := loadSettings([]string{"--profiles", "p.json", "--usage-gpu-hour", "4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := s.Usage.Prices; p.GPUHour != 4 || p.PromptPerMillion != 0.2 || p.CompletionPerMillion != 0.3 || p.Currency != "USD" {
+		t.Errorf("prices %+v, want gpu-hour from the flag, prompt from the environment, completion from the file, USD", p)
+	}
+
+	t.Setenv("POOLD_CONFIG", "")
+	t.Setenv("POOLD_USAGE_PROMPT_PER_MILLION", "")
+	t.Setenv("POOLD_USAGE_CURRENCY", "EUR")
+	s, err = loadSettings([]string{"--profiles", "p.json", "--usage-completion-per-million", "1.5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := s.Usage.Prices; !p.Priced() || p.CompletionPerMillion != 1.5 || p.GPUHour != 0 || p.Currency != "EUR" {
+		t.Errorf("prices without a settings file %+v", p)
+	}
+	if _, err := loadSettings([]string{"--profiles", "p.json", "--usage-gpu-hour", "-1"}); err == nil || !strings.Contains(err.Error(), "usage-gpu-hour: must not be negative") {
+		t.Errorf("a negative price by flag: %v", err)
+	}
+}

@@ -42,6 +42,9 @@ type Settings struct {
 	// overrides lists each key set by more than one source, with the
 	// source that won and the ones it hid.
 	overrides []override
+	// given holds each flag that a source set (the command line, the
+	// environment or the settings file): absent, it has its default.
+	given map[string]bool
 }
 
 type override struct {
@@ -62,7 +65,7 @@ func LoadSettings(fl *pflag.FlagSet, args []string, src Sources) (*Settings, err
 	if fl.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fl.Args())
 	}
-	s := &Settings{fl: fl, v: viper.New()}
+	s := &Settings{fl: fl, v: viper.New(), given: map[string]bool{}}
 	var errs []error
 	if src.FileFlag != "" {
 		if err := s.fromEnv(fl.Lookup(src.FileFlag), src.EnvPrefix); err != nil {
@@ -78,6 +81,7 @@ func LoadSettings(fl *pflag.FlagSet, args []string, src Sources) (*Settings, err
 			return
 		}
 		won, hid := s.sourcesOf(f, src.EnvPrefix)
+		s.given[f.Name] = won != ""
 		if len(hid) > 0 {
 			s.overrides = append(s.overrides, override{key: f.Name, won: won, hid: hid})
 		}
@@ -256,6 +260,10 @@ func (s *Settings) Decode(key string, out any) error {
 	}
 	return nil
 }
+
+// Given reports whether a source set the flag name: the command line, the
+// environment or the settings file; false means its default holds.
+func (s *Settings) Given(name string) bool { return s.given[name] }
 
 // String returns the value of the string flag name.
 func (s *Settings) String(name string) string { return value(s.fl.GetString, name) }

@@ -74,6 +74,15 @@ func TestSettingsPrecedence(t *testing.T) {
 		t.Errorf("max-bytes %d, want 32MiB", got)
 	}
 
+	for name, want := range map[string]bool{"listen": true, "timeout": true, "watch": true, "count": true, "keys": true, "max-bytes": true, "token": true} {
+		if s.Given(name) != want {
+			t.Errorf("Given(%q) = %t, want %t", name, !want, want)
+		}
+	}
+	if s2, err := LoadSettings(testFlags(), nil, Sources{EnvPrefix: "TD_NONE"}); err != nil || s2.Given("count") || s2.Given("listen") {
+		t.Errorf("defaults taken as given: %v", err)
+	}
+
 	var logs bytes.Buffer
 	s.Log(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 		if a.Key == slog.TimeKey {

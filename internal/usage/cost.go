@@ -15,6 +15,9 @@ type Prices struct {
 	Currency string `mapstructure:"currency"`
 	// Split is how serving time is shared among tenants; "" means tokens.
 	Split string `mapstructure:"split"`
+	// Spread is how the pools' own time is shared among tenants (Spread);
+	// "" means it is not: it stays on lines of its own.
+	Spread string `mapstructure:"spread"`
 	// GPUHour is the price of one GPU-hour where neither the pool nor its
 	// GPUs' model has one of its own.
 	GPUHour   float64      `mapstructure:"gpu-hour"`
@@ -40,6 +43,9 @@ func (p *Prices) Check() error {
 		if _, err := ParseSplit(p.Split); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if _, err := ParseSpread(p.Spread); err != nil {
+		errs = append(errs, err)
 	}
 	for _, v := range []struct {
 		name  string
@@ -70,6 +76,20 @@ func (p *Prices) Check() error {
 		return fmt.Errorf("usage-cost: %w", err)
 	}
 	return nil
+}
+
+// Priced reports whether p sets any price: without one, a report has
+// nothing to charge and leaves its cost columns out.
+func (p *Prices) Priced() bool {
+	if p.GPUHour > 0 || p.PromptPerMillion > 0 || p.CompletionPerMillion > 0 {
+		return true
+	}
+	for _, np := range slices.Concat(p.Pools, p.GPUModels) {
+		if np.GPUHour > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // gpuHour is the price of a GPU-hour on poolName (a pool key) with GPUs of
@@ -124,15 +144,19 @@ type Row struct {
 
 // Report is a window's usage grouped, priced and checked.
 type Report struct {
-	Since    time.Time   `json:"since"`
-	Until    time.Time   `json:"until"`
-	By       By          `json:"by"`
-	Split    Split       `json:"split"`
-	Tenant   string      `json:"tenant,omitempty"` // the one tenant reported (Usage.OfTenant)
-	Currency string      `json:"currency,omitempty"`
-	Rows     []Row       `json:"rows"`
-	Total    Row         `json:"total"`
-	Pools    []PoolCheck `json:"pools"`
+	Since    time.Time `json:"since"`
+	Until    time.Time `json:"until"`
+	By       By        `json:"by"`
+	Split    Split     `json:"split"`
+	Spread   Spread    `json:"spread,omitempty"`
+	Tenant   string    `json:"tenant,omitempty"` // the one tenant reported (Usage.OfTenant)
+	Currency string    `json:"currency,omitempty"`
+	// Priced is whether any price was set (Prices.Priced): without, every
+	// cost is zero, and the table leaves its cost columns out.
+	Priced bool        `json:"priced"`
+	Rows   []Row       `json:"rows"`
+	Total  Row         `json:"total"`
+	Pools  []PoolCheck `json:"pools"`
 }
 
 // PoolCheck is a pool's add-up check in a report, in seconds.
@@ -147,7 +171,7 @@ type PoolCheck struct {
 
 // Report groups u by by and prices it.
 func (u *Usage) Report(by By, prices *Prices) *Report {
-	rep := &Report{Since: u.Since, Until: u.Until, By: by, Split: u.Split, Tenant: u.Tenant, Currency: prices.Currency}
+	rep := &Report{Since: u.Since, Until: u.Until, By: by, Split: u.Split, Spread: u.Spread, Tenant: u.Tenant, Currency: prices.Currency, Priced: prices.Priced()}
 	rows := make(map[[3]string]*Row)
 	for _, a := range u.Atoms {
 		k := [3]string{"", a.Use, a.Tenant}

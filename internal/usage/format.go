@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -41,26 +42,35 @@ func (r *Report) Write(w io.Writer, format string) error {
 }
 
 // columns are a report's columns after the key: the tenant of a serving
-// line only where the key is not the tenant.
+// line only where the key is not the tenant, and the shared GPU time only
+// with a spread.
 func (r *Report) columns() []string {
-	cols := []string{"use", "tenant", "requests", "failed", "prompt_tokens", "completion_tokens",
-		"estimated_requests", "gpu_seconds", "gpu_cost", "token_cost", "cost"}
-	if r.By == ByTenant {
-		cols = append(cols[:1], cols[2:]...)
-	}
-	return append([]string{string(r.By)}, cols...)
+	cols := []string{string(r.By), "use", "tenant", "requests", "failed", "prompt_tokens", "completion_tokens",
+		"estimated_requests", "gpu_seconds", "shared_gpu_seconds", "gpu_cost", "token_cost", "cost"}
+	return r.pick(cols)
 }
 
 // cells renders row in the order of columns.
 func (r *Report) cells(row Row) []string {
-	c := []string{row.Key, row.Use, row.Tenant, itoa(row.Requests), itoa(row.Failed), itoa(row.PromptTokens),
-		itoa(row.CompletionTokens), itoa(row.EstimatedRequests), micros(row.GPUMicros),
-		money(row.GPUCost), money(row.TokenCost), money(row.Cost)}
+	return r.pick([]string{row.Key, row.Use, row.Tenant, itoa(row.Requests), itoa(row.Failed), itoa(row.PromptTokens),
+		itoa(row.CompletionTokens), itoa(row.EstimatedRequests), micros(row.GPUMicros), micros(row.SharedMicros),
+		money(row.GPUCost), money(row.TokenCost), money(row.Cost)})
+}
+
+// pick leaves out of a full row of columns the tenant with --by tenant and
+// the shared GPU time without a spread.
+func (r *Report) pick(c []string) []string {
+	if r.Spread == SpreadNone {
+		c = slices.Delete(c, 9, 10)
+	}
 	if r.By == ByTenant {
-		c = append(c[:2], c[3:]...)
+		c = slices.Delete(c, 2, 3)
 	}
 	return c
 }
+
+// costColumns is how many columns at the end of a row are costs.
+const costColumns = 3
 
 func (r *Report) writeCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
@@ -77,19 +87,28 @@ func (r *Report) writeTable(w io.Writer) error {
 	if r.Tenant != "" {
 		of = " of tenant " + strconv.Quote(r.Tenant)
 	}
-	fmt.Fprintf(w, "usage%s %s .. %s (%s), by %s; serving GPU time split by %s\n\n",
-		of, r.Since.Format(time.RFC3339), r.Until.Format(time.RFC3339), r.Until.Sub(r.Since), r.By, r.Split)
+	spread := ""
+	if r.Spread != SpreadNone {
+		spread = fmt.Sprintf("; the pools' own time spread over tenants by %s", r.Spread)
+	}
+	prices := "; no prices set"
+	if r.Priced {
+		prices = "; prices in " + r.Currency
+	}
+	fmt.Fprintf(w, "usage%s %s .. %s (%s), by %s; serving GPU time split by %s%s%s\n\n",
+		of, r.Since.Format(time.RFC3339), r.Until.Format(time.RFC3339), r.Until.Sub(r.Since), r.By, r.Split, spread, prices)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
 	cols := r.columns()
 	for i, c := range cols {
 		cols[i] = strings.ToUpper(strings.ReplaceAll(c, "_", " "))
 	}
-	if r.Currency != "" {
-		cols[len(cols)-1] += " (" + r.Currency + ")"
+	cols[len(cols)-1] += " (" + r.Currency + ")"
+	if !r.Priced {
+		cols = cols[:len(cols)-costColumns]
 	}
 	fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t")
 	for _, row := range append(r.Rows, r.Total) {
-		cells := r.cells(row)
+		cells := r.cells(row)[:len(cols)]
 		for i := range 3 {
 			cells[i] = dash(cells[i])
 		}
@@ -97,6 +116,9 @@ func (r *Report) writeTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if !r.Priced {
+		fmt.Fprintln(w, "\nno prices set, so no cost columns: set usage-cost in the settings file, or --usage-gpu-hour, --usage-prompt-per-million, --usage-completion-per-million (POOLD_USAGE_GPU_HOUR, …)")
 	}
 	if r.Tenant != "" {
 		_, err := fmt.Fprintln(w, "\ncheck: none in the report of one tenant (its lines do not add up to a pool's time)")

@@ -15,6 +15,12 @@ type Window struct {
 	By           By
 	Format       string
 	Split        Split
+	Spread       Spread
+}
+
+// Query is a report's parameters as given, each "" for its default.
+type Query struct {
+	Since, Until, By, Format, Split, Spread string
 }
 
 // ParseTime reads a report's --since or --until: RFC 3339, a date
@@ -35,35 +41,36 @@ func ParseTime(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%q is not a time: use RFC 3339, 2006-01-02, 2006-01-02T15:04, now, or a duration before now such as 24h", s)
 }
 
-// ParseWindow reads a window: since and until as ParseTime reads them (by
-// default, the 24 hours up to now), by (default tenant), format (default
-// table) and split (default dflt, else tokens).
-func ParseWindow(since, until, by, format, split string, dflt Split, now time.Time) (Window, error) {
+// ParseWindow reads a report's query: since and until as ParseTime reads
+// them (by default, the 24 hours up to now), by (default tenant), format
+// (default table), split and spread (default the prices', else tokens and
+// none).
+func ParseWindow(q Query, prices *Prices, now time.Time) (Window, error) {
 	var w Window
 	var errs []error
 	var err error
-	if until == "" {
-		until = "now"
-	}
-	if w.Until, err = ParseTime(until, now); err != nil {
+	if w.Until, err = ParseTime(orDefault(q.Until, "now"), now); err != nil {
 		errs = append(errs, fmt.Errorf("until: %w", err))
 	}
-	if since == "" {
+	if q.Since == "" {
 		w.Since = w.Until.Add(-24 * time.Hour)
-	} else if w.Since, err = ParseTime(since, now); err != nil {
+	} else if w.Since, err = ParseTime(q.Since, now); err != nil {
 		errs = append(errs, fmt.Errorf("since: %w", err))
 	}
 	if err == nil && !w.Since.Before(w.Until) {
 		errs = append(errs, errors.New("since must be before until"))
 	}
-	if w.By, err = ParseBy(orDefault(by, string(ByTenant))); err != nil {
+	if w.By, err = ParseBy(orDefault(q.By, string(ByTenant))); err != nil {
 		errs = append(errs, err)
 	}
-	w.Format = orDefault(format, FormatTable)
+	w.Format = orDefault(q.Format, FormatTable)
 	if err := CheckFormat(w.Format); err != nil {
 		errs = append(errs, err)
 	}
-	if w.Split, err = ParseSplit(orDefault(split, orDefault(string(dflt), string(SplitTokens)))); err != nil {
+	if w.Split, err = ParseSplit(orDefault(q.Split, orDefault(prices.Split, string(SplitTokens)))); err != nil {
+		errs = append(errs, err)
+	}
+	if w.Spread, err = ParseSpread(orDefault(q.Spread, prices.Spread)); err != nil {
 		errs = append(errs, err)
 	}
 	return w, errors.Join(errs...)
@@ -76,7 +83,7 @@ func orDefault(s, d string) string {
 	return s
 }
 
-// Handler serves GET /usage?since=&until=&by=&format=&split=&tenant= from
+// Handler serves GET /usage?since=&until=&by=&format=&split=&spread=&tenant= from
 // the ledger at path (JSON unless format says otherwise); a tenant
 // restricts the report to that tenant's lines (Usage.OfTenant). It reads
 // no credentials: poold binds it behind the admin token and tenants' keys,
@@ -84,7 +91,8 @@ func orDefault(s, d string) string {
 func Handler(path string, prices Prices) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		win, err := ParseWindow(q.Get("since"), q.Get("until"), q.Get("by"), orDefault(q.Get("format"), FormatJSON), q.Get("split"), Split(prices.Split), time.Now())
+		win, err := ParseWindow(Query{Since: q.Get("since"), Until: q.Get("until"), By: q.Get("by"), Format: orDefault(q.Get("format"), FormatJSON),
+			Split: q.Get("split"), Spread: q.Get("spread")}, &prices, time.Now())
 		if err != nil {
 			openai.WriteError(w, http.StatusBadRequest, "invalid_usage_query", "", err.Error())
 			return
@@ -100,6 +108,7 @@ func Handler(path string, prices Prices) http.Handler {
 			openai.WriteError(w, http.StatusInternalServerError, "usage_unavailable", "", err.Error())
 			return
 		}
+		u.SpreadPoolTime(win.Spread)
 		if t := q.Get("tenant"); t != "" {
 			u = u.OfTenant(t)
 		}

@@ -266,6 +266,11 @@ func TestHandlerServesReports(t *testing.T) {
 		{"?since=1h&tenant=a", `"pools": null`, `"addsUp"`, 200},
 		{"?since=1h&tenant=a&format=csv&by=model", "m,serving,a,1,", ",b,", 200},
 		{"?since=1h&tenant=a&format=table", `usage of tenant "a"`, "adds up", 200},
+		// Spread, the pool's idle second is on the tenants' lines; a tenant's
+		// own report carries its share.
+		{"?since=1h&spread=tokens", `"sharedGpuMicroseconds"`, `"use": "idle"`, 200},
+		{"?since=1h&spread=holder&tenant=a", `"sharedGpuMicroseconds"`, `"key": "b"`, 200},
+		{"?spread=everyone", "must be none, tokens or holder", "", 400},
 	} {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/usage"+c.query, nil))

@@ -66,6 +66,9 @@ type Counts struct {
 	EstimatedRequests int64 `json:"estimatedRequests"` // requests whose tokens are estimates
 	// GPUMicros is GPU-microseconds: wall time times the GPUs held.
 	GPUMicros int64 `json:"gpuMicroseconds"`
+	// SharedMicros is the part of GPUMicros that is a pool's own time
+	// spread over tenants (Usage.SpreadPoolTime); 0 without a spread.
+	SharedMicros int64 `json:"sharedGpuMicroseconds,omitempty"`
 }
 
 func (c *Counts) add(o Counts) {
@@ -75,6 +78,7 @@ func (c *Counts) add(o Counts) {
 	c.CompletionTokens += o.CompletionTokens
 	c.EstimatedRequests += o.EstimatedRequests
 	c.GPUMicros += o.GPUMicros
+	c.SharedMicros += o.SharedMicros
 }
 
 // PoolTotal is one pool's check: the GPU time its intervals cover in the
@@ -94,6 +98,7 @@ func (p PoolTotal) AddsUp() bool { return p.LinesMicros == p.GPUMicros }
 type Usage struct {
 	Since, Until time.Time
 	Split        Split
+	Spread       Spread // how the pools' own time was spread; "": it was not
 	// Tenant, when not empty, is the one tenant whose lines these are
 	// (OfTenant); empty: every line.
 	Tenant string
@@ -106,7 +111,7 @@ type Usage struct {
 // pool's GPU time, and the pools' own time and other tenants' are not the
 // tenant's to see.
 func (u *Usage) OfTenant(tenant string) *Usage {
-	o := &Usage{Since: u.Since, Until: u.Until, Split: u.Split, Tenant: tenant}
+	o := &Usage{Since: u.Since, Until: u.Until, Split: u.Split, Spread: u.Spread, Tenant: tenant}
 	for _, a := range u.Atoms {
 		if a.Use == UseServing && a.Tenant == tenant {
 			o.Atoms = append(o.Atoms, a)

@@ -226,6 +226,10 @@ type usageReport struct {
 		Key, Use                                         string
 		Requests, PromptTokens, CompletionTokens, Failed int64
 		GPUMicros                                        int64 `json:"gpuMicroseconds"`
+		SharedMicros                                     int64 `json:"sharedGpuMicroseconds"`
+	}
+	Total struct {
+		GPUMicros int64 `json:"gpuMicroseconds"`
 	}
 	Pools []struct {
 		Pool                                                    string
@@ -369,6 +373,39 @@ func TestUsageLedgerReconcilesWithTheAccessLog(t *testing.T) {
 	}
 	if n := strings.Count(out, ": adds up"); n != 2 {
 		t.Errorf("%d pools add up, want 2", n)
+	}
+
+	// Spread by tokens, the pools' own time is on the tenants' lines: one
+	// line per tenant, the same GPU time in all, every pool adding up.
+	out, code = runPoold(t, "usage", "--state-dir", state, "--since", rfc(begin), "--until", rfc(end), "--by", "tenant", "--spread", "tokens", "--format", "json")
+	var spread usageReport
+	if err := json.Unmarshal([]byte(out), &spread); err != nil || code != 0 {
+		t.Fatalf("poold usage --spread tokens: exit %d, %v\n%s", code, err, out)
+	}
+	var shared int64
+	for _, r := range spread.Rows {
+		if r.Use != "serving" && r.Use != "unattributed" {
+			t.Errorf("a line of the pools' own time left by the spread: %+v", r)
+		}
+		shared += r.SharedMicros
+	}
+	if spread.Total.GPUMicros != rep.Total.GPUMicros || shared == 0 {
+		t.Errorf("spread: %d GPU-µs in all (%d shared), unspread %d", spread.Total.GPUMicros, shared, rep.Total.GPUMicros)
+	}
+	for _, p := range spread.Pools {
+		if !p.AddsUp {
+			t.Errorf("spread: pool %s does not add up: %+v", p.Pool, p)
+		}
+	}
+
+	// Prices by flag alone, without the settings file; none at all: a hint.
+	out, _ = runPoold(t, "usage", "--state-dir", state, "--since", rfc(begin), "--until", rfc(end), "--usage-gpu-hour", "2", "--usage-currency", "EUR")
+	if !strings.Contains(out, "COST (EUR)") || !strings.Contains(out, "prices in EUR") {
+		t.Errorf("priced by flag:\n%s", out)
+	}
+	out, _ = runPoold(t, "usage", "--state-dir", state, "--since", rfc(begin), "--until", rfc(end))
+	if strings.Contains(out, "COST") || !strings.Contains(out, "no prices set, so no cost columns") {
+		t.Errorf("without prices:\n%s", out)
 	}
 }
 
