@@ -445,21 +445,26 @@ func TestRealVLLMServes(t *testing.T) {
 	t.Run("max-num-seqs", func(t *testing.T) {
 		// A burst of 6 at an engine that runs 2 at once: poold holds the
 		// rest (each of at least 4 logs a queue wait), so the engine never
-		// queues one.
+		// queues one. The burst leaves at once, and each request is long
+		// enough (seconds) that a busy machine's late sender still finds
+		// the first two running.
 		var wg sync.WaitGroup
 		type sent struct {
 			code int
 			id   string
 		}
 		results := make(chan sent, 6)
+		burst := make(chan struct{})
 		for range 6 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				code, id, _ := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 400, ""), nil)
+				<-burst
+				code, id, _ := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 1200, ""), nil)
 				results <- sent{code, id}
 			}()
 		}
+		close(burst)
 		stop := make(chan struct{})
 		watched := make(chan error, 1)
 		go func() {
