@@ -86,18 +86,18 @@ func Handler(path string, prices Prices) http.Handler {
 		q := r.URL.Query()
 		win, err := ParseWindow(q.Get("since"), q.Get("until"), q.Get("by"), orDefault(q.Get("format"), FormatJSON), q.Get("split"), Split(prices.Split), time.Now())
 		if err != nil {
-			openai.WriteError(w, http.StatusBadRequest, "invalid_usage_query", "", err.Error())
+			openai.WriteError(w, r, http.StatusBadRequest, "invalid_usage_query", "", err.Error())
 			return
 		}
 		src, err := OpenReader(r.Context(), path)
 		if err != nil {
-			openai.WriteError(w, http.StatusServiceUnavailable, "usage_unavailable", "", err.Error())
+			openai.WriteError(w, r, http.StatusServiceUnavailable, "usage_unavailable", "", err.Error())
 			return
 		}
 		defer src.Close()
 		u, err := Collect(r.Context(), src, win.Since, win.Until, win.Split)
 		if err != nil {
-			openai.WriteError(w, http.StatusInternalServerError, "usage_unavailable", "", err.Error())
+			openai.WriteError(w, r, http.StatusInternalServerError, "usage_unavailable", "", err.Error())
 			return
 		}
 		if t := q.Get("tenant"); t != "" {
