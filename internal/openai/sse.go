@@ -100,8 +100,8 @@ const sseReadSize = 1024
 // NewSSEReader wraps src, an upstream event stream. With withhold set, the
 // usage-only chunk is dropped (poold asked for it on the client's behalf).
 // onFirst, if not nil, is called once, when the first bytes are returned. If
-// src fails mid-stream, a final `data: {"error": …}` event is returned before
-// the error.
+// src fails mid-stream, a final `data: {"error": …}` event (Anthropic's
+// `event: error` after SetAnthropic) is returned before the error.
 func NewSSEReader(src io.ReadCloser, withhold bool, onFirst func()) *SSEReader {
 	return &SSEReader{src: src, withhold: withhold, onFirst: onFirst}
 }
