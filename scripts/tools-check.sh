@@ -44,6 +44,16 @@ else
   missing "systemd-sysusers, systemd-tmpfiles, systemd-analyze or curl" "apt-get install systemd curl"
 fi
 
+# The Anthropic TypeScript SDK against poold's Messages route: the version
+# pinned in test/e2e/anthropic-sdk/package-lock.json, installed from the npm
+# registry, then the e2e test that runs it (which skips without it).
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  (cd test/e2e/anthropic-sdk && npm ci --no-audit --no-fund)
+  go test -count=1 -run '^TestAnthropicSDK$' ./test/e2e/
+else
+  missing "node or npm" "apt-get install nodejs npm"
+fi
+
 # Known vulnerabilities: govulncheck against a database built from the
 # golang.org/x/vulndb module (needs only Go and the module proxy).
 ./scripts/vulncheck.sh

@@ -122,7 +122,7 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", h.unknownModel(h.fleet.snapshot(), name, t))
+	openai.WriteError(w, r, http.StatusNotFound, "model_not_found", "model", h.unknownModel(h.fleet.snapshot(), name, t))
 }
 
 // models is the entries of GET /v1/models, sorted by name: each name any

@@ -118,7 +118,7 @@ type Handler struct {
 	rp    *httputil.ReverseProxy
 	tr    *upstream.Transport // the hosts' connections, rp's Transport
 	mux   *http.ServeMux
-	root  http.Handler  // mux with OpenAI-shaped 404 and 405, behind the tenants' gate when there is one
+	root  http.Handler  // mux with 404 and 405 in poold's shape, behind the tenants' gate when there is one
 	gate  *tenant.Gate  // nil: no tenants file
 	seq   atomic.Uint64 // request ids
 	// claims are the new copies claimed by this fleetd, or learnt from
@@ -191,7 +191,7 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
 // ServeHTTP serves r through the mux (behind the tenants' gate when there
-// is one), whose 404 and 405 are OpenAI-shaped.
+// is one), whose 404 and 405 are in poold's shape (openai.WriteError).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.root.ServeHTTP(w, r) }
 
 // Close closes the idle connections to hosts and stops their sweep. Call it
@@ -218,8 +218,11 @@ type attempt struct {
 	// asked for it, not the client); limited: fleetd set the
 	// x-ratelimit-* headers, which the host's do not replace.
 	meter, withhold, limited bool
-	start                    time.Time
-	now                      func() time.Time
+	// anthropic: the request is the Messages route's, whose stream ends
+	// with Anthropic's error event when the host breaks it off.
+	anthropic bool
+	start     time.Time
+	now       func() time.Time
 
 	first   time.Time // first response byte sent
 	status  int       // answered with; 0 when retried or the client left
@@ -303,7 +306,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	fail := func(code int, errCode, param, msg string) {
 		status = code
 		w.Header().Set("X-Request-Id", id)
-		openai.WriteError(w, code, errCode, param, msg)
+		openai.WriteError(w, r, code, errCode, param, msg)
 	}
 
 	w.Header().Set("X-Request-Id", id)
@@ -311,7 +314,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	// cap, in poold's order, before any host is asked: a refused request
 	// costs no host anything. The limits come first, before the body is
 	// read, and the reservation of its worst case in tokens last.
-	if !h.gate.Admit(w, ten) {
+	if !h.gate.Admit(w, r, ten) {
 		status = http.StatusTooManyRequests
 		return
 	}
@@ -339,7 +342,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		// asks its engine, and the usage chunk withheld from the client.
 		meter = true
 		withhold = stream && !req.IncludeUsage && (r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions")
-		bound, ok := h.gate.Cap(w, ten, r.URL.Path, req)
+		bound, ok := h.gate.Cap(w, r, ten, r.URL.Path, req)
 		if !ok {
 			status = http.StatusBadRequest
 			return
@@ -348,7 +351,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		prompt = openai.EstimatePromptTokens(body, req)
 		if ten.TPM > 0 {
 			worst := tenant.WorstCase(r.URL.Path, body, req, bound, 0)
-			if !h.gate.Reserve(w, ten, worst) {
+			if !h.gate.Reserve(w, r, ten, worst) {
 				status = http.StatusTooManyRequests
 				return
 			}
@@ -367,7 +370,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if len(order) == 0 {
 		status = http.StatusServiceUnavailable
 		w.Header().Set("X-Request-Id", id)
-		openai.WriteUnavailable(w, "no_healthy_host", fmt.Sprintf("no healthy host can serve model %q now", name), 5*time.Second)
+		openai.WriteUnavailable(w, r, "no_healthy_host", fmt.Sprintf("no healthy host can serve model %q now", name), 5*time.Second)
 		return
 	}
 	order = h.claimCopy(r.Context(), order, views)
@@ -389,7 +392,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		hs := hosts[c.Host]
 		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), cred: cred, client: r.Context(),
 			start: h.fleet.opts.Now(), now: h.fleet.opts.Now,
-			meter: meter, withhold: withhold, limited: meter && (ten.RPM > 0 || ten.TPM > 0), prompt: prompt,
+			meter: meter, withhold: withhold, limited: meter && (ten.RPM > 0 || ten.TPM > 0), prompt: prompt, anthropic: openai.AnthropicRoute(r.URL.Path),
 			nextAny:  left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return !warmOnly || n.Rank <= placement.Loading }),
 			nextWarm: left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return n.Rank <= placement.Loading })}
 		tried = append(tried, c.Host)
@@ -573,6 +576,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		wb.stream = true
 		sse := openai.NewSSEReader(wb, a.withhold, nil)
 		sse.SetMaxEvent(int(h.opts.MaxEventBytes))
+		if a.anthropic {
+			sse.SetAnthropic()
+		}
 		sse.OnEvent(upstream.IdleByEvents(resp.Body))
 		resp.Body = sse
 		if a.meter {
@@ -654,7 +660,7 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	w.Header().Set("X-Fleet-Host", a.host.name)
 	w.Header().Set("X-Request-Id", a.id)
-	openai.WriteError(w, a.status, code, "", fmt.Sprintf("host %q failed: %v", a.host.name, err))
+	openai.WriteError(w, r, a.status, code, "", fmt.Sprintf("host %q failed: %v", a.host.name, err))
 }
 
 // minChunks is how many chunks a stream needs for its mean gap to be a

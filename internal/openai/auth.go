@@ -106,9 +106,9 @@ func PresentedKey(h http.Header) string {
 	return h.Get("X-Api-Key")
 }
 
-// Require wraps next so that every request answers 401 in the OpenAI shape
-// without an accepted key, but for the key-free paths (KeyFree), which pass
-// through.
+// Require wraps next so that every request answers 401 in poold's shape
+// (WriteError) without an accepted key, but for the key-free paths
+// (KeyFree), which pass through.
 func (k *APIKeys) Require(next http.Handler) http.Handler {
 	if k == nil {
 		return next
@@ -116,7 +116,7 @@ func (k *APIKeys) Require(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !KeyFree(r.URL.Path) && !k.valid(r.Header) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="poold"`)
-			WriteError(w, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
+			WriteError(w, r, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
 			return
 		}
 		next.ServeHTTP(w, r)

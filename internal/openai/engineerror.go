@@ -96,8 +96,7 @@ func EngineError(status int, body []byte, anthropic bool) ([]byte, bool) {
 		e.Message = fmt.Sprintf("engine answered %d: %s", status, bytes.TrimSpace(body))
 	}
 	if anthropic {
-		out := marshal(anthropicError{Type: "error", Error: anthropicDetail{Type: anthropicType(status), Message: e.Message}})
-		return append(out, '\n'), true
+		return append(marshal(anthropicBody(status, e)), '\n'), true
 	}
 	return append(marshal(errorBody{e}), '\n'), true
 }
@@ -145,7 +144,9 @@ func isString(v any) bool {
 	return ok
 }
 
-// anthropicError is Anthropic's error body.
+// anthropicError is Anthropic's error body, {"type": "error", "error":
+// {"type", "message"}}, with poold's code beside the message: Anthropic's
+// shape has no code, and its clients ignore a member they do not know.
 type anthropicError struct {
 	Type  string          `json:"type"` // always "error"
 	Error anthropicDetail `json:"error"`
@@ -154,12 +155,21 @@ type anthropicError struct {
 type anthropicDetail struct {
 	Type    string `json:"type"`
 	Message string `json:"message"`
+	Code    string `json:"code,omitempty"`
+}
+
+// anthropicBody is e, an error answered with status, in Anthropic's shape:
+// the type is Anthropic's for the status, the param is left out (the
+// message names it).
+func anthropicBody(status int, e apiError) anthropicError {
+	code, _ := e.Code.(string)
+	return anthropicError{Type: "error", Error: anthropicDetail{Type: anthropicType(status), Message: e.Message, Code: code}}
 }
 
 // anthropicType maps a status to Anthropic's error type name.
 func anthropicType(status int) string {
 	switch status {
-	case http.StatusBadRequest, http.StatusMethodNotAllowed, http.StatusUnprocessableEntity:
+	case http.StatusBadRequest, http.StatusMethodNotAllowed, http.StatusUnprocessableEntity, http.StatusRequestHeaderFieldsTooLarge:
 		return "invalid_request_error"
 	case http.StatusUnauthorized:
 		return "authentication_error"

@@ -10,6 +10,9 @@ import (
 	"time"
 )
 
+// post is a request to path, whose route decides an error's shape.
+func post(path string) *http.Request { return httptest.NewRequest(http.MethodPost, path, nil) }
+
 // decodeError checks a recorded error response's shape and returns its fields.
 func decodeError(t *testing.T, rec *httptest.ResponseRecorder) map[string]any {
 	t.Helper()
@@ -54,7 +57,7 @@ func TestWriteError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.code+"/"+tt.param, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			WriteError(rec, tt.status, tt.code, tt.param, tt.msg)
+			WriteError(rec, post("/v1/chat/completions"), tt.status, tt.code, tt.param, tt.msg)
 			if rec.Code != tt.status {
 				t.Errorf("status = %d, want %d", rec.Code, tt.status)
 			}
@@ -100,7 +103,7 @@ func TestWriteUnavailable(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.retry.String(), func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			WriteUnavailable(rec, "queue_timeout", "waited too long", tt.retry)
+			WriteUnavailable(rec, post("/v1/completions"), "queue_timeout", "waited too long", tt.retry)
 			if rec.Code != http.StatusServiceUnavailable {
 				t.Errorf("status = %d", rec.Code)
 			}
@@ -121,7 +124,7 @@ func TestWriteUnavailable(t *testing.T) {
 func TestErrorsNotHTMLEscaped(t *testing.T) {
 	const msg = `send Authorization: Bearer <key> & "x-api-key: <key>"`
 	rec := httptest.NewRecorder()
-	WriteError(rec, http.StatusUnauthorized, "invalid_api_key", "", msg)
+	WriteError(rec, post("/v1/chat/completions"), http.StatusUnauthorized, "invalid_api_key", "", msg)
 	if !strings.Contains(rec.Body.String(), `Bearer <key> & \"x-api-key: <key>\"`) || !strings.HasSuffix(rec.Body.String(), "}\n") {
 		t.Errorf("answer %q", rec.Body)
 	}
@@ -129,11 +132,137 @@ func TestErrorsNotHTMLEscaped(t *testing.T) {
 		t.Errorf("message %q", e["message"])
 	}
 	for name, ev := range map[string][]byte{
-		"stream error": streamError(&StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: msg}),
-		"engine error": ErrorEvent(http.StatusBadRequest, "", []byte("<html>bad & worse</html>")),
+		"stream error":           streamError(&StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: msg}, false),
+		"engine error":           ErrorEvent(http.StatusBadRequest, "", []byte("<html>bad & worse</html>"), false),
+		"Anthropic stream error": streamError(&StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: msg}, true),
+		"Anthropic engine error": ErrorEvent(http.StatusBadRequest, "", []byte("<html>bad & worse</html>"), true),
 	} {
 		if s := string(ev); strings.Contains(s, `\u003c`) || strings.Contains(s, `\u0026`) || !strings.Contains(s, "<") {
 			t.Errorf("%s event %q", name, ev)
 		}
+	}
+}
+
+// decodeAnthropic checks that a recorded error response is in Anthropic's
+// shape, {"type": "error", "error": {"type", "message", "code"}}, and
+// returns the error's members.
+func decodeAnthropic(t *testing.T, rec *httptest.ResponseRecorder) map[string]string {
+	t.Helper()
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q", ct)
+	}
+	var body struct {
+		Type  *string           `json:"type"`
+		Error map[string]string `json:"error"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %q: %v", rec.Body, err)
+	}
+	var top map[string]json.RawMessage
+	_ = json.Unmarshal(rec.Body.Bytes(), &top)
+	if len(top) != 2 || body.Type == nil || *body.Type != "error" || len(body.Error) != 3 {
+		t.Fatalf("body %s: want Anthropic's error shape", rec.Body)
+	}
+	return body.Error
+}
+
+// The Messages route's path, plain or pinned to a pool, and no other.
+func TestAnthropicRoute(t *testing.T) {
+	for path, want := range map[string]bool{
+		"/v1/messages":                    true,
+		"/pools/gpu0/v1/messages":         true,
+		"/v1/chat/completions":            false,
+		"/pools/gpu0/v1/completions":      false,
+		"/v1/messages/":                   false,
+		"/v1/messages/count_tokens":       false,
+		"/pools//v1/messages":             false,
+		"/pools/v1/messages":              false,
+		"/pools/a/b/v1/messages":          false,
+		"/v2/messages":                    false,
+		"/messages":                       false,
+		"/pools/gpu0/pools/a/v1/messages": false,
+	} {
+		if got := AnthropicRoute(path); got != want {
+			t.Errorf("AnthropicRoute(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
+
+// On the Messages route poold's own errors are in Anthropic's shape, with
+// Anthropic's type for the status and poold's code beside the message, and
+// keep their status and headers; on every other route they stay OpenAI's.
+func TestWriteErrorOnMessagesRoute(t *testing.T) {
+	tests := []struct {
+		status      int
+		code, param string
+		typ         string // Anthropic's
+	}{
+		{http.StatusBadRequest, "invalid_body", "max_tokens", "invalid_request_error"},
+		{http.StatusUnauthorized, "invalid_api_key", "", "authentication_error"},
+		{http.StatusForbidden, "pool_not_allowed", "", "permission_error"},
+		{http.StatusNotFound, "model_not_found", "model", "not_found_error"},
+		{http.StatusMethodNotAllowed, "method_not_allowed", "", "invalid_request_error"},
+		{http.StatusRequestEntityTooLarge, "body_too_large", "", "request_too_large"},
+		{http.StatusRequestHeaderFieldsTooLarge, "headers_too_large", "", "invalid_request_error"},
+		{http.StatusInternalServerError, "internal_error", "", "api_error"},
+		{http.StatusBadGateway, "engine_unavailable", "", "api_error"},
+		{http.StatusGatewayTimeout, "engine_timeout", "", "api_error"},
+	}
+	for _, path := range []string{"/v1/messages", "/pools/gpu0/v1/messages"} {
+		for _, tt := range tests {
+			rec := httptest.NewRecorder()
+			WriteError(rec, post(path), tt.status, tt.code, tt.param, "msg <x>")
+			e := decodeAnthropic(t, rec)
+			if rec.Code != tt.status || e["type"] != tt.typ || e["code"] != tt.code || e["message"] != "msg <x>" {
+				t.Errorf("%s %d %s: %d %s", path, tt.status, tt.code, rec.Code, rec.Body)
+			}
+		}
+		rec := httptest.NewRecorder()
+		WriteUnavailable(rec, post(path), "queue_full", "full", 3*time.Second)
+		if e := decodeAnthropic(t, rec); rec.Code != 503 || rec.Header().Get("Retry-After") != "3" || e["type"] != "overloaded_error" || e["code"] != "queue_full" {
+			t.Errorf("%s: 503: %d %s %v", path, rec.Code, rec.Body, rec.Header())
+		}
+		rec = httptest.NewRecorder()
+		WriteRateLimited(rec, post(path), "tokens", "slow down", 1500*time.Millisecond)
+		if e := decodeAnthropic(t, rec); rec.Code != 429 || rec.Header().Get("Retry-After") != "2" || e["type"] != "rate_limit_error" || e["code"] != "rate_limit_exceeded" {
+			t.Errorf("%s: 429: %d %s %v", path, rec.Code, rec.Body, rec.Header())
+		}
+	}
+	for _, r := range []*http.Request{post("/v1/chat/completions"), post("/pools/gpu0/v1/embeddings"), post("/v1/messages/"), nil} {
+		rec := httptest.NewRecorder()
+		WriteRateLimited(rec, r, "tokens", "slow down", time.Second)
+		if e := decodeError(t, rec); e["type"] != "tokens" || e["code"] != "rate_limit_exceeded" {
+			t.Errorf("%v: %s", r, rec.Body)
+		}
+	}
+}
+
+// A kept error answer ends a Messages stream as Anthropic's error event:
+// an Anthropic body as it is, any other as the message, and the retry hint
+// in the message.
+func TestErrorEventOnMessagesRoute(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		status     int
+		retryAfter string
+		body       string
+		want       string
+	}{
+		{"Anthropic's body", 503, "30", `{"type":"error","error":{"type":"overloaded_error","message":"queue timeout","code":"queue_timeout"}}`,
+			`{"type":"error","error":{"type":"overloaded_error","message":"queue timeout (retry after 30s)","code":"queue_timeout"}}`},
+		{"the engine's own Anthropic body", 400, "", `{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}`,
+			`{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}`},
+		{"OpenAI's body", 502, "", `{"error":{"message":"m","type":"server_error","param":null,"code":"engine_failed"}}`,
+			`{"type":"error","error":{"type":"api_error","message":"engine answered 502: {\"error\":{\"message\":\"m\",\"type\":\"server_error\",\"param\":null,\"code\":\"engine_failed\"}}","code":"engine_error"}}`},
+		{"not JSON", 500, "", "Internal Server Error",
+			`{"type":"error","error":{"type":"api_error","message":"engine answered 500: Internal Server Error","code":"engine_error"}}`},
+	} {
+		got := string(ErrorEvent(tt.status, tt.retryAfter, []byte(tt.body), true))
+		if want := "event: error\ndata: " + tt.want + "\n\n"; got != want {
+			t.Errorf("%s: event %q\nwant %q", tt.name, got, want)
+		}
+	}
+	if got := string(ErrorEvent(503, "", []byte(`{"type":"error","error":{"type":"overloaded_error","message":"x"}}`), false)); !strings.HasPrefix(got, "data: {\"error\":{") {
+		t.Errorf("off the Messages route: %q", got)
 	}
 }

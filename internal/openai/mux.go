@@ -6,10 +6,10 @@ import (
 	"strconv"
 )
 
-// ServeMux serves r with mux, but answers in the OpenAI shape what mux has
-// no route for, where mux itself would answer in plain text: a path it does
-// not serve gets a 404 unknown_route, a method it does not serve the path
-// with a 405 method_not_allowed with mux's Allow header.
+// ServeMux serves r with mux, but answers in poold's shape (WriteError)
+// what mux has no route for, where mux itself would answer in plain text:
+// a path it does not serve gets a 404 unknown_route, a method it does not
+// serve the path with a 405 method_not_allowed with mux's Allow header.
 func ServeMux(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
 	h, pattern := mux.Handler(r)
 	if pattern != "" { // a route, or mux's redirect to one
@@ -23,14 +23,14 @@ func ServeMux(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
 		WriteMethodNotAllowed(w, r, rec.header.Get("Allow"))
 		return
 	}
-	WriteError(w, http.StatusNotFound, "unknown_route", "", fmt.Sprintf("%s %s: no such endpoint", r.Method, strconv.Quote(r.URL.EscapedPath())))
+	WriteError(w, r, http.StatusNotFound, "unknown_route", "", fmt.Sprintf("%s %s: no such endpoint", r.Method, strconv.Quote(r.URL.EscapedPath())))
 }
 
 // WriteMethodNotAllowed answers a request whose path is served with other
 // methods only, those of allow (an Allow header's value).
 func WriteMethodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
 	w.Header().Set("Allow", allow)
-	WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "",
+	WriteError(w, r, http.StatusMethodNotAllowed, "method_not_allowed", "",
 		fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, strconv.Quote(r.URL.EscapedPath()), allow))
 }
 

@@ -1,8 +1,8 @@
 // Package openai is the OpenAI-compatible wire surface that poold and fleetd
 // share: reading and validating a request body once, rewriting its model and
-// stream options, OpenAI-shaped errors, the SSE pass-through that reads token
-// usage, request ids and API keys. It knows nothing of pools, hosts or
-// engines.
+// stream options, poold's own errors (OpenAI's shape, Anthropic's on the
+// Messages route), the SSE pass-through that reads token usage, request ids
+// and API keys. It knows nothing of pools, hosts or engines.
 package openai
 
 import (
@@ -93,25 +93,25 @@ func errParam(err error) string {
 
 // ReadRequest reads an OpenAI request body once, bounded by limit, and
 // validates it: a JSON object, or a multipart/form-data form (by its
-// Content-Type). On failure it answers with the OpenAI error (400, 408 or
-// 413) and returns the status sent; otherwise the status is 0.
+// Content-Type). On failure it answers with poold's error (WriteError: 400,
+// 408 or 413) and returns the status sent; otherwise the status is 0.
 func ReadRequest(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, Request, int) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	switch {
 	case errors.As(err, new(*http.MaxBytesError)):
-		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", limit))
+		WriteError(w, r, http.StatusRequestEntityTooLarge, "body_too_large", "", fmt.Sprintf("request body exceeds the %d byte limit", limit))
 		return nil, Request{}, http.StatusRequestEntityTooLarge
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		// The server's read timeout: a body trickled in too slowly.
-		WriteError(w, http.StatusRequestTimeout, "request_timeout", "", "reading request body: the body did not arrive within the read timeout")
+		WriteError(w, r, http.StatusRequestTimeout, "request_timeout", "", "reading request body: the body did not arrive within the read timeout")
 		return nil, Request{}, http.StatusRequestTimeout
 	case err != nil:
-		WriteError(w, http.StatusBadRequest, "invalid_body", "", "reading request body: "+err.Error())
+		WriteError(w, r, http.StatusBadRequest, "invalid_body", "", "reading request body: "+err.Error())
 		return nil, Request{}, http.StatusBadRequest
 	}
 	req, err := parseBody(body, r.Header.Get("Content-Type"))
 	if err != nil {
-		WriteError(w, http.StatusBadRequest, "invalid_body", errParam(err), err.Error())
+		WriteError(w, r, http.StatusBadRequest, "invalid_body", errParam(err), err.Error())
 		return nil, Request{}, http.StatusBadRequest
 	}
 	return body, req, 0

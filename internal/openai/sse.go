@@ -68,6 +68,9 @@ type SSEReader struct {
 	onFirst  func() // called once, when the first bytes are returned
 	onEvent  func() // see OnEvent; nil: none
 	maxEvent int    // see SetMaxEvent; zero means DefaultMaxEvent
+	// anthropic makes the error event that ends a broken stream
+	// Anthropic's (see SetAnthropic); false: OpenAI's.
+	anthropic bool
 
 	// buf holds the bytes read from src and not yet returned: buf[off:ready]
 	// are complete events to return, buf[ready:] bytes that do not yet end an
@@ -97,8 +100,8 @@ const sseReadSize = 1024
 // NewSSEReader wraps src, an upstream event stream. With withhold set, the
 // usage-only chunk is dropped (poold asked for it on the client's behalf).
 // onFirst, if not nil, is called once, when the first bytes are returned. If
-// src fails mid-stream, a final `data: {"error": …}` event is returned before
-// the error.
+// src fails mid-stream, a final `data: {"error": …}` event (Anthropic's
+// `event: error` after SetAnthropic) is returned before the error.
 func NewSSEReader(src io.ReadCloser, withhold bool, onFirst func()) *SSEReader {
 	return &SSEReader{src: src, withhold: withhold, onFirst: onFirst}
 }
@@ -126,7 +129,7 @@ func (s *SSEReader) Read(p []byte) (int, error) {
 				// itself before the connection is cut (an incomplete event is
 				// dropped, not glued to the error).
 				s.errSent = true
-				s.buf = append(s.buf[:0], streamError(s.err)...)
+				s.buf = append(s.buf[:0], streamError(s.err, s.anthropic)...)
 				s.ready = len(s.buf)
 				break
 			}
@@ -161,6 +164,11 @@ func (s *SSEReader) Close() error { return s.src.Close() }
 // DefaultMaxEvent); a larger one ends the stream with an error event that
 // names the limit and MaxEventSetting. Call it before the first Read.
 func (s *SSEReader) SetMaxEvent(n int) { s.maxEvent = n }
+
+// SetAnthropic makes the error event that ends a broken stream Anthropic's
+// (`event: error`, see ErrorEvent), for a stream of the Messages route.
+// Call it before the first Read.
+func (s *SSEReader) SetAnthropic() { s.anthropic = true }
 
 // OnEvent makes the reader call f, after a read from src, when that read
 // completed one event or more (upstream.IdleByEvents takes it as a sign
@@ -234,15 +242,21 @@ func (s *SSEReader) split() (found bool) {
 	}
 }
 
-// streamError is the SSE event that ends a stream the engine broke off.
-// A *StreamError from the upstream body gives that event its status, code
-// and message; any other error is engine_stream_failed.
-func streamError(err error) []byte {
-	e := apiError{Message: "engine stream failed: " + err.Error(), Type: errorType(http.StatusBadGateway), Code: "engine_stream_failed"}
+// streamError is the SSE event that ends a stream the engine broke off:
+// OpenAI's, or Anthropic's for a Messages stream (anthropic; see
+// ErrorEvent). A *StreamError from the upstream body gives that event its
+// status, code and message; any other error is engine_stream_failed.
+func streamError(err error, anthropic bool) []byte {
+	status := http.StatusBadGateway
+	e := apiError{Message: "engine stream failed: " + err.Error(), Type: errorType(status), Code: "engine_stream_failed"}
 	if se, ok := errors.AsType[*StreamError](err); ok {
-		e = apiError{Message: se.Message, Type: errorType(se.Status), Code: se.Code}
+		status = se.Status
+		e = apiError{Message: se.Message, Type: errorType(status), Code: se.Code}
 	}
-	return append(append([]byte("data: "), marshal(errorBody{e})...), "\n\n"...)
+	if anthropic {
+		return anthropicEvent(anthropicBody(status, e))
+	}
+	return dataEvent(errorBody{e})
 }
 
 // StreamError is why a stream was ended early by the proxy rather than by

@@ -234,6 +234,32 @@ func checkErrorEvent(t *testing.T, b []byte, cause string) {
 	}
 }
 
+// A Messages stream the engine broke off, or one that poold cut with a
+// StreamError, ends with Anthropic's error event.
+func TestSSEReaderAnthropicError(t *testing.T) {
+	boom := errors.New("connection reset by peer")
+	for _, tt := range []struct {
+		err  error
+		want string
+	}{
+		{boom, `{"type":"error","error":{"type":"api_error","message":"engine stream failed: connection reset by peer","code":"engine_stream_failed"}}`},
+		{&StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: "bye"},
+			`{"type":"error","error":{"type":"overloaded_error","message":"bye","code":"shutting_down"}}`},
+		{&StreamError{Status: http.StatusGatewayTimeout, Code: "engine_timeout", Message: "stalled"},
+			`{"type":"error","error":{"type":"api_error","message":"stalled","code":"engine_timeout"}}`},
+	} {
+		s := NewSSEReader(&scriptReader{parts: [][]byte{[]byte(messagesStart)}, err: tt.err}, false, nil)
+		s.SetAnthropic()
+		got, err := readAll(s, 64)
+		if !errors.Is(err, tt.err) {
+			t.Fatalf("err = %v, want %v", err, tt.err)
+		}
+		if want := messagesStart + "event: error\ndata: " + tt.want + "\n\n"; string(got) != want {
+			t.Errorf("stream %q\nwant %q", got, want)
+		}
+	}
+}
+
 func TestSSEReaderUpstreamError(t *testing.T) {
 	boom := errors.New("connection reset by peer")
 	tests := []struct {

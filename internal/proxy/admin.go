@@ -34,7 +34,7 @@ func (h *Handler) handleAdmin(mux *http.ServeMux, token string) {
 		return func(w http.ResponseWriter, r *http.Request) {
 			if !bearsToken(r, want) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="poold admin"`)
-				openai.WriteError(w, http.StatusUnauthorized, "invalid_admin_token", "", "the admin API needs a valid admin token: Authorization: Bearer <token>")
+				openai.WriteError(w, r, http.StatusUnauthorized, "invalid_admin_token", "", "the admin API needs a valid admin token: Authorization: Bearer <token>")
 				return
 			}
 			next(w, r)
@@ -65,20 +65,20 @@ func (h *Handler) serveLoad(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&body); err != nil {
-		openai.WriteError(w, http.StatusBadRequest, "invalid_body", "", "invalid request body: "+err.Error())
+		openai.WriteError(w, r, http.StatusBadRequest, "invalid_body", "", "invalid request body: "+err.Error())
 		return
 	}
 	if body.Profile == "" {
-		openai.WriteError(w, http.StatusBadRequest, "invalid_body", "profile", `"profile" is required`)
+		openai.WriteError(w, r, http.StatusBadRequest, "invalid_body", "profile", `"profile" is required`)
 		return
 	}
 	prof := h.cfg.Load().Lookup(body.Profile)
 	if prof == nil {
-		openai.WriteError(w, http.StatusNotFound, "model_not_found", "profile", h.unknownModel(body.Profile, nil))
+		openai.WriteError(w, r, http.StatusNotFound, "model_not_found", "profile", h.unknownModel(body.Profile, nil))
 		return
 	}
 	if !prof.EligibleOn(p.Name()) {
-		openai.WriteError(w, http.StatusBadRequest, "pool_not_eligible", "profile", fmt.Sprintf("profile %q may not run on pool %q", prof.ID, p.Name()))
+		openai.WriteError(w, r, http.StatusBadRequest, "pool_not_eligible", "profile", fmt.Sprintf("profile %q may not run on pool %q", prof.ID, p.Name()))
 		return
 	}
 	h.log.Info("admin load", "pool", p.Name(), "profile", prof.ID)
@@ -107,7 +107,7 @@ func (h *Handler) serveClearBackoff(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) adminPool(w http.ResponseWriter, r *http.Request) *pool.Pool {
 	p := h.pools.Pool(r.PathValue("pool"))
 	if p == nil {
-		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("no pool %q", r.PathValue("pool")))
+		openai.WriteError(w, r, http.StatusNotFound, "pool_not_found", "", fmt.Sprintf("no pool %q", r.PathValue("pool")))
 	}
 	return p
 }
@@ -130,11 +130,11 @@ func (h *Handler) adminDone(w http.ResponseWriter, r *http.Request, p *pool.Pool
 		case errors.Is(err, pool.ErrBackoff):
 			code = "engine_backoff"
 		}
-		openai.WriteUnavailable(w, code, fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err), qe.RetryAfter)
+		openai.WriteUnavailable(w, r, code, fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err), qe.RetryAfter)
 	case errors.Is(err, pool.ErrShutdown):
-		openai.WriteUnavailable(w, "shutting_down", err.Error(), 5*time.Second)
+		openai.WriteUnavailable(w, r, "shutting_down", err.Error(), 5*time.Second)
 	default: // a failed load or stop
-		openai.WriteError(w, http.StatusBadGateway, "engine_failed", "", fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err))
+		openai.WriteError(w, r, http.StatusBadGateway, "engine_failed", "", fmt.Sprintf("pool %q: %s: %v", p.Name(), what, err))
 	}
 	h.log.Warn("admin action failed", "pool", p.Name(), "action", what, "err", err)
 }

@@ -25,13 +25,16 @@ const maxErrorBody = 16 << 10
 // Once committed, a status code can no longer carry an error, so a later
 // non-2xx answer (queue timeout, failed load, an engine's own error) is kept,
 // up to maxErrorBody, and sent by finish as the stream's last event,
-// `data: {"error": {…}}`, which OpenAI's SDKs raise as a streaming error.
+// `data: {"error": {…}}`, which OpenAI's SDKs raise as a streaming error
+// (on the Messages route Anthropic's `event: error`, which Anthropic's
+// SDKs raise: see openai.ErrorEvent).
 // Its Retry-After, which no header can carry any more, goes into the message.
 //
 // It is used by one goroutine at a time: the keep-alive timer's while the
 // request waits for its lease, then the request's.
 type keepAlive struct {
 	http.ResponseWriter
+	anthropic bool // the Messages route's: the last event is Anthropic's
 	committed bool
 	status    int          // the status written after the commit; 0 when none
 	header    http.Header  // headers set after the commit, which the client never sees
@@ -121,6 +124,6 @@ func (k *keepAlive) finish() {
 	if !k.failed() {
 		return
 	}
-	_, _ = k.ResponseWriter.Write(openai.ErrorEvent(k.status, k.header.Get("Retry-After"), k.body.Bytes()))
+	_, _ = k.ResponseWriter.Write(openai.ErrorEvent(k.status, k.header.Get("Retry-After"), k.body.Bytes(), k.anthropic))
 	_ = http.NewResponseController(k.ResponseWriter).Flush()
 }

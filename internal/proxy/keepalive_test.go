@@ -16,7 +16,7 @@ import (
 func TestKeepAliveTransparentBeforeCommit(t *testing.T) {
 	rec := httptest.NewRecorder()
 	k := &keepAlive{ResponseWriter: rec}
-	openai.WriteUnavailable(k, "queue_full", "model \"m\": queue full", 3*time.Second)
+	openai.WriteUnavailable(k, httptest.NewRequest("POST", "/v1/chat/completions", nil), "queue_full", "model \"m\": queue full", 3*time.Second)
 	k.finish()
 	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "3" {
 		t.Fatalf("got %d, Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
@@ -48,7 +48,7 @@ func TestKeepAliveErrorAfterCommit(t *testing.T) {
 	k := &keepAlive{ResponseWriter: rec}
 	k.comment("loading m, 10s")
 	k.comment("loading m, 20s")
-	openai.WriteUnavailable(k, "queue_timeout", `model "m": timed out waiting for the model to load`, 30*time.Second)
+	openai.WriteUnavailable(k, httptest.NewRequest("POST", "/v1/chat/completions", nil), "queue_timeout", `model "m": timed out waiting for the model to load`, 30*time.Second)
 	k.finish()
 	if rec.Code != http.StatusOK || rec.Header().Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("got %d %q", rec.Code, rec.Header().Get("Content-Type"))
@@ -103,5 +103,33 @@ func TestKeepAliveEngineErrorAfterCommit(t *testing.T) {
 	if !strings.HasPrefix(e.Error.Message, "engine answered 400: max_tokens too large") || len(e.Error.Message) > maxErrorBody+100 ||
 		e.Error.Type != "invalid_request_error" {
 		t.Fatalf("error event %.300s", data[0])
+	}
+}
+
+// On the Messages route, an error after the commit ends the stream with
+// Anthropic's error event, the retry hint in its message; an engine's
+// error answer that is no JSON becomes its message.
+func TestKeepAliveErrorAfterCommitOnMessagesRoute(t *testing.T) {
+	rec := httptest.NewRecorder()
+	k := &keepAlive{ResponseWriter: rec, anthropic: true}
+	k.comment("loading m, 10s")
+	openai.WriteUnavailable(k, httptest.NewRequest("POST", "/pools/a/v1/messages", nil), "queue_timeout", `model "m": timed out`, 30*time.Second)
+	k.finish()
+	want := ": loading m, 10s\n\nevent: error\n" +
+		`data: {"type":"error","error":{"type":"overloaded_error","message":"model \"m\": timed out (retry after 30s)","code":"queue_timeout"}}` + "\n\n"
+	if rec.Code != http.StatusOK || rec.Body.String() != want {
+		t.Fatalf("%d %q\nwant %q", rec.Code, rec.Body, want)
+	}
+
+	rec = httptest.NewRecorder()
+	k = &keepAlive{ResponseWriter: rec, anthropic: true}
+	k.comment("loading m, 10s")
+	k.WriteHeader(http.StatusBadGateway)
+	_, _ = k.Write([]byte("Bad Gateway"))
+	k.finish()
+	want = ": loading m, 10s\n\nevent: error\n" +
+		`data: {"type":"error","error":{"type":"api_error","message":"engine answered 502: Bad Gateway","code":"engine_error"}}` + "\n\n"
+	if rec.Body.String() != want {
+		t.Fatalf("%q\nwant %q", rec.Body, want)
 	}
 }

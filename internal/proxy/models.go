@@ -35,7 +35,7 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("id")
 	prof := h.cfg.Load().Lookup(name)
 	if ten := tenant.FromContext(r.Context()); prof == nil || ten != nil && !ten.AllowsModel(name, prof.ID) {
-		openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", h.unknownModel(name, ten))
+		openai.WriteError(w, r, http.StatusNotFound, "model_not_found", "model", h.unknownModel(name, ten))
 		return
 	}
 	m := h.modelEntry(name, prof, h.modelStates())

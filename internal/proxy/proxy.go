@@ -184,7 +184,7 @@ func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pa
 // ServeHTTP serves every POST but the admin API's as an inference request,
 // which serveAPI routes by its path (routeOf), before the mux could clean or
 // redirect it; another method on an inference route is a 405; everything
-// else goes through the mux, whose 404 and 405 are OpenAI-shaped too.
+// else goes through the mux, whose 404 and 405 are in poold's shape too.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost && !strings.HasPrefix(r.URL.Path, "/admin/") {
 		h.serveAPI(w, r)
@@ -377,23 +377,23 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	rt, ok := routeOf(r.URL)
 	if !ok {
 		rec.Status = http.StatusNotFound
-		openai.WriteError(w, rec.Status, "unknown_route", "", fmt.Sprintf("POST %s is not an inference route that poold forwards", strconv.Quote(r.URL.EscapedPath())))
+		openai.WriteError(w, r, rec.Status, "unknown_route", "", fmt.Sprintf("POST %s is not an inference route that poold forwards", strconv.Quote(r.URL.EscapedPath())))
 		return
 	}
 	if rt.pool != "" && h.pools.Pool(rt.pool) == nil {
 		rec.Status = http.StatusNotFound
-		openai.WriteError(w, rec.Status, "pool_not_found", "", h.unknownPool(rt.pool))
+		openai.WriteError(w, r, rec.Status, "pool_not_found", "", h.unknownPool(rt.pool))
 		return
 	}
 	r.SetPathValue("pool", rt.pool)
 	x.path = rt.path
 	if ok, why := forwardedHeaders(r.Header); !ok {
 		rec.Status = http.StatusRequestHeaderFieldsTooLarge
-		openai.WriteError(w, rec.Status, "headers_too_large", "", why)
+		openai.WriteError(w, r, rec.Status, "headers_too_large", "", why)
 		return
 	}
 	// Limits before the body is read: a refused request costs nothing more.
-	if !h.opts.Tenants.Admit(w, ten) {
+	if !h.opts.Tenants.Admit(w, r, ten) {
 		rec.Status, rec.Outcome = http.StatusTooManyRequests, metrics.OutcomeRateLimited
 		return
 	}
@@ -406,13 +406,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	rec.Model, rec.Stream = req.Model, req.Stream
 	if req.Form && !formRoutes[rt.path] {
 		rec.Status = http.StatusBadRequest
-		openai.WriteError(w, rec.Status, "invalid_body", "", fmt.Sprintf("a multipart/form-data body is for the audio routes; POST %s takes JSON", rt.path))
+		openai.WriteError(w, r, rec.Status, "invalid_body", "", fmt.Sprintf("a multipart/form-data body is for the audio routes; POST %s takes JSON", rt.path))
 		return
 	}
 	prof := h.cfg.Load().Lookup(req.Model)
 	if prof == nil || ten != nil && !ten.AllowsModel(req.Model, prof.ID) {
 		rec.Status = http.StatusNotFound
-		openai.WriteError(w, rec.Status, "model_not_found", "model", h.unknownModel(req.Model, ten))
+		openai.WriteError(w, r, rec.Status, "model_not_found", "model", h.unknownModel(req.Model, ten))
 		return
 	}
 	rec.Profile = prof.ID
@@ -420,11 +420,11 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	// answers the route 404 anyway.
 	if msg := notServed(prof, rt.path); msg != "" {
 		rec.Status = http.StatusNotFound
-		openai.WriteError(w, rec.Status, "route_not_served", "", msg)
+		openai.WriteError(w, r, rec.Status, "route_not_served", "", msg)
 		return
 	}
 	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
-	bound, ok := h.opts.Tenants.Cap(w, ten, rt.path, req)
+	bound, ok := h.opts.Tenants.Cap(w, r, ten, rt.path, req)
 	if !ok {
 		rec.Status = http.StatusBadRequest
 		return
@@ -446,7 +446,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	if ten != nil && ten.TPM > 0 {
 		worst := tenant.WorstCase(rt.path, x.body, req, bound, prof.MaxModelLen)
-		if !h.opts.Tenants.Reserve(w, ten, worst) {
+		if !h.opts.Tenants.Reserve(w, r, ten, worst) {
 			rec.Status, rec.Outcome = http.StatusTooManyRequests, metrics.OutcomeRateLimited
 			return
 		}
@@ -459,7 +459,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	var lease *pool.Lease
 	var err error
 	if req.Stream && h.opts.KeepAliveInterval > 0 {
-		k := &keepAlive{ResponseWriter: w}
+		k := &keepAlive{ResponseWriter: w, anthropic: openai.AnthropicRoute(rt.path)}
 		defer k.finish()
 		w = k
 		lease, err = h.acquireKeepAlive(k, r, prof, caller, start, hold)
@@ -540,34 +540,34 @@ func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *pro
 		if code != "queue_timeout" {
 			w.Header().Set(openai.RefusedHeader, code) // a full queue or body budget refuses at arrival only
 		}
-		openai.WriteUnavailable(w, code, fmt.Sprintf("model %q: %v", prof.ID, err), qe.RetryAfter)
+		openai.WriteUnavailable(w, r, code, fmt.Sprintf("model %q: %v", prof.ID, err), qe.RetryAfter)
 		return http.StatusServiceUnavailable
 	case errors.As(err, &le):
-		openai.WriteError(w, http.StatusBadGateway, "engine_failed", "", err.Error())
+		openai.WriteError(w, r, http.StatusBadGateway, "engine_failed", "", err.Error())
 		return http.StatusBadGateway
 	case errors.Is(err, pool.ErrNoPool):
 		msg := fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool"))
 		if h.pools.Pool(r.PathValue("pool")) == nil { // removed by a reload meanwhile
 			msg = h.unknownPool(r.PathValue("pool"))
 		}
-		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", msg)
+		openai.WriteError(w, r, http.StatusNotFound, "pool_not_found", "", msg)
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrNoSwap):
-		openai.WriteError(w, http.StatusForbidden, "pool_not_allowed", "", h.noSwap(r, prof))
+		openai.WriteError(w, r, http.StatusForbidden, "pool_not_allowed", "", h.noSwap(r, prof))
 		return http.StatusForbidden
 	case errors.Is(err, pool.ErrShutdown):
 		w.Header().Set(openai.RefusedHeader, "shutting_down")
-		openai.WriteUnavailable(w, "shutting_down", err.Error(), shutdownRetry)
+		openai.WriteUnavailable(w, r, "shutting_down", err.Error(), shutdownRetry)
 		return http.StatusServiceUnavailable
 	case errors.Is(err, pool.ErrProfileRemoved):
-		openai.WriteError(w, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
+		openai.WriteError(w, r, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
 		return http.StatusNotFound
 	case errors.Is(err, pool.ErrPoolRemoved):
 		w.Header().Set(openai.RefusedHeader, "pool_removed")
-		openai.WriteUnavailable(w, "pool_removed", fmt.Sprintf("model %q: %v", prof.ID, err), time.Second)
+		openai.WriteUnavailable(w, r, "pool_removed", fmt.Sprintf("model %q: %v", prof.ID, err), time.Second)
 		return http.StatusServiceUnavailable
 	default:
-		openai.WriteError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
+		openai.WriteError(w, r, http.StatusInternalServerError, "internal_error", "", err.Error())
 		return http.StatusInternalServerError
 	}
 }
@@ -642,6 +642,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
 		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))
+		if openai.AnthropicRoute(x.path) {
+			x.sse.SetAnthropic()
+		}
 		x.sse.OnEvent(upstream.IdleByEvents(raw))
 		resp.Body = h.timeStream(x, x.sse)
 		resp.ContentLength = -1
@@ -650,7 +653,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	}
 	x.plain.Store(true)
 	if resp.StatusCode >= 400 {
-		reshapeError(resp, x.path == "/v1/messages")
+		reshapeError(resp, openai.AnthropicRoute(x.path))
 	}
 	x.tail = openai.NewUsageReader(resp.Body, x.markFirst)
 	x.tail.SetDrain(maxDrain)
@@ -694,7 +697,7 @@ const maxDrain = 8 << 20
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	x := r.Context().Value(exchangeKey{}).(*exchange)
 	if context.Cause(r.Context()) == errShutdownCut {
-		openai.WriteUnavailable(w, "shutting_down", errShutdownCut.Error(), shutdownRetry)
+		openai.WriteUnavailable(w, r, "shutting_down", errShutdownCut.Error(), shutdownRetry)
 		return
 	}
 	if r.Context().Err() != nil {
@@ -702,10 +705,10 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	h.log.Warn("engine request failed", "pool", x.lease.Pool, "profile", x.lease.Profile.ID, "err", err)
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-		openai.WriteError(w, http.StatusGatewayTimeout, "engine_timeout", "", fmt.Sprintf("engine for %q did not answer in time: %v", x.lease.Profile.ID, err))
+		openai.WriteError(w, r, http.StatusGatewayTimeout, "engine_timeout", "", fmt.Sprintf("engine for %q did not answer in time: %v", x.lease.Profile.ID, err))
 		return
 	}
-	openai.WriteError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine for %q failed: %v", x.lease.Profile.ID, err))
+	openai.WriteError(w, r, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine for %q failed: %v", x.lease.Profile.ID, err))
 }
 
 // statusWriter remembers the status written through it. It forwards Flush and

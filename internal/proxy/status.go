@@ -36,17 +36,17 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("pool")
 	p := h.pools.Pool(name)
 	if p == nil {
-		openai.WriteError(w, http.StatusNotFound, "pool_not_found", "", h.unknownPool(name))
+		openai.WriteError(w, r, http.StatusNotFound, "pool_not_found", "", h.unknownPool(name))
 		return
 	}
 	eng := p.Status().Engine
 	if eng == nil {
-		openai.WriteError(w, http.StatusServiceUnavailable, "no_engine", "", fmt.Sprintf("pool %q runs no engine", name))
+		openai.WriteError(w, r, http.StatusServiceUnavailable, "no_engine", "", fmt.Sprintf("pool %q runs no engine", name))
 		return
 	}
 	req, err := engineGet(r.Context(), eng.Port, "/metrics")
 	if err != nil {
-		openai.WriteError(w, http.StatusInternalServerError, "internal_error", "", err.Error())
+		openai.WriteError(w, r, http.StatusInternalServerError, "internal_error", "", err.Error())
 		return
 	}
 	for _, k := range []string{"Accept", "Accept-Encoding", "X-Prometheus-Scrape-Timeout-Seconds"} {
@@ -56,7 +56,7 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := h.tr.RoundTrip(req)
 	if err != nil {
-		openai.WriteError(w, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine of pool %q: %v", name, err))
+		openai.WriteError(w, r, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine of pool %q: %v", name, err))
 		return
 	}
 	defer resp.Body.Close()

@@ -36,19 +36,19 @@ func (h *Handler) handleUsage(mux *http.ServeMux) {
 		}
 		if h.opts.Tenants == nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="poold admin"`)
-			openai.WriteError(w, http.StatusUnauthorized, "invalid_admin_token", "", "GET /usage needs the admin token: Authorization: Bearer <token>")
+			openai.WriteError(w, r, http.StatusUnauthorized, "invalid_admin_token", "", "GET /usage needs the admin token: Authorization: Bearer <token>")
 			return
 		}
 		t := h.opts.Tenants.Config().Lookup(openai.PresentedKey(r.Header))
 		if t == nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="poold"`)
-			openai.WriteError(w, http.StatusUnauthorized, "invalid_api_key", "", h.usageCredentials())
+			openai.WriteError(w, r, http.StatusUnauthorized, "invalid_api_key", "", h.usageCredentials())
 			return
 		}
 		q := r.URL.Query()
 		for _, asked := range q["tenant"] {
 			if asked != t.Name {
-				openai.WriteError(w, http.StatusForbidden, "usage_not_allowed", "tenant",
+				openai.WriteError(w, r, http.StatusForbidden, "usage_not_allowed", "tenant",
 					fmt.Sprintf("tenant %s may read its own usage only, not that of %s", strconv.Quote(t.Name), strconv.Quote(asked)))
 				return
 			}

@@ -68,16 +68,16 @@ func BenchmarkGate(b *testing.B) {
 			var sent int
 			h := g.Require(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				t := tenant.FromContext(r.Context())
-				if !g.Admit(w, t) {
+				if !g.Admit(w, r, t) {
 					b.Fatal("refused")
 				}
-				bound, ok := g.Cap(w, t, "/v1/chat/completions", parsed)
+				bound, ok := g.Cap(w, r, t, "/v1/chat/completions", parsed)
 				if !ok {
 					b.Fatal("capped")
 				}
 				out := openai.Rewrite(body, parsed, openai.Changes{Bound: bound})
 				worst := tenant.WorstCase("/v1/chat/completions", out, parsed, bound, 0)
-				if !g.Reserve(w, t, worst) {
+				if !g.Reserve(w, r, t, worst) {
 					b.Fatal("refused its worst case")
 				}
 				sent += len(out)

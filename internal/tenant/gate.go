@@ -67,7 +67,7 @@ func FromContext(ctx context.Context) *Tenant {
 }
 
 // Require wraps next so that a request carrying no known key gets a 401 in
-// OpenAI's shape, and one that does carries its tenant in its context
+// poold's shape (openai.WriteError), and one that does carries its tenant in its context
 // (FromContext). The key-free paths (openai.KeyFree: the operations
 // endpoints, the admin API and /usage, which check their own credentials)
 // pass through without a tenant. A nil gate returns next.
@@ -83,7 +83,7 @@ func (g *Gate) Require(next http.Handler) http.Handler {
 		t := g.cfg.Load().Lookup(openai.PresentedKey(r.Header))
 		if t == nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="poold"`)
-			openai.WriteError(w, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
+			openai.WriteError(w, r, http.StatusUnauthorized, "invalid_api_key", "", "a valid API key is required: Authorization: Bearer <key> or x-api-key: <key>")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, t)))
@@ -92,32 +92,32 @@ func (g *Gate) Require(next http.Handler) http.Handler {
 
 // Admit applies t's limits to one inference request before its body is
 // read: it sets the x-ratelimit-* headers on w and, past a limit (out of
-// requests, or in token debt), answers 429 rate_limit_exceeded with
+// requests, or in token debt), answers r 429 rate_limit_exceeded with
 // Retry-After and returns false. A nil gate or tenant admits.
-func (g *Gate) Admit(w http.ResponseWriter, t *Tenant) bool {
+func (g *Gate) Admit(w http.ResponseWriter, r *http.Request, t *Tenant) bool {
 	if g == nil || t == nil || t.RPM <= 0 && t.TPM <= 0 {
 		return true
 	}
-	return g.answer(w, t, g.limiter.Admit(t, time.Now()), "")
+	return g.answer(w, r, t, g.limiter.Admit(t, time.Now()), "")
 }
 
 // Reserve takes the worst case of a request of t, tokens (WorstCase), from
 // its tokens per minute, once its body is read: it sets the x-ratelimit-*
 // headers of tokens on w and, when the bucket does not hold the worst case,
-// answers 429 rate_limit_exceeded naming the limit and the worst case and
+// answers r 429 rate_limit_exceeded naming the limit and the worst case and
 // returns false. Settle puts it right when the request ends. A nil gate or
 // tenant, or a tenant without tpm, reserves nothing and admits.
-func (g *Gate) Reserve(w http.ResponseWriter, t *Tenant, tokens int) bool {
+func (g *Gate) Reserve(w http.ResponseWriter, r *http.Request, t *Tenant, tokens int) bool {
 	if g == nil || t == nil || t.TPM <= 0 {
 		return true
 	}
-	return g.answer(w, t, g.limiter.Reserve(t, time.Now(), tokens),
+	return g.answer(w, r, t, g.limiter.Reserve(t, time.Now(), tokens),
 		fmt.Sprintf(", and this request may use up to %d tokens (its prompt's estimate and its output bound)", tokens))
 }
 
-// answer sets the headers of d on w and, when d refuses, answers the 429;
+// answer sets the headers of d on w and, when d refuses, answers r the 429;
 // why ends the message of a refusal on tpm. It reports d.Allowed.
-func (g *Gate) answer(w http.ResponseWriter, t *Tenant, d Decision, why string) bool {
+func (g *Gate) answer(w http.ResponseWriter, r *http.Request, t *Tenant, d Decision, why string) bool {
 	setRateHeaders(w.Header(), d)
 	if d.Allowed {
 		return true
@@ -127,10 +127,10 @@ func (g *Gate) answer(w http.ResponseWriter, t *Tenant, d Decision, why string) 
 	case "tpm":
 		dim, what, limit = "tokens", "tokens per minute (TPM)", t.TPM
 	case "unchecked":
-		openai.WriteRateLimited(w, dim, fmt.Sprintf("the rate limits of tenant %s could not be checked (the shared limit store is unreachable); try again in %s", strconv.Quote(t.Name), ResetString(d.RetryAfter)), d.RetryAfter)
+		openai.WriteRateLimited(w, r, dim, fmt.Sprintf("the rate limits of tenant %s could not be checked (the shared limit store is unreachable); try again in %s", strconv.Quote(t.Name), ResetString(d.RetryAfter)), d.RetryAfter)
 		return false
 	}
-	openai.WriteRateLimited(w, dim, fmt.Sprintf("rate limit reached for tenant %s on %s: limit %d%s; try again in %s", strconv.Quote(t.Name), what, limit, why, ResetString(d.RetryAfter)), d.RetryAfter)
+	openai.WriteRateLimited(w, r, dim, fmt.Sprintf("rate limit reached for tenant %s on %s: limit %d%s; try again in %s", strconv.Quote(t.Name), what, limit, why, ResetString(d.RetryAfter)), d.RetryAfter)
 	return false
 }
 
@@ -139,19 +139,20 @@ func (g *Gate) answer(w http.ResponseWriter, t *Tenant, d Decision, why string) 
 // makes its only one (nil: the body's bounds stand as they are). The cap
 // bounds the request, not each of its sequences: with n or best_of, the
 // bound times their number. A bound that is not a whole number, one above
-// the cap, or one that times n passes it gets a 400 naming it (ok false);
+// the cap, or one that times n passes it gets a 400 naming it, answered
+// to r (ok false);
 // a request that sets no bound gets the cap divided by n; one with more
 // sequences than the cap has tokens is refused. Routes that generate no
 // tokens, and tenants without a cap, are left as they are. A nil gate
 // returns nil.
-func (g *Gate) Cap(w http.ResponseWriter, t *Tenant, path string, req openai.Request) (_ *openai.OutputCap, ok bool) {
+func (g *Gate) Cap(w http.ResponseWriter, r *http.Request, t *Tenant, path string, req openai.Request) (_ *openai.OutputCap, ok bool) {
 	params := openai.OutputParams(path)
 	if g == nil || t == nil || t.MaxOutputTokens <= 0 || params == nil {
 		return nil, true
 	}
 	limit, choices := int64(t.MaxOutputTokens), req.Choices
 	refuse := func(code, param, msg string) (*openai.OutputCap, bool) {
-		openai.WriteError(w, http.StatusBadRequest, code, param, msg)
+		openai.WriteError(w, r, http.StatusBadRequest, code, param, msg)
 		return nil, false
 	}
 	switch {

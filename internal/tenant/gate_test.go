@@ -47,6 +47,75 @@ func errorOf(t *testing.T, rec *httptest.ResponseRecorder) (typ, code, param, ms
 	return e.Error.Type, e.Error.Code, param, e.Error.Message
 }
 
+// post is a request to path, for the gate's answers to it; chat is one to
+// the chat route.
+func post(path string) *http.Request { return httptest.NewRequest(http.MethodPost, path, nil) }
+
+var chat = post("/v1/chat/completions")
+
+// anthropicError decodes an error answer in Anthropic's shape, {"type":
+// "error", "error": {"type", "message", "code"}}, failing on any other.
+func anthropicError(t *testing.T, rec *httptest.ResponseRecorder) (typ, code, msg string) {
+	t.Helper()
+	var e struct {
+		Type  string
+		Error map[string]string
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Type != "error" || len(e.Error) != 3 || e.Error["type"] == "" || e.Error["message"] == "" {
+		t.Fatalf("not an Anthropic error: %q", rec.Body)
+	}
+	return e.Error["type"], e.Error["code"], e.Error["message"]
+}
+
+// On the Messages route, plain or pinned, the gate's refusals are in
+// Anthropic's shape, with their status and headers: the 401 of an unknown
+// key, the 429s of rpm and of a worst case past tpm (with Retry-After),
+// and the 400 of a bound past the cap.
+func TestRefusalsOnMessagesRoute(t *testing.T) {
+	for _, path := range []string{"/v1/messages", "/pools/gpu0/v1/messages"} {
+		g := gate(t) // team-a: rpm 2, tpm 100, maxOutputTokens 50
+		a := g.Config().Tenant("team-a")
+		r := post(path)
+
+		rec := httptest.NewRecorder()
+		g.Require(http.NotFoundHandler()).ServeHTTP(rec, r)
+		if typ, code, _ := anthropicError(t, rec); rec.Code != 401 || typ != "authentication_error" || code != "invalid_api_key" || rec.Header().Get("WWW-Authenticate") == "" {
+			t.Errorf("%s without a key: %d %s %v", path, rec.Code, rec.Body, rec.Header())
+		}
+
+		for range 2 {
+			g.Admit(httptest.NewRecorder(), r, a)
+		}
+		rec = httptest.NewRecorder()
+		if g.Admit(rec, r, a) {
+			t.Fatalf("%s: a third request at rpm 2 was admitted", path)
+		}
+		if typ, code, msg := anthropicError(t, rec); rec.Code != 429 || typ != "rate_limit_error" || code != "rate_limit_exceeded" ||
+			rec.Header().Get("Retry-After") == "" || rec.Header().Get("x-ratelimit-remaining-requests") != "0" || !strings.Contains(msg, "RPM") {
+			t.Errorf("%s past rpm: %d %s %v", path, rec.Code, rec.Body, rec.Header())
+		}
+
+		g.Reserve(httptest.NewRecorder(), r, a, 70)
+		rec = httptest.NewRecorder()
+		if g.Reserve(rec, r, a, 40) {
+			t.Fatalf("%s: 40 more of the 30 tokens left were reserved", path)
+		}
+		if typ, code, msg := anthropicError(t, rec); rec.Code != 429 || typ != "rate_limit_error" || code != "rate_limit_exceeded" ||
+			rec.Header().Get("Retry-After") == "" || !strings.Contains(msg, "up to 40 tokens") {
+			t.Errorf("%s past tpm: %d %s %v", path, rec.Code, rec.Body, rec.Header())
+		}
+
+		_, req, _ := readBody(t, `{"model":"m","max_tokens":51,"messages":[]}`)
+		rec = httptest.NewRecorder()
+		if _, ok := g.Cap(rec, r, a, "/v1/messages", req); ok {
+			t.Fatalf("%s: max_tokens 51 passed a cap of 50", path)
+		}
+		if typ, code, msg := anthropicError(t, rec); rec.Code != 400 || typ != "invalid_request_error" || code != "output_cap_exceeded" || !strings.Contains(msg, "max_tokens") {
+			t.Errorf("%s past the cap: %d %s", path, rec.Code, rec.Body)
+		}
+	}
+}
+
 // Without a known key: 401 on the API, never on the operations endpoints;
 // with one, the handler finds the tenant in the request's context.
 func TestRequire(t *testing.T) {
@@ -104,7 +173,7 @@ func TestAdmit(t *testing.T) {
 	a := g.Config().Tenant("team-a")
 	for i := range 2 {
 		rec := httptest.NewRecorder()
-		if !g.Admit(rec, a) {
+		if !g.Admit(rec, chat, a) {
 			t.Fatalf("request %d refused", i)
 		}
 		for _, h := range []string{"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
@@ -118,7 +187,7 @@ func TestAdmit(t *testing.T) {
 		}
 	}
 	rec := httptest.NewRecorder()
-	if g.Admit(rec, a) {
+	if g.Admit(rec, chat, a) {
 		t.Fatal("a third request at rpm 2 was admitted")
 	}
 	typ, code, _, msg := errorOf(t, rec)
@@ -128,7 +197,7 @@ func TestAdmit(t *testing.T) {
 
 	b := g.Config().Tenant("team-b") // no limits: no headers
 	rec = httptest.NewRecorder()
-	if !g.Admit(rec, b) || rec.Header().Get("x-ratelimit-limit-requests") != "" {
+	if !g.Admit(rec, chat, b) || rec.Header().Get("x-ratelimit-limit-requests") != "" {
 		t.Fatalf("a tenant without limits: %v", rec.Header())
 	}
 
@@ -136,7 +205,7 @@ func TestAdmit(t *testing.T) {
 	a = g2.Config().Tenant("team-a")
 	g2.Settle(a, 0, 150)
 	rec = httptest.NewRecorder()
-	if g2.Admit(rec, a) {
+	if g2.Admit(rec, chat, a) {
 		t.Fatal("a tenant in token debt was admitted")
 	}
 	if typ, _, _, msg := errorOf(t, rec); typ != "tokens" || !strings.Contains(msg, "TPM") {
@@ -152,11 +221,11 @@ func TestReserve(t *testing.T) {
 	g := gate(t) // team-a: tpm 100
 	a := g.Config().Tenant("team-a")
 	rec := httptest.NewRecorder()
-	if !g.Reserve(rec, a, 70) || rec.Header().Get("x-ratelimit-remaining-tokens") != "30" || rec.Header().Get("x-ratelimit-limit-tokens") != "100" {
+	if !g.Reserve(rec, chat, a, 70) || rec.Header().Get("x-ratelimit-remaining-tokens") != "30" || rec.Header().Get("x-ratelimit-limit-tokens") != "100" {
 		t.Fatalf("70 of 100: %d %v", rec.Code, rec.Header())
 	}
 	rec = httptest.NewRecorder()
-	if g.Reserve(rec, a, 40) {
+	if g.Reserve(rec, chat, a, 40) {
 		t.Fatal("40 more of the 30 left were reserved")
 	}
 	typ, code, _, msg := errorOf(t, rec)
@@ -166,13 +235,13 @@ func TestReserve(t *testing.T) {
 	}
 	g.Settle(a, 70, 20) // 50 back: 80 left
 	rec = httptest.NewRecorder()
-	if !g.Reserve(rec, a, 40) || rec.Header().Get("x-ratelimit-remaining-tokens") != "40" {
+	if !g.Reserve(rec, chat, a, 40) || rec.Header().Get("x-ratelimit-remaining-tokens") != "40" {
 		t.Fatalf("after the refund: %d %v", rec.Code, rec.Header())
 	}
 
 	b := g.Config().Tenant("team-b") // no limits
 	var none *tenant.Gate
-	for _, ok := range []bool{g.Reserve(httptest.NewRecorder(), b, 1<<20), g.Reserve(httptest.NewRecorder(), nil, 1<<20), none.Reserve(httptest.NewRecorder(), a, 1<<20)} {
+	for _, ok := range []bool{g.Reserve(httptest.NewRecorder(), chat, b, 1<<20), g.Reserve(httptest.NewRecorder(), chat, nil, 1<<20), none.Reserve(httptest.NewRecorder(), chat, a, 1<<20)} {
 		if !ok {
 			t.Fatal("a tenant without tpm, no tenant or no gate refused")
 		}
@@ -251,7 +320,7 @@ func TestCap(t *testing.T) {
 			t.Fatalf("%s: read %d", tc.body, status)
 		}
 		rec := httptest.NewRecorder()
-		bound, ok := g.Cap(rec, a, tc.path, req)
+		bound, ok := g.Cap(rec, post(tc.path), a, tc.path, req)
 		if tc.status != 0 {
 			_, _, param, msg := errorOf(t, rec)
 			if ok || rec.Code != tc.status || param != tc.want || !strings.Contains(msg, "50") {
@@ -265,7 +334,7 @@ func TestCap(t *testing.T) {
 	}
 	b := g.Config().Tenant("team-b")
 	_, req, _ := readBody(t, `{"model":"m","max_tokens":100000}`)
-	if bound, ok := g.Cap(httptest.NewRecorder(), b, "/v1/chat/completions", req); !ok || bound != nil {
+	if bound, ok := g.Cap(httptest.NewRecorder(), chat, b, "/v1/chat/completions", req); !ok || bound != nil {
 		t.Fatal("a tenant without a cap was capped")
 	}
 }

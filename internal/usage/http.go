@@ -94,18 +94,18 @@ func Handler(path string, prices Prices) http.Handler {
 		win, err := ParseWindow(Query{Since: q.Get("since"), Until: q.Get("until"), By: q.Get("by"), Format: orDefault(q.Get("format"), FormatJSON),
 			Split: q.Get("split"), Spread: q.Get("spread")}, &prices, time.Now())
 		if err != nil {
-			openai.WriteError(w, http.StatusBadRequest, "invalid_usage_query", "", err.Error())
+			openai.WriteError(w, r, http.StatusBadRequest, "invalid_usage_query", "", err.Error())
 			return
 		}
 		src, err := OpenReader(r.Context(), path)
 		if err != nil {
-			openai.WriteError(w, http.StatusServiceUnavailable, "usage_unavailable", "", err.Error())
+			openai.WriteError(w, r, http.StatusServiceUnavailable, "usage_unavailable", "", err.Error())
 			return
 		}
 		defer src.Close()
 		u, err := Collect(r.Context(), src, win.Since, win.Until, win.Split)
 		if err != nil {
-			openai.WriteError(w, http.StatusInternalServerError, "usage_unavailable", "", err.Error())
+			openai.WriteError(w, r, http.StatusInternalServerError, "usage_unavailable", "", err.Error())
 			return
 		}
 		u.SpreadPoolTime(win.Spread)

@@ -132,8 +132,12 @@ func TestResponsesAndMessagesMetered(t *testing.T) {
 		if code != http.StatusTooManyRequests || answered == 0 {
 			t.Fatalf("%s at tpm 50: %d answered, then %d %s; want a 429 within 10", tt.path, answered, code, body)
 		}
-		if c, typ, _ := errorCode(t, body); c != "rate_limit_exceeded" || typ != "tokens" {
-			t.Errorf("%s: the refusal is %s %s, want rate_limit_exceeded on tokens", tt.path, c, typ)
+		want := "tokens" // OpenAI's type: the limit's dimension
+		if tt.path == "/v1/messages" {
+			want = "rate_limit_error" // Anthropic's
+		}
+		if c, typ, _ := errorCode(t, body); c != "rate_limit_exceeded" || typ != want {
+			t.Errorf("%s: the refusal is %s %s, want rate_limit_exceeded of type %s", tt.path, c, typ, want)
 		}
 	}
 
@@ -144,8 +148,8 @@ func TestResponsesAndMessagesMetered(t *testing.T) {
 	} else if _, n := apiUsage(t, body, false); n != 3 {
 		t.Errorf("messages without max_tokens, capped at 3: %d tokens generated", n)
 	}
-	if code, _, body := d.send(ctx, "/v1/messages", fmt.Sprintf(capped, `,"max_tokens":50`), bearer("sk-c")); code != http.StatusBadRequest {
-		t.Errorf("messages with max_tokens 50, capped at 3: %d %s", code, body)
+	if code, _, body := d.send(ctx, "/v1/messages", fmt.Sprintf(capped, `,"max_tokens":50`), bearer("sk-c")); code != http.StatusBadRequest || !anthropicShaped(body) {
+		t.Errorf("messages with max_tokens 50, capped at 3: %d %s; want a 400 in Anthropic's shape", code, body)
 	}
 
 	d.stop()

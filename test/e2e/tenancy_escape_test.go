@@ -56,7 +56,12 @@ func checkEscapes(t *testing.T, post func(path, body string) (int, []byte)) {
 			if code == http.StatusBadRequest {
 				ae = apiError(t, body)
 			}
-			if code != http.StatusBadRequest || ae.Error.Param == nil || *ae.Error.Param != e.param || !strings.Contains(ae.Error.Message, e.param) {
+			named := ae.Error.Param != nil && *ae.Error.Param == e.param
+			if e.path == "/v1/messages" {
+				// Anthropic's shape: no param, the message names the key.
+				named = anthropicShaped(body) && ae.Error.Type == "invalid_request_error"
+			}
+			if code != http.StatusBadRequest || !named || !strings.Contains(ae.Error.Message, e.param) {
 				t.Errorf("%s: %d %.200s; want a 400 naming %s", e.what, code, body, e.param)
 			}
 			continue
