@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -77,7 +78,8 @@ func TestEngineAsleepByItselfIsWokenForTheNextRequest(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := reloadConfig(t, sleepPool, tt.prof)
 			obs := &exitObserver{}
-			s, _ := runSleepSet(t, cfg, Options{Observer: obs})
+			var logs logSink
+			s, _ := runSleepSet(t, cfg, Options{Observer: obs, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 			st := waitFor(t, s, "a", "x ready", readyWith("x"))
 			pid, port := st.Engine.PID, st.Engine.Port
 			waitEngineSleeps(t, port)
@@ -107,8 +109,18 @@ func TestEngineAsleepByItselfIsWokenForTheNextRequest(t *testing.T) {
 			if st.State != StateReady || st.Engine == nil || st.Engine.PID != pid || len(st.Sleeping) != 0 {
 				t.Fatalf("leased: state %s, engine %+v, sleeping %+v; want ready on pid %d, none asleep", st.State, st.Engine, st.Sleeping, pid)
 			}
-			if engineSleeps(t, port) {
-				t.Error("the engine still sleeps once leased")
+			// The engine's own account: poold's /wake_up ("woke up") woke
+			// it, not a request that reached it asleep ("woke up for a
+			// request", the simulator's own wake).
+			const slept, woken, own = "sleeping after idle time", `msg=\"woke up\"`, "woke up for a request"
+			for deadline := time.Now().Add(20 * time.Second); !strings.Contains(logs.String(), woken); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the engine logged no /wake_up within 20s of the lease:\n%s", logs.String())
+				}
+			}
+			out := logs.String()
+			if i, j, k := strings.Index(out, slept), strings.Index(out, woken), strings.Index(out, own); i < 0 || i > j || k >= 0 && k < j {
+				t.Errorf("the engine's log has its idle sleep at %d, poold's wake at %d, its own wake at %d: want sleep, then poold's wake first", i, j, k)
 			}
 		})
 	}

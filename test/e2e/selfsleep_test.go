@@ -54,16 +54,20 @@ func TestSleepByItself(t *testing.T) {
 	// The engine's own account, in order: it slept by itself, then poold
 	// woke it (POST /wake_up: "woke up"), before any request reached it
 	// asleep (which the simulator would wake for: "woke up for a request").
+	// Its lines reach poold's log through a pipe: wait for the wake's.
 	var order []string
-	for _, m := range d.logLines("engine output") {
-		line, _ := m["line"].(string)
-		switch {
-		case strings.Contains(line, "sleeping after idle time"):
-			order = append(order, "self-sleep")
-		case strings.Contains(line, `msg="woke up"`):
-			order = append(order, "woken by poold")
-		case strings.Contains(line, "woke up for a request"):
-			order = append(order, "woke for a request")
+	for deadline := time.Now().Add(20 * time.Second); len(order) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		order = nil
+		for _, m := range d.logLines("engine output") {
+			line, _ := m["line"].(string)
+			switch {
+			case strings.Contains(line, "sleeping after idle time"):
+				order = append(order, "self-sleep")
+			case strings.Contains(line, `msg="woke up"`):
+				order = append(order, "woken by poold")
+			case strings.Contains(line, "woke up for a request"):
+				order = append(order, "woke for a request")
+			}
 		}
 	}
 	if len(order) < 2 || order[0] != "self-sleep" || order[1] != "woken by poold" {
