@@ -189,3 +189,26 @@ func TestHashKey(t *testing.T) {
 		t.Fatalf("hash-key without a key: %d %q %q", code, stdout.String(), stderr.String())
 	}
 }
+
+// TestCheckWarnsOfIdleSleep: a profile whose engine sleeps by itself once
+// idle is valid, exit 0, with a warning saying what it costs.
+func TestCheckWarnsOfIdleSleep(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "profiles.json")
+	data := `{"pools": [{"name": "gpu0", "gpus": [0]}],
+	  "profiles": [{"id": "sim", "command": ["{poold}", "engine-sim", "--port", "{port}", "--enable-sleep-mode", "--sim-idle-sleep", "5m"]}]}`
+	if err := os.WriteFile(file, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	self := filepath.Join(t.TempDir(), "poold")
+	if err := os.WriteFile(self, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := check([]string{file}, profile.Host{LookPath: exec.LookPath, Stat: os.Stat}, self, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	want := file + `: warnings:` + "\n" + `profiles[0] "sim": command[5]: --sim-idle-sleep makes the engine sleep by itself once idle: poold notices it`
+	if stdout.String() != file+": ok\n" || !strings.HasPrefix(stderr.String(), want) || !strings.Contains(stderr.String(), "wakes it itself") {
+		t.Errorf("stdout %q, stderr:\n%s\nwant it to start:\n%s", stdout.String(), stderr.String(), want)
+	}
+}

@@ -9,9 +9,10 @@ import (
 	"github.com/poold/poold/internal/statusapi"
 )
 
-// newEngineStats builds the scraper of the awake engines' metrics, or
-// returns nil when s.EngineMetricsInterval is zero.
-func newEngineStats(s settings, pools func() []statusapi.Pool, m *metrics.Metrics, log *slog.Logger) *enginestats.Scraper {
+// newEngineStats builds the scraper of the awake engines' metrics, which
+// tells asleep of each engine that says it sleeps, or returns nil when
+// s.EngineMetricsInterval is zero.
+func newEngineStats(s settings, pools func() []statusapi.Pool, asleep func(pool string, pid, port, level int), m *metrics.Metrics, log *slog.Logger) *enginestats.Scraper {
 	if s.EngineMetricsInterval <= 0 {
 		return nil
 	}
@@ -20,6 +21,7 @@ func newEngineStats(s settings, pools func() []statusapi.Pool, m *metrics.Metric
 		Timeout:  s.EngineMetricsTimeout,
 		Pools:    pools,
 		Failed:   m.EngineScrapeFailed,
+		Asleep:   asleep,
 		Logger:   log,
 	})
 }

@@ -133,7 +133,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	pools := pool.NewSet(cfg, pool.Options{Launch: profile.Launch{Self: self, VLLM: s.VLLMCommand}, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain, Shims: shims,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, LogPolls: s.EngineLogPolls, Activity: usageLedger.activity()})
 	takeOver(ctx, ledger, pools, keep, contain, log)
-	engineStats := newEngineStats(s, func() []statusapi.Pool { return h.PoolStatus() }, m, log)
+	engineStats := newEngineStats(s, func() []statusapi.Pool { return h.PoolStatus() }, pools.EngineAsleep, m, log)
 	var reqMetrics *metrics.Metrics // nil: the proxy records no request metrics
 	if s.Metrics {
 		reqMetrics = m

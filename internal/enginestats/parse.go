@@ -2,7 +2,9 @@
 // engine's own Prometheus metrics (vLLM's vllm:* series): requests running
 // and waiting, KV cache use and prefix-cache hits. Parse turns one /metrics
 // body into Stats; a Scraper samples every pool's awake engine on an
-// interval and fills each pool's engineStats in /status.
+// interval and fills each pool's engineStats in /status; it also tells
+// when an engine says it sleeps (vllm:engine_sleep_state), as the newest
+// vLLM servers' idle sleep puts one to sleep without a call from poold.
 package enginestats
 
 import (
@@ -37,6 +39,13 @@ type Stats struct {
 	// HasPrefixHitRate says whether it does.
 	PrefixHitRate    float64
 	HasPrefixHitRate bool
+	// SleepLevel is the sleep level the engine reports
+	// (vllm:engine_sleep_state): 1 or 2 while it sleeps, 0 while it is
+	// awake or when it exports no sleep state. An engine core whose
+	// "awake" sample is 0 sleeps, at level 2 when its "discard_all"
+	// sample is 1, else at level 1; a data-parallel engine sleeps when
+	// any of its cores does, at the deepest of their levels.
+	SleepLevel int
 }
 
 // The vLLM series read, in each spelling vLLM has used.
@@ -48,6 +57,7 @@ const (
 	prefixQueries = "vllm:prefix_cache_queries_total"
 	prefixHits    = "vllm:prefix_cache_hits_total"
 	prefixRateOld = "vllm:gpu_prefix_cache_hit_rate"
+	sleepState    = "vllm:engine_sleep_state"
 )
 
 // ErrNotVLLM is returned by Parse for metrics that lack one of vLLM's
@@ -91,7 +101,49 @@ func Parse(r io.Reader) (Stats, error) {
 	} else if v, found := fold(mfs[prefixRateOld], true); found {
 		st.PrefixHitRate, st.HasPrefixHitRate = v, true
 	}
+	st.SleepLevel = sleepLevel(mfs[sleepState])
 	return st, nil
+}
+
+// sleepLevel reads vllm:engine_sleep_state, one sample per engine core and
+// state (label sleep_state: "awake", "weights_offloaded" for level 1,
+// "discard_all" for level 2, each 1 or 0): the deepest level of a core
+// whose "awake" is 0, 0 when every core is awake or mf is nil.
+func sleepLevel(mf *dto.MetricFamily) int {
+	type core struct{ asleep, discarded bool }
+	cores := make(map[string]*core)
+	for _, m := range mf.GetMetric() {
+		var state, engine string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "sleep_state":
+				state = l.GetValue()
+			case "engine":
+				engine = l.GetValue()
+			}
+		}
+		c := cores[engine]
+		if c == nil {
+			c = new(core)
+			cores[engine] = c
+		}
+		switch v := value(m); state {
+		case "awake":
+			c.asleep = v == 0
+		case "discard_all":
+			c.discarded = v == 1
+		}
+	}
+	level := 0
+	for _, c := range cores {
+		switch {
+		case c.asleep && c.discarded:
+			level = 2
+		case c.asleep:
+			level = max(level, 1)
+		}
+	}
+	return level
 }
 
 // fold returns the sum (or with largest, the largest) of a family's

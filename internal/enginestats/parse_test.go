@@ -2,6 +2,7 @@ package enginestats
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -50,5 +51,31 @@ func TestParseRefuses(t *testing.T) {
 	}
 	if _, err := Parse(strings.NewReader("")); !errors.Is(err, ErrNotVLLM) {
 		t.Errorf("empty body: err = %v, want ErrNotVLLM", err)
+	}
+}
+
+func TestParseSleepState(t *testing.T) {
+	const load = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n# TYPE vllm:engine_sleep_state gauge\n"
+	state := func(engine string, awake, offloaded, discarded int) string {
+		return fmt.Sprintf("vllm:engine_sleep_state{engine=%q,sleep_state=\"awake\"} %d\n", engine, awake) +
+			fmt.Sprintf("vllm:engine_sleep_state{engine=%q,sleep_state=\"weights_offloaded\"} %d\n", engine, offloaded) +
+			fmt.Sprintf("vllm:engine_sleep_state{engine=%q,sleep_state=\"discard_all\"} %d\n", engine, discarded)
+	}
+	for _, tt := range []struct {
+		name, body string
+		want       int
+	}{
+		{"no sleep state (an older vLLM)", "", 0},
+		{"awake", state("0", 1, 0, 0), 0},
+		{"level 1", state("0", 0, 1, 0), 1},
+		{"level 2", state("0", 0, 0, 1), 2},
+		{"asleep, level not said", state("0", 0, 0, 0), 1},
+		{"one data-parallel core asleep", state("0", 1, 0, 0) + state("1", 0, 1, 0), 1},
+		{"the deepest core's level", state("0", 0, 1, 0) + state("1", 0, 0, 1), 2},
+	} {
+		st, err := Parse(strings.NewReader(load + tt.body))
+		if err != nil || st.SleepLevel != tt.want {
+			t.Errorf("%s: sleep level %d, %v; want %d", tt.name, st.SleepLevel, err, tt.want)
+		}
 	}
 }

@@ -25,6 +25,13 @@ type Options struct {
 	// Failed, if not nil, is called with the pool's name for each failed
 	// scrape.
 	Failed func(pool string)
+	// Asleep, if not nil, is called with the pool's name, its engine's pid
+	// and port, and the level, for each good sample in which the engine
+	// says it sleeps (Stats.SleepLevel): asleep by itself, or put to sleep
+	// by poold between the listing of the pools and the scrape. It is
+	// called from the scraping goroutine, no lock held, and the next round
+	// waits for it: it must not block for long.
+	Asleep func(pool string, pid, port, level int)
 	// Logger receives a warning when a pool's scrapes start failing and a
 	// note when they work again; nil discards.
 	Logger *slog.Logger
@@ -128,6 +135,9 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 				return // shutting down: not a failure of the engine
 			}
 			s.record(t, st, err, time.Now())
+			if err == nil && st.SleepLevel > 0 && s.opts.Asleep != nil {
+				s.opts.Asleep(t.pool, t.pid, t.port, st.SleepLevel)
+			}
 		})
 	}
 	wg.Wait()
@@ -227,6 +237,7 @@ func (s *Scraper) Fill(pools []statusapi.Pool) {
 			Waiting:            ps.stats.Waiting,
 			KVCacheUsage:       ps.stats.KVCacheUsage,
 			PrefixCacheHitRate: ps.hitRate(),
+			SleepLevel:         ps.stats.SleepLevel,
 			SampledAt:          ps.at,
 		}
 	}

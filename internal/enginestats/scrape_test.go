@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ type fakeEngine struct {
 	mu                sync.Mutex // guards the fields below
 	running, waiting  int
 	kv, queries, hits float64
+	sleepLevel        int           // vllm:engine_sleep_state's level; 0: awake
 	status            int           // 0: 200
 	hang              chan struct{} // non-nil: requests wait for it (or their end)
 }
@@ -36,6 +38,19 @@ func newFakeEngine(t *testing.T) *fakeEngine {
 			"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} %g\n"+
 			"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} %g\n",
 			e.running, e.waiting, e.kv, e.queries, e.hits)
+		b := func(ok bool) int {
+			if ok {
+				return 1
+			}
+			return 0
+		}
+		body += "# TYPE vllm:engine_sleep_state gauge\n"
+		for _, s := range []struct {
+			state string
+			on    bool
+		}{{"awake", e.sleepLevel == 0}, {"weights_offloaded", e.sleepLevel == 1}, {"discard_all", e.sleepLevel == 2}} {
+			body += fmt.Sprintf("vllm:engine_sleep_state{engine=\"0\",model_name=\"m\",sleep_state=%q} %d\n", s.state, b(s.on))
+		}
 		e.mu.Unlock()
 		if hang != nil {
 			select {
@@ -230,5 +245,52 @@ func TestScraperRuns(t *testing.T) {
 	case <-done:
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+func TestScraperTellsOfSleepingEngines(t *testing.T) {
+	e := newFakeEngine(t)
+	gpu0 := readyPool("gpu0", e.port(t))
+	var mu sync.Mutex
+	var calls []string
+	s := New(Options{Interval: time.Second, Pools: func() []statusapi.Pool { return []statusapi.Pool{gpu0} },
+		Asleep: func(pool string, pid, port, level int) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, fmt.Sprintf("%s pid %d port %d level %d", pool, pid, port, level))
+		}})
+	told := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(calls)
+	}
+
+	s.scrapeAll(context.Background())
+	if got := told(); len(got) != 0 {
+		t.Fatalf("an awake engine was told asleep: %v", got)
+	}
+	if st := fill(s, gpu0); st == nil || st.SleepLevel != 0 {
+		t.Fatalf("awake engine's stats = %+v, want sleep level 0", st)
+	}
+	for _, level := range []int{1, 2} {
+		e.set(func(e *fakeEngine) { e.sleepLevel = level })
+		s.scrapeAll(context.Background())
+		want := fmt.Sprintf("gpu0 pid 1 port %d level %d", e.port(t), level)
+		if got := told(); len(got) == 0 || got[len(got)-1] != want {
+			t.Fatalf("engine asleep at level %d: told %v, want last %q", level, got, want)
+		}
+		if st := fill(s, gpu0); st == nil || st.SleepLevel != level {
+			t.Errorf("engine asleep at level %d: stats %+v", level, st)
+		}
+	}
+	// Every sample that says so tells it: the pool decides what is news.
+	s.scrapeAll(context.Background())
+	if got := told(); len(got) != 3 {
+		t.Errorf("told %v, want once per sample asleep (3)", got)
+	}
+	e.set(func(e *fakeEngine) { e.sleepLevel = 0 })
+	s.scrapeAll(context.Background())
+	if got := told(); len(got) != 3 {
+		t.Errorf("an engine awake again was told asleep: %v", got)
 	}
 }

@@ -50,6 +50,7 @@ type Metrics struct {
 	idleReleases     *prometheus.CounterVec
 	scrapeFailures   *prometheus.CounterVec
 	engineLogDropped *prometheus.CounterVec
+	selfSleeps       *prometheus.CounterVec
 	config           FileReload // the profiles file's loads
 }
 
@@ -113,6 +114,9 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 		engineLogDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_engine_log_dropped_lines_total", Help: "Engine output lines left out of poold's log (logged at debug level only), by reason: own_poll, the engine's access-log line of one of poold's own polls of it.",
 		}, []string{"pool", "reason"}),
+		selfSleeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poold_engine_self_sleeps_total", Help: "Serving engines found asleep by themselves (vllm:engine_sleep_state, confirmed by /is_sleeping), by what poold did: wake (taken for a sleeper, woken by poold for the next request) or none (no sleep endpoints to wake it with; counted once per engine).",
+		}, []string{"pool", "action"}),
 		config: newFileReload("config", "profiles"),
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -120,7 +124,7 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 	}, []string{"version", "revision"})
 	build.WithLabelValues(version, revision).Set(1)
 	reg.MustRegister(m.requests, m.duration, m.ttfb, m.queueWait, m.tenantWait, m.ttft, m.itl, m.promptTokens, m.completionTokens,
-		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures, m.engineLogDropped, m.config.ok, m.config.at, build,
+		m.swaps, m.swapDuration, m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures, m.engineLogDropped, m.selfSleeps, m.config.ok, m.config.at, build,
 		&poolCollector{pools: pools}, &engineCollector{pools: pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -153,7 +157,7 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 	defer m.mu.Unlock()
 	for pl, profs := range m.configured {
 		if _, kept := next[pl]; !kept {
-			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures, m.engineLogDropped} {
+			for _, c := range []*prometheus.CounterVec{m.engineStarts, m.engineExits, m.vramHeld, m.sleepVRAMHeld, m.idleReleases, m.scrapeFailures, m.engineLogDropped, m.selfSleeps} {
 				c.DeletePartialMatch(prometheus.Labels{"pool": pl})
 			}
 			continue
@@ -171,6 +175,8 @@ func (m *Metrics) Configure(cfg *profile.Config) {
 		m.sleepVRAMHeld.WithLabelValues(pl)
 		m.scrapeFailures.WithLabelValues(pl)
 		m.engineLogDropped.WithLabelValues(pl, pool.DropOwnPoll)
+		m.selfSleeps.WithLabelValues(pl, pool.SelfSleepWake)
+		m.selfSleeps.WithLabelValues(pl, pool.SelfSleepNone)
 		for _, prof := range profs {
 			for _, r := range startResults {
 				m.engineStarts.WithLabelValues(pl, prof, r)
@@ -228,6 +234,11 @@ func (m *Metrics) IdleRelease(poolName, profile, action string) {
 // EngineLogDropped implements pool.Observer.
 func (m *Metrics) EngineLogDropped(poolName, reason string) {
 	m.engineLogDropped.WithLabelValues(poolName, reason).Inc()
+}
+
+// EngineSelfSlept implements pool.Observer.
+func (m *Metrics) EngineSelfSlept(poolName, action string) {
+	m.selfSleeps.WithLabelValues(poolName, action).Inc()
 }
 
 // EngineScrapeFailed counts a failed scrape of the metrics of pool's

@@ -28,8 +28,8 @@ const logLines = 30
 // engine is one engine subprocess in its own process group. Its fields are set
 // before start returns and not changed afterwards, except through the exited
 // channel (closed by the one goroutine that calls cmd.Wait, after setting
-// exitErr), unwatch (the run loop's alone), and the log ring and noted
-// (safe for concurrent use).
+// exitErr), unwatch (the run loop's alone), and the log ring, noted and the
+// other atomics (safe for concurrent use).
 type engine struct {
 	profile   *profile.Profile
 	port      int
@@ -82,6 +82,10 @@ type engine struct {
 	// once one succeeded on it (Lease.Succeeded): one that fails leased
 	// but never answered died at its first request(s) (diedAtFirst).
 	leased, answered atomic.Bool
+	// unwakeable is set once the engine said it sleeps by itself and
+	// served no sleep endpoints to wake it with (selfsleep.go): that is
+	// reported once.
+	unwakeable atomic.Bool
 	// unwatch ends the /health poller; nil while none runs. Only the
 	// pool's run loop uses it.
 	unwatch context.CancelFunc

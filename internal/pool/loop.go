@@ -39,6 +39,11 @@ func (p *Pool) run(ctx context.Context) {
 			p.stopFailed()
 			continue
 		}
+		if p.selfSlept != 0 {
+			p.mu.Unlock()
+			p.adoptSelfSleeper()
+			continue
+		}
 		if step := p.reloadStepLocked(); step != nil {
 			p.mu.Unlock()
 			if !step(ctx) {

@@ -70,6 +70,11 @@ type Observer interface {
 	// EngineLogDropped reports an engine output line left out of the log
 	// (logged at debug level only), and why: DropOwnPoll.
 	EngineLogDropped(pool, reason string)
+	// EngineSelfSlept reports a serving engine found asleep by itself
+	// (selfsleep.go), and what the pool did: SelfSleepWake (taken for a
+	// sleeper, which the next request wakes) or SelfSleepNone (it serves no
+	// sleep endpoints; reported once per engine).
+	EngineSelfSlept(pool, action string)
 }
 
 // VRAM reads the pool's GPU memory (through NVML in poold).
@@ -192,6 +197,10 @@ type Pool struct {
 	// failed is why the engine serving failed though its process lives
 	// (Lease.Fail), for the run loop to stop it; nil when it did not.
 	failed error
+	// selfSlept is the level at which the engine serving said it sleeps by
+	// itself (engineAsleep), for the run loop to take it for a sleeper; 0
+	// when it did not.
+	selfSlept int
 	// adoption is what became of the engines the previous poold left
 	// (adopt.go), for /status.
 	adoption []statusapi.Adoption

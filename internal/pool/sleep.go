@@ -198,7 +198,7 @@ func (p *Pool) staleSleeperLocked() (*sleeper, string) {
 			switch {
 			case !p.servesLocked(id):
 				why = "profile removed"
-			case !sl.eng.runs(p.cfg.Lookup(id), p.spec, p.opts.Launch) || p.cfg.Lookup(id).SleepLevel() == 0:
+			case !sl.eng.runs(p.cfg.Lookup(id), p.spec, p.opts.Launch) || p.cfg.Lookup(id).SleepLevel() == 0 && !sl.self:
 				why = "profile changed"
 			case len(order)-i > p.spec.MaxSleeping:
 				why = "maxSleeping"
@@ -241,7 +241,7 @@ func (p *Pool) stopSleepers() {
 func (p *Pool) sleepStatusLocked() []statusapi.Sleeper {
 	list := make([]statusapi.Sleeper, len(p.sleepers))
 	for i, sl := range p.sleepers {
-		list[i] = statusapi.Sleeper{Profile: sl.eng.profile.ID, Level: sl.level, Since: sl.since, HostBytes: sl.hostBytes, PID: sl.eng.pid, Port: sl.eng.port}
+		list[i] = statusapi.Sleeper{Profile: sl.eng.profile.ID, Level: sl.level, Since: sl.since, HostBytes: sl.hostBytes, PID: sl.eng.pid, Port: sl.eng.port, SelfSlept: sl.self}
 	}
 	return list
 }

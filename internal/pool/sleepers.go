@@ -18,6 +18,10 @@ type sleeper struct {
 	since     time.Time     // when it fell asleep: the least recently used goes first
 	hostBytes int64         // host RAM it holds, counted against the host's budget
 	gone      chan struct{} // closed when it leaves the list (woken or stopped)
+	// self is set for an engine that fell asleep by itself while it served
+	// (selfsleep.go), not put to sleep by the pool: it is kept though its
+	// profile does not enable sleep.
+	self bool
 }
 
 // hostSleep counts the host RAM that the sleepers of every pool of a Set hold.

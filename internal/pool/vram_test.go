@@ -97,6 +97,7 @@ type exitObserver struct {
 	sleepHeld   int      // SleepVRAMNotReleased calls
 	releases    []string // IdleRelease calls, profile:action
 	dropped     []string // EngineLogDropped calls, pool:reason
+	selfSlept   []string // EngineSelfSlept calls' actions
 }
 
 func (o *exitObserver) Swap(string, string, string, string, string, map[string]time.Duration) {}
@@ -123,6 +124,12 @@ func (o *exitObserver) EngineLogDropped(pool, reason string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.dropped = append(o.dropped, pool+":"+reason)
+}
+
+func (o *exitObserver) EngineSelfSlept(_, action string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.selfSlept = append(o.selfSlept, action)
 }
 
 func (o *exitObserver) SleepVRAMNotReleased(string) {

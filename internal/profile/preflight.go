@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strings"
 )
 
@@ -93,17 +94,50 @@ func (p *Profile) Preflight(h Host, l Launch) []error {
 	return errs
 }
 
-// Warnings returns the Preflight problems of every profile, each prefixed
-// with the profile's JSON path: what would fail on h, started by l, in a
-// valid file.
+// Warnings returns the Preflight problems of every profile, what would fail
+// on h, started by l, in a valid file, and what its engine would do that
+// costs its requests (IdleSleep), each prefixed with the profile's JSON
+// path.
 func (c *Config) Warnings(h Host, l Launch) []error {
 	var out []error
 	for i, p := range c.Profiles {
-		for _, err := range p.Preflight(h, l) {
+		errs := p.Preflight(h, l)
+		if err := p.IdleSleep(); err != nil {
+			errs = append(errs, err)
+		}
+		for _, err := range errs {
 			out = append(out, fmt.Errorf("%s: %w", elem("profiles", i, p.ID), err))
 		}
 	}
 	return out
+}
+
+// idleSleepFlags are the engine flags that make an engine sleep by itself
+// once idle. The newest vLLM servers can; the spelling of their option
+// could not be confirmed, so only the simulator's is known here.
+var idleSleepFlags = []string{"--sim-idle-sleep"}
+
+// IdleSleep returns a warning, naming its field, when p's engine is told to
+// sleep by itself once idle (idleSleepFlags, a word of an argument, so
+// that a command run through a shell is read too), and nil otherwise. Such
+// an engine still serves: poold notices it in the engine's metrics and
+// wakes it before the next request, which waits for the wake. It is no
+// reason to refuse a start, so Preflight does not return it.
+func (p *Profile) IdleSleep() error {
+	field, args := "args", p.Args
+	if p.Command != nil {
+		field, args = "command", p.Command
+	}
+	for i, a := range args {
+		for _, w := range strings.Fields(a) {
+			flag, _, _ := strings.Cut(w, "=")
+			if slices.Contains(idleSleepFlags, flag) {
+				return fmt.Errorf("%s[%d]: %s makes the engine sleep by itself once idle: poold notices it in the engine's metrics (engine-metrics-interval; 0 leaves it unnoticed) and wakes it itself, so the first request after each such sleep waits for the wake (a level-1 wake takes seconds, level 2 reloads the weights); "+
+					"sleep.level with idleTimeout puts it to sleep on poold's schedule instead, one that poold accounts for in its sleeper limits and /status", field, i, flag)
+			}
+		}
+	}
+	return nil
 }
 
 // removedFlag returns the flag that arg gives ("--task" for "--task=embed"

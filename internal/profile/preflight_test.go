@@ -123,3 +123,38 @@ func TestRemovedFlagsAreFlags(t *testing.T) {
 		}
 	}
 }
+
+// An engine told to sleep by itself once idle is a warning, not a reason
+// to refuse its start: it is in Warnings and not in Preflight.
+func TestIdleSleepWarning(t *testing.T) {
+	cfg, err := Parse([]byte(`{"pools": [{"name": "gpu0", "gpus": [0]}], "profiles": [
+	  {"id": "sim", "command": ["{poold}", "engine-sim", "--port", "{port}", "--enable-sleep-mode", "--sim-idle-sleep=5m"]},
+	  {"id": "shell", "command": ["sh", "-c", "exec poold engine-sim --port {port} --sim-idle-sleep 5m"]},
+	  {"id": "args", "model": "org/m", "args": ["--enable-sleep-mode", "--sim-idle-sleep", "5m"]},
+	  {"id": "plain", "model": "org/m", "args": ["--sim-idle-sleep-level", "2"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, w := range cfg.Warnings(Host{}, launch) {
+		got = append(got, w.Error())
+	}
+	wantPrefixes := []string{
+		`profiles[0] "sim": command[5]: --sim-idle-sleep makes the engine sleep by itself once idle: poold notices it`,
+		`profiles[1] "shell": command[2]: --sim-idle-sleep makes`,
+		`profiles[2] "args": args[1]: --sim-idle-sleep makes`,
+	}
+	if len(got) != len(wantPrefixes) {
+		t.Fatalf("warnings %q, want %d", got, len(wantPrefixes))
+	}
+	for i, w := range wantPrefixes {
+		if !strings.HasPrefix(got[i], w) || !strings.Contains(got[i], "the first request after each such sleep waits for the wake") {
+			t.Errorf("warning %q, want it to start %q and say what it costs", got[i], w)
+		}
+	}
+	for _, p := range cfg.Profiles {
+		if errs := p.Preflight(Host{}, launch); len(errs) > 0 {
+			t.Errorf("%s: Preflight %v, want nothing (idle sleep does not fail a start)", p.ID, errs)
+		}
+	}
+}

@@ -235,6 +235,12 @@ type EngineStats struct {
 	// prefix cache that were found there, over about the last minute; nil
 	// when the engine looked none up in that time.
 	PrefixCacheHitRate *float64 `json:"prefixCacheHitRate"`
+	// SleepLevel is the sleep level the engine reported of itself
+	// (vllm:engine_sleep_state): 1 or 2 when it said it sleeps, though
+	// poold had not put it to sleep; 0 (left out) when awake or not
+	// reported. The pool then takes it for a sleeper
+	// (Sleeper.SelfSlept) where it can wake it.
+	SleepLevel int `json:"sleepLevel,omitempty"`
 	// SampledAt is when the engine was scraped.
 	SampledAt time.Time `json:"sampledAt"`
 }
@@ -281,6 +287,11 @@ type Sleeper struct {
 	HostBytes int64 `json:"hostBytes"`
 	PID       int   `json:"pid"`
 	Port      int   `json:"port"`
+	// SelfSlept is set for an engine that fell asleep by itself (the idle
+	// sleep of the newest vLLM servers) while it served, which poold
+	// noticed in its metrics and /is_sleeping: the next request wakes it
+	// as any sleeper. False for one poold put to sleep.
+	SelfSlept bool `json:"selfSlept,omitempty"`
 }
 
 // GPUMemory is one GPU's memory, when known.
