@@ -154,13 +154,15 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	srv := &http.Server{Handler: openai.WriteDeadline(s.APIKeys.Require(h), s.ClientWriteTimeout), ReadTimeout: s.ReadTimeout, ReadHeaderTimeout: s.ReadHeaderTimeout,
 		MaxHeaderBytes: s.MaxHeaderBytes, ConnState: headers.ConnState, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	serving, servingCtx := errgroup.WithContext(ctx)
+	// Serving starts once the line is written: whoever gets an answer from
+	// fleetd finds it in the log.
+	log.Info("fleetd listening", "addr", ln.Addr().String(), "hosts", s.Hosts, "tenants", s.Tenants, "version", version)
 	serving.Go(func() error {
 		if err := srv.Serve(headers.Listener(ln)); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving: %w", err)
 		}
 		return nil
 	})
-	log.Info("fleetd listening", "addr", ln.Addr().String(), "hosts", s.Hosts, "tenants", s.Tenants, "version", version)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
 
 	<-servingCtx.Done()

@@ -218,12 +218,6 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	// Watch before serving: a change made once /health answers is seen.
 	waitReloads := rl.start(servingCtx, s.Watch, s.ReloadDebounce)
 	waitTenants := tenants.start(servingCtx, s.Watch, s.ReloadDebounce)
-	serving.Go(func() error {
-		if err := srv.Serve(headers.Listener(ln)); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serving: %w", err)
-		}
-		return nil
-	})
 	orNone := func(file string) string {
 		if file == "" {
 			return "none"
@@ -234,6 +228,14 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	log.Info("poold listening", "addr", ln.Addr().String(), "version", version,
 		"settings", orNone(s.Loaded.File()), "profiles", s.Profiles, "profiles_sha256", hex.EncodeToString(sum[:]), "tenants", orNone(s.Tenants),
 		"api_keys", s.APIKeys != nil || s.Tenants != "", "admin_api", s.AdminToken != "", "gpu_telemetry", gpuOn, "keep_engines_on_restart", keep)
+	// Serving starts once the line is written: whoever gets an answer from
+	// poold finds it in the log.
+	serving.Go(func() error {
+		if err := srv.Serve(headers.Listener(ln)); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving: %w", err)
+		}
+		return nil
+	})
 	notify.ready()
 	serving.Go(func() error {
 		notify.supervise(servingCtx, time.Second,

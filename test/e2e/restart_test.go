@@ -145,7 +145,7 @@ func TestRestartKeepsEngines(t *testing.T) {
 	}
 
 	d2 := startPoold(t, tag, profiles, args...)
-	if l := d2.logLines("poold listening"); len(l) != 1 || l[0]["keep_engines_on_restart"] != true {
+	if l := d2.logLinesAtLeast("poold listening", 1); len(l) != 1 || l[0]["keep_engines_on_restart"] != true {
 		t.Errorf("start-up line %v: want keep_engines_on_restart true", l)
 	}
 	if n := len(d2.logLines("adopted an engine left running by the previous poold")); n != 3 {

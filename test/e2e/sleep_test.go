@@ -85,6 +85,19 @@ func (d *daemon) logLines(msg string) []map[string]any {
 	return out
 }
 
+// logLinesAtLeast is logLines once it has n records, or at a 30 s
+// deadline: poold's stderr reaches the test through a pipe and a copying
+// goroutine, after poold has written it.
+func (d *daemon) logLinesAtLeast(msg string, n int) []map[string]any {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if l := d.logLines(msg); len(l) >= n || time.Now().After(deadline) {
+			return l
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // engineLines returns the records of poold's JSON log that hold an engine
 // output line (its field "line") containing s.
 func (d *daemon) engineLines(s string) []map[string]any {
