@@ -452,6 +452,7 @@ func TestRealVLLMServes(t *testing.T) {
 		type sent struct {
 			code int
 			id   string
+			body []byte
 		}
 		results := make(chan sent, 6)
 		burst := make(chan struct{})
@@ -460,8 +461,8 @@ func TestRealVLLMServes(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-burst
-				code, id, _ := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 1200, ""), nil)
-				results <- sent{code, id}
+				code, id, body := d.send(ctx, "/v1/chat/completions", realChat("llama", false, 1200, ""), nil)
+				results <- sent{code, id, body}
 			}()
 		}
 		close(burst)
@@ -501,7 +502,7 @@ func TestRealVLLMServes(t *testing.T) {
 		queued := 0
 		for r := range results {
 			if r.code != http.StatusOK {
-				t.Errorf("a request of the burst got %d", r.code)
+				t.Errorf("a request of the burst got %d: %s; its log line %v", r.code, r.body, waitLogLine(t, d, r.id))
 				continue
 			}
 			if ms, _ := waitLogLine(t, d, r.id)["queue_wait_ms"].(float64); ms > 0 {
