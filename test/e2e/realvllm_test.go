@@ -283,8 +283,10 @@ func TestRealVLLMServes(t *testing.T) {
 			{ID: "qwen", Model: "qwen"},
 		})
 	// A CPU engine streaming on a busy 2-core machine can take seconds to
-	// answer its /metrics: the scrape's bound is widened from 2 s.
-	args := append(keepArgs(state, time.Minute), "--vllm-command", v.launcher(), "--engine-metrics-timeout", "15s")
+	// answer its /metrics: the scrape's bound is widened from 2 s. On an
+	// idle one the tiny model streams 1,900 tokens in about a second, so
+	// the engine is read five times a second, not once.
+	args := append(keepArgs(state, time.Minute), "--vllm-command", v.launcher(), "--engine-metrics-timeout", "15s", "--engine-metrics-interval", "200ms")
 	d := startPoold(t, tag, profiles, args...)
 	reapAtCleanup(t, d, tag)
 	d.waitPool("p0", 5*time.Minute, "llama ready", func(p poolView) bool { return p.State == "ready" && p.Profile == "llama" })
