@@ -35,9 +35,12 @@ demo: build
 	@echo "demo: poold's state in $(DEMO_STATE)/; Ctrl-C stops poold and its engines"
 	$(BIN)/poold --profiles profiles/demo.json --state-dir $(DEMO_STATE) --keep-engines-on-restart=false $(DEMOFLAGS)
 
+# vet also builds the whole tree, tests included, for macOS: fleetd and the
+# CLI run there, and poold builds and refuses to start engines.
 vet:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt would change:"; gofmt -l .; exit 1)
 	$(GO) vet ./...
+	GOOS=darwin $(GO) vet ./...
 
 # The whole test suite: vet, every Go test under the race detector, a few seconds
 # of each fuzz target, the checks of the shipped config files, and then, alone,

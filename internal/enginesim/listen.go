@@ -43,7 +43,14 @@ func bindTCP(host string, port int, reusePort bool, portMessage string) (*boundS
 		copy(a.Addr[:], addr.IP.To16())
 		sa = a
 	}
-	fd, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, syscall.IPPROTO_TCP)
+	// Under ForkLock no child started meanwhile inherits the descriptor
+	// before it is marked close-on-exec (SOCK_CLOEXEC is not portable).
+	syscall.ForkLock.RLock()
+	fd, err := syscall.Socket(family, syscall.SOCK_STREAM, syscall.IPPROTO_TCP)
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		return nil, fmt.Errorf("creating the server socket: %w", err)
 	}

@@ -132,7 +132,7 @@ func (s *Server) command(name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = filepath.Dir(s.dir)
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = dieWithParent(&syscall.SysProcAttr{Credential: s.cred})
 	return cmd
 }
 

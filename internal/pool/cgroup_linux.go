@@ -24,9 +24,6 @@ import (
 // delegated cgroup keeps only groups, poold's and its engines'.
 const supervisorGroup = "supervisor"
 
-// engineGroupPrefix begins the name of every engine's group.
-const engineGroupPrefix = "engine-"
-
 // delegatedCgroup finds the cgroup v2 group that poold may manage, moves poold
 // into its leaf "supervisor", and returns the group's directory. That is the
 // group poold runs in, or its parent when poold already runs in a

@@ -19,6 +19,9 @@ import (
 // tokenEnv names the environment variable that marks an engine's processes.
 const tokenEnv = "POOLD_ENGINE_TOKEN"
 
+// engineGroupPrefix begins the name of every engine's cgroup.
+const engineGroupPrefix = "engine-"
+
 // Ledger records the engines a poold runs in engines.json under its state
 // directory, so that the next poold can stop what a crash left behind (vLLM's
 // EngineCore grandchildren survive a SIGKILLed parent and keep the GPUs). It

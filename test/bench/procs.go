@@ -46,7 +46,7 @@ func startEnv(dir, name, bin string, env []string, args ...string) (*proc, error
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = procAttr()
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
