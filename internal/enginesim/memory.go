@@ -67,6 +67,7 @@ func (m *gpuMemory) set(weights, kv bool) error {
 	return m.update(func(local int, u simgpu.Usage, mine uint64) (uint64, error) {
 		want := m.want(u.TotalBytes, weights, kv)
 		if want > mine && want-mine > u.FreeBytes() {
+			//lint:ignore ST1005 vLLM's own message, word for word
 			return 0, fmt.Errorf("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity of %.2f GiB of which %.2f GiB is free.",
 				gibs(want-mine), local, gibs(u.TotalBytes), gibs(u.FreeBytes()))
 		}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,7 +49,12 @@ func used(t *testing.T, d *simgpu.Dir, gpu int) float64 {
 
 func newGPUDir(t *testing.T) *simgpu.Dir {
 	t.Helper()
-	d, err := simgpu.Create(t.TempDir(), []simgpu.GPU{{Index: 0, TotalBytes: 80 * gib}, {Index: 1, TotalBytes: 80 * gib}})
+	dir := t.TempDir()
+	// Two GPUs of 80 GiB.
+	if err := os.WriteFile(filepath.Join(dir, "gpus.json"), []byte(`{"gpus": [{"index": 0, "totalBytes": 85899345920}, {"index": 1, "totalBytes": 85899345920}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := simgpu.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ type responsesRequest struct {
 // messages whose content is a string or an array of parts.
 func responsesInput(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
+		//lint:ignore ST1005 vLLM's own message, word for word
 		return "", errors.New("Field required")
 	}
 	var str string

@@ -26,6 +26,8 @@ const maxBodyBytes = 64 << 20
 
 // errCoreDead is the cause given to requests when the engine core dies, and
 // the message vLLM's EngineDeadError carries.
+//
+//lint:ignore ST1005 vLLM's own message, word for word
 var errCoreDead = errors.New("EngineCore encountered an issue. See stack trace (above) for the root cause.")
 
 // Server is the simulated vLLM OpenAI-compatible API server. It is an http.Handler,

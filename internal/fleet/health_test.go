@@ -68,7 +68,8 @@ func TestModelHealth(t *testing.T) {
 	}
 	later := 40 * time.Second
 	record(success, later-time.Second) // ends the failures in a row
-	if record(failure, later) || record(failure, later) || !record(failure, later) {
+	first, second, third := record(failure, later), record(failure, later), record(failure, later)
+	if first || second || !third {
 		t.Fatal("three failures in a row did not eject, or fewer did")
 	}
 	if _, ok := m.health(t0.Add(later + 999*time.Millisecond)); ok {

@@ -3,6 +3,7 @@ package gpu
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -11,7 +12,11 @@ import (
 
 func TestSimProvider(t *testing.T) {
 	dir := t.TempDir()
-	d, err := simgpu.Create(dir, []simgpu.GPU{{Index: 0, TotalBytes: 80 * gib}, {Index: 1, TotalBytes: 80 * gib}})
+	// Two GPUs of 80 GiB.
+	if err := os.WriteFile(filepath.Join(dir, "gpus.json"), []byte(`{"gpus": [{"index": 0, "totalBytes": 85899345920}, {"index": 1, "totalBytes": 85899345920}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := simgpu.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}

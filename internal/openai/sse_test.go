@@ -73,15 +73,14 @@ func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
 func itoa(n int) string     { return mustJSON(n) }
 
 type sseCase struct {
-	name        string
-	in          string
-	withhold    bool
-	want        string
-	usage       Usage
-	counted     bool
-	events      int
-	wantErr     error // the error returned after the output (io.EOF: a clean end)
-	errorEvents int   // SSE error events appended by the reader
+	name     string
+	in       string
+	withhold bool
+	want     string
+	usage    Usage
+	counted  bool
+	events   int
+	wantErr  error // the error returned after the output (io.EOF: a clean end)
 }
 
 func sseCases() []sseCase {

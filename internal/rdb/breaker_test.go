@@ -65,7 +65,7 @@ func TestBreaker(t *testing.T) {
 	if s, changed, _ := b.Record(now, true); s != BreakerClosed || !changed {
 		t.Fatalf("a probe that succeeded: %v %v, want closed", s, changed)
 	}
-	if !b.Allow(now) || !b.Allow(now) {
+	if first, second := b.Allow(now), b.Allow(now); !first || !second {
 		t.Fatal("closed again: every call allowed")
 	}
 	b.Record(now, false)

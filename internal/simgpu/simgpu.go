@@ -51,7 +51,7 @@ type Usage struct {
 // FreeBytes is the memory no live process holds.
 func (u Usage) FreeBytes() uint64 { return u.TotalBytes - min(u.UsedBytes, u.TotalBytes) }
 
-// Dir is a simulated-GPU directory. Create it with Create or Open; the zero
+// Dir is a simulated-GPU directory. Open it with Open; the zero
 // value is not usable. It is safe for concurrent use by goroutines and
 // processes.
 type Dir struct{ path string }
@@ -73,23 +73,7 @@ type claimDoc struct {
 	GPUs  []claimEntry `json:"gpus"`
 }
 
-// Create makes (or rewrites) the directory at path describing gpus, keeping
-// the claims already in it.
-func Create(path string, gpus []GPU) (*Dir, error) {
-	if err := validate(gpus); err != nil {
-		return nil, fmt.Errorf("simulated gpus in %s: %w", path, err)
-	}
-	if err := os.MkdirAll(filepath.Join(path, claimsDir), 0o755); err != nil {
-		return nil, fmt.Errorf("creating simulated gpu directory: %w", err)
-	}
-	b, _ := json.MarshalIndent(gpusDoc{GPUs: gpus}, "", "  ")
-	if err := writeAtomic(filepath.Join(path, gpusFile), b); err != nil {
-		return nil, fmt.Errorf("writing simulated gpus: %w", err)
-	}
-	return &Dir{path: path}, nil
-}
-
-// Open opens the directory at path, which Create made.
+// Open opens the directory at path, which holds gpus.json.
 func Open(path string) (*Dir, error) {
 	d := &Dir{path: path}
 	if _, err := d.gpus(); err != nil {

@@ -1,7 +1,9 @@
 package simgpu
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,7 +35,7 @@ func holder(t *testing.T) (pid int, kill func()) {
 
 func newDir(t *testing.T) *Dir {
 	t.Helper()
-	d, err := Create(t.TempDir(), []GPU{{Index: 1, TotalBytes: 80 * gib}, {Index: 0, TotalBytes: 40 * gib}})
+	d, err := create(t.TempDir(), []GPU{{Index: 1, TotalBytes: 80 * gib}, {Index: 0, TotalBytes: 40 * gib}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,8 +63,8 @@ func TestCreateOpenSnapshot(t *testing.T) {
 		t.Fatal("opened a directory without gpus.json")
 	}
 	for _, bad := range [][]GPU{nil, {{Index: 0}}, {{Index: 0, TotalBytes: 1}, {Index: 0, TotalBytes: 1}}, {{Index: -1, TotalBytes: 1}}} {
-		if _, err := Create(t.TempDir(), bad); err == nil {
-			t.Errorf("Create accepted %+v", bad)
+		if _, err := create(t.TempDir(), bad); err == nil {
+			t.Errorf("create accepted %+v", bad)
 		}
 	}
 }
@@ -173,3 +175,20 @@ func TestUpdateIsAtomic(t *testing.T) {
 }
 
 var errFull = errors.New("full")
+
+// create makes (or rewrites) the directory at path describing gpus, keeping
+// the claims already in it. Outside these tests the directory is written
+// by hand: gpus.json (docs/gpu.md) is the interface.
+func create(path string, gpus []GPU) (*Dir, error) {
+	if err := validate(gpus); err != nil {
+		return nil, fmt.Errorf("simulated gpus in %s: %w", path, err)
+	}
+	if err := os.MkdirAll(filepath.Join(path, claimsDir), 0o755); err != nil {
+		return nil, fmt.Errorf("creating simulated gpu directory: %w", err)
+	}
+	b, _ := json.MarshalIndent(gpusDoc{GPUs: gpus}, "", "  ")
+	if err := writeAtomic(filepath.Join(path, gpusFile), b); err != nil {
+		return nil, fmt.Errorf("writing simulated gpus: %w", err)
+	}
+	return &Dir{path: path}, nil
+}

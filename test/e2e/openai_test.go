@@ -188,7 +188,7 @@ func TestOpenAIClient(t *testing.T) {
 	t.Run("audio transcription", func(t *testing.T) {
 		// whisper-1 is an alias: poold rewrites it inside the form.
 		resp, err := client.Audio.Transcriptions.New(ctx, openai.AudioTranscriptionNewParams{
-			Model: openai.AudioModelWhisper1,
+			Model: "whisper-1",
 			File:  openai.File(bytes.NewReader(make([]byte, 64000)), "a.wav", "audio/wav"),
 		})
 		if err != nil {
