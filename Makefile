@@ -35,8 +35,8 @@ demo: build
 	@echo "demo: poold's state in $(DEMO_STATE)/; Ctrl-C stops poold and its engines"
 	$(BIN)/poold --profiles profiles/demo.json --state-dir $(DEMO_STATE) --keep-engines-on-restart=false $(DEMOFLAGS)
 
-# vet also builds the whole tree, tests included, for macOS: fleetd and the
-# CLI run there, and poold builds and refuses to start engines.
+# vet also builds the whole tree, tests included, for macOS (built, not run:
+# the tests run on Linux only), where poold refuses to start engines.
 vet:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt would change:"; gofmt -l .; exit 1)
 	$(GO) vet ./...
