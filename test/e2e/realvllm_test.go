@@ -408,11 +408,25 @@ func TestRealVLLMServes(t *testing.T) {
 		// One stream in flight shows as running in engineStats, read from
 		// the engine's own /metrics, and its KV cache as in use. The two
 		// are asked of the samples apart: on a busy machine a scrape can
-		// fall between the engine's updates of its gauges.
+		// fall between the engine's updates of its gauges. Streams follow
+		// one another until both were seen: on a busy machine the engine
+		// can take longer to answer its /metrics than a stream lasts.
 		done := make(chan []byte, 1)
+		seen := make(chan struct{})
+		streams := 0
 		begin := time.Now()
 		go func() {
-			_, _, b := d.send(ctx, "/v1/chat/completions", realChat("llama", true, 1900, ""), nil)
+			var b []byte
+			for range 30 {
+				_, _, b = d.send(ctx, "/v1/chat/completions", realChat("llama", true, 1900, ""), nil)
+				streams++
+				select {
+				case <-seen:
+					done <- b
+					return
+				default:
+				}
+			}
 			done <- b
 		}()
 		deadline := time.Now().Add(time.Minute)
@@ -427,7 +441,8 @@ func TestRealVLLMServes(t *testing.T) {
 					ended = fmt.Sprintf("ended (%d chunks, ran to its end %t)", chunks, whole)
 				default:
 				}
-				t.Fatalf("engineStats never showed the stream (running seen %t, KV in use seen %t): last %+v; seen %v; %v failed scrapes; the stream began %s ago and %s", running, kv, last, samples,
+				close(seen)
+				t.Fatalf("engineStats never showed a stream (running seen %t, KV in use seen %t): last %+v; seen %v; %v failed scrapes; the streams began %s ago, and the last %s", running, kv, last, samples,
 					d.metricValue(`poold_engine_metrics_scrape_failures_total{pool="p0"}`), time.Since(begin).Round(time.Second), ended)
 			}
 			for _, p := range d.status().Pools {
@@ -439,9 +454,11 @@ func TestRealVLLMServes(t *testing.T) {
 				kv = kv || (last != nil && last.KVCacheUsage > 0)
 			}
 		}
+		close(seen)
 		if chunks, _, ok := streamTokens(t, <-done); !ok {
-			t.Errorf("the stream measured ended early: %d chunks", chunks)
+			t.Errorf("the last stream measured ended early: %d chunks", chunks)
 		}
+		t.Logf("seen during stream %d", streams)
 	})
 
 	t.Run("max-num-seqs", func(t *testing.T) {
