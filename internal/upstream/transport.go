@@ -409,6 +409,9 @@ func (b *upBody) release(eof bool) {
 	c := b.c
 	b.c = nil
 	if eof && b.keep && b.stop() {
+		// The body's reads left a read deadline (BodyIdleTimeout), which
+		// would otherwise bound the next request's wait for its headers.
+		_ = c.SetReadDeadline(time.Time{})
 		c.maxIdle = b.maxIdle
 		b.t.put(b.addr, c)
 		return

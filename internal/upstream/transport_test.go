@@ -581,3 +581,31 @@ func TestTransportResponseHeaderLimit(t *testing.T) {
 		t.Fatalf("a 2 MiB header under the default bound: %v", err)
 	}
 }
+
+// A kept connection carries no deadline from its last body into the next
+// request: the BodyIdleTimeout bounds a body's reads, not the wait for the
+// next answer's headers, which without a HeaderTimeout lasts as long as the
+// request's context (fleetd's, waiting on a poold that queues or swaps).
+func TestTransportKeptConnectionForgetsBodyDeadline(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("slow") != "" {
+			<-time.After(5 * idle) // headers later than the last body read's bound
+		}
+		io.WriteString(w, "ok")
+	})
+	tr := &Transport{BodyIdleTimeout: idle}
+	defer tr.Close()
+	for i, url := range []string{srv.URL, srv.URL + "/?slow=1"} {
+		resp, err := post(t, tr, url, "")
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if got := bodyOf(t, resp); got != "ok" {
+			t.Fatalf("request %d: body %q", i, got)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections, want the first kept for the second", n)
+	}
+}
