@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/poold/poold/internal/record"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -86,7 +87,7 @@ func TestStreamTiming(t *testing.T) {
 	at = at.Add(50 * time.Millisecond)
 	st.Content(at, 3) // three chunks read at once: gaps 50 ms, 0, 0
 
-	var r Record
+	var r record.Request
 	st.Record(&r)
 	if r.TTFT != 200*time.Millisecond || r.ITLGaps != 8 || r.ITLMax != 300*time.Millisecond || r.ITLP50 != 50*time.Millisecond {
 		t.Errorf("record: TTFT %v, %d gaps, p50 %v, max %v; want 200ms, 8, 50ms, 300ms", r.TTFT, r.ITLGaps, r.ITLP50, r.ITLMax)
@@ -101,7 +102,7 @@ func TestStreamTiming(t *testing.T) {
 	// A stream without content: no TTFT, no gap.
 	st.Begin(t0, nil)
 	st.Content(t0.Add(time.Second), 0)
-	r = Record{}
+	r = record.Request{}
 	st.Record(&r)
 	if r.TTFT != 0 || r.ITLGaps != 0 {
 		t.Errorf("no content: TTFT %v, %d gaps; want none", r.TTFT, r.ITLGaps)
@@ -129,10 +130,10 @@ func TestTTFTAndITLHistograms(t *testing.T) {
 	st.Begin(t0, m.ITL("gpu0", "qwen", "team-a"))
 	st.Content(t0.Add(250*time.Millisecond), 1)
 	st.Content(t0.Add(300*time.Millisecond), 1)
-	rec := &Record{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Stream: true}
+	rec := &record.Request{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Stream: true}
 	st.Record(rec)
 	m.Observe(rec)
-	m.Observe(&Record{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200})
+	m.Observe(&record.Request{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200})
 	want := `
 # HELP poold_time_to_first_token_seconds Time from a stream's arrival to the first chunk of generated text sent to the client, queueing included.
 # TYPE poold_time_to_first_token_seconds histogram
@@ -172,8 +173,8 @@ func formatFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) 
 func TestAccessLogStreamTiming(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
-	(&Record{Status: 200, Stream: true, TTFT: 212 * time.Millisecond, ITLGaps: 40, ITLP50: 51 * time.Millisecond, ITLMax: 340 * time.Millisecond}).Log(log)
-	(&Record{Status: 200}).Log(log)
+	(&record.Request{Status: 200, Stream: true, TTFT: 212 * time.Millisecond, ITLGaps: 40, ITLP50: 51 * time.Millisecond, ITLMax: 340 * time.Millisecond}).Log(log)
+	(&record.Request{Status: 200}).Log(log)
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	var stream, plain map[string]any
 	if err := json.Unmarshal([]byte(lines[0]), &stream); err != nil {
@@ -197,10 +198,10 @@ func TestAccessLogStreamTiming(t *testing.T) {
 func TestAccessLogKeepAlive(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
-	(&Record{Status: 200, HasKeepAlive: true, KeepAlive: 10 * time.Minute}).Log(log)
-	(&Record{Status: 200, HasKeepAlive: true, KeepAlive: -1}).Log(log)
-	(&Record{Status: 200, HasKeepAlive: true}).Log(log)
-	(&Record{Status: 200}).Log(log)
+	(&record.Request{Status: 200, HasKeepAlive: true, KeepAlive: 10 * time.Minute}).Log(log)
+	(&record.Request{Status: 200, HasKeepAlive: true, KeepAlive: -1}).Log(log)
+	(&record.Request{Status: 200, HasKeepAlive: true}).Log(log)
+	(&record.Request{Status: 200}).Log(log)
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	for i, want := range []any{600000.0, -1.0, 0.0, nil} {
 		var m map[string]any

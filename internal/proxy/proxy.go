@@ -26,6 +26,7 @@ import (
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/record"
 	"github.com/poold/poold/internal/statusapi"
 	"github.com/poold/poold/internal/tenant"
 	"github.com/poold/poold/internal/upstream"
@@ -33,7 +34,7 @@ import (
 
 // Options configures a Handler. Zero values: MaxBodyBytes → openai.DefaultMaxBodyBytes;
 // Logger → discard; AccessLog → none; Metrics → none; Tenants → no tenants
-// file: every request is client metrics.NoTenant.
+// file: every request is client record.NoTenant.
 type Options struct {
 	MaxBodyBytes int64
 	Logger       *slog.Logger
@@ -254,7 +255,7 @@ type exchangeKey struct{}
 
 func (x *exchange) markFirst() { x.first = time.Now() }
 
-// outcome says how the exchange ended (metrics.Outcome*), given the status
+// outcome says how the exchange ended (record.Outcome*), given the status
 // recorded and whether the client has gone.
 func (x *exchange) outcome(status int, clientGone bool) string {
 	ended, upErr := true, error(nil)
@@ -266,11 +267,11 @@ func (x *exchange) outcome(status int, clientGone bool) string {
 	}
 	switch {
 	case status == 499 || clientGone && !ended:
-		return metrics.OutcomeClientAborted
+		return record.OutcomeClientAborted
 	case upErr != nil:
-		return metrics.OutcomeUpstreamAborted
+		return record.OutcomeUpstreamAborted
 	}
-	return metrics.OutcomeCompleted
+	return record.OutcomeCompleted
 }
 
 // bill puts the request's tokens in rec, whose Status, Outcome and Profile
@@ -284,10 +285,10 @@ func (x *exchange) outcome(status int, clientGone bool) string {
 //     per token, within the request's output bound (a plain answer);
 //   - for a completed 2xx answer without usage poold can read, the chunks
 //     of text a stream carried (0 for a plain body).
-func (x *exchange) bill(rec *metrics.Record, times *tokenTimes) {
+func (x *exchange) bill(rec *record.Request, times *tokenTimes) {
 	if u, ok := x.usage(); ok {
 		rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
-		if rec.Outcome == metrics.OutcomeCompleted && rec.Status == http.StatusOK {
+		if rec.Outcome == record.OutcomeCompleted && rec.Status == http.StatusOK {
 			end := time.Now()
 			if x.tail != nil && !x.first.IsZero() {
 				end = x.first // a plain answer comes once made
@@ -296,7 +297,7 @@ func (x *exchange) bill(rec *metrics.Record, times *tokenTimes) {
 		}
 		return
 	}
-	completed := rec.Outcome == metrics.OutcomeCompleted
+	completed := rec.Outcome == record.OutcomeCompleted
 	if x.sent.IsZero() || x.prompt == 0 || completed && (rec.Status/100 != 2 || x.sse == nil && x.tail == nil) {
 		return
 	}
@@ -329,7 +330,7 @@ func (x *exchange) usage() (openai.Usage, bool) {
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ten := tenant.FromContext(r.Context())
-	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: metrics.NoTenant}
+	rec := &record.Request{RequestID: openai.RequestID(r, "poold", &h.seq), Client: record.NoTenant}
 	caller := pool.Caller{}
 	if ten != nil {
 		rec.Client = ten.Name
@@ -358,13 +359,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if openai.ClientStalled(client) {
 			// Cut by openai.WriteDeadline: the lease is released and the
 			// engine's request cancelled as the handler returns.
-			rec.Outcome = metrics.OutcomeClientStalled
+			rec.Outcome = record.OutcomeClientStalled
 			h.log.Info("client stopped reading: answer cut", "requestId", rec.RequestID, "pool", rec.Pool, "profile", rec.Profile,
 				"setting", openai.ClientWriteTimeoutSetting)
 		}
 		// Cut by a shutdown: an answer under way, or none yet from the engine.
-		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != metrics.OutcomeCompleted || x.sse == nil && x.tail == nil) {
-			rec.Outcome = metrics.OutcomeShutdownCut
+		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != record.OutcomeCompleted || x.sse == nil && x.tail == nil) {
+			rec.Outcome = record.OutcomeShutdownCut
 		}
 		x.bill(rec, &h.tokenTimes)
 		if x.lease != nil {
@@ -394,7 +395,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	// Limits before the body is read: a refused request costs nothing more.
 	if !h.opts.Tenants.Admit(w, r, ten) {
-		rec.Status, rec.Outcome = http.StatusTooManyRequests, metrics.OutcomeRateLimited
+		rec.Status, rec.Outcome = http.StatusTooManyRequests, record.OutcomeRateLimited
 		return
 	}
 
@@ -447,7 +448,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	if ten != nil && ten.TPM > 0 {
 		worst := tenant.WorstCase(rt.path, x.body, req, bound, prof.MaxModelLen)
 		if !h.opts.Tenants.Reserve(w, r, ten, worst) {
-			rec.Status, rec.Outcome = http.StatusTooManyRequests, metrics.OutcomeRateLimited
+			rec.Status, rec.Outcome = http.StatusTooManyRequests, record.OutcomeRateLimited
 			return
 		}
 		reserved = worst
@@ -504,11 +505,11 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 // the stream of a request whose engine core died with an error event and
 // [DONE], under a 200).
 func (x *exchange) succeeded(clientGone bool) bool {
-	return x.status/100 == 2 && x.outcome(x.status, clientGone) == metrics.OutcomeCompleted && (x.sse == nil || x.sse.ContentChunks() > 0)
+	return x.status/100 == 2 && x.outcome(x.status, clientGone) == record.OutcomeCompleted && (x.sse == nil || x.sse.ContentChunks() > 0)
 }
 
 // finish records a finished request in the metrics and the access log.
-func (h *Handler) finish(rec *metrics.Record) {
+func (h *Handler) finish(rec *record.Request) {
 	if h.opts.Metrics != nil {
 		h.opts.Metrics.Observe(rec)
 	}
