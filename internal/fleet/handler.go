@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/pipeline"
 	"github.com/poold/poold/internal/placement"
 	"github.com/poold/poold/internal/tenant"
 	"github.com/poold/poold/internal/upstream"
@@ -118,9 +119,12 @@ type Handler struct {
 	rp    *httputil.ReverseProxy
 	tr    *upstream.Transport // the hosts' connections, rp's Transport
 	mux   *http.ServeMux
-	root  http.Handler  // mux with 404 and 405 in poold's shape, behind the tenants' gate when there is one
-	gate  *tenant.Gate  // nil: no tenants file
-	seq   atomic.Uint64 // request ids
+	// root serves the API (pipeline.Router) and the mux, with 404 and 405
+	// in poold's shape, behind the tenants' gate when there is one.
+	root  http.Handler
+	gate  *tenant.Gate   // nil: no tenants file
+	gates pipeline.Gates // the checks of an API request before any host is asked
+	seq   atomic.Uint64  // request ids
 	// claims are the new copies claimed by this fleetd, or learnt from
 	// opts.Claims; scaledOut the models it scaled out, for their cool-down
 	// (cooldown: ScaleOutCooldown times this fleetd's jitter).
@@ -173,17 +177,20 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 	}
 	mux := http.NewServeMux()
+	// Every POST under /v1/ is served by h.router before the mux sees it;
+	// the pattern stays for the mux's 405s, which name POST on those paths.
 	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
 	mux.HandleFunc("GET /v1/models", h.serveModels)
 	mux.HandleFunc("GET /v1/models/{id...}", h.serveModel)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, map[string]string{"status": "ok"}) })
 	h.mux = mux
-	h.root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { openai.ServeMux(mux, w, r) })
+	h.root = &pipeline.Router{Mux: mux, API: http.HandlerFunc(h.serveAPI), IsAPI: func(path string) bool { return strings.HasPrefix(path, "/v1/") }}
 	if opts.Tenants != nil {
 		h.gate = opts.Tenants.gate
 		h.root = h.gate.Require(h.root)
 	}
+	h.gates = pipeline.Gates{Tenants: h.gate, MaxBodyBytes: opts.MaxBodyBytes}
 	return h
 }
 
@@ -311,18 +318,15 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 
 	w.Header().Set("X-Request-Id", id)
 	// A tenant's request goes through its limits, its models and its output
-	// cap, in poold's order, before any host is asked: a refused request
-	// costs no host anything. The limits come first, before the body is
-	// read, and the reservation of its worst case in tokens last.
-	if !h.gate.Admit(w, r, ten) {
-		status = http.StatusTooManyRequests
+	// cap, in poold's order (pipeline.Gates), before any host is asked: a
+	// refused request costs no host anything. The limits come first, before
+	// the body is read, and the reservation of its worst case in tokens last.
+	in, refused := h.gates.Read(w, r, ten, r.URL.Path)
+	if refused.Refused() {
+		status = refused.Status
 		return
 	}
-	body, req, code := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
-	if code != 0 {
-		status = code
-		return
-	}
+	req := in.Read
 	name, stream := req.Model, req.Stream
 	log = append(log, slog.String("model", name), slog.Bool("stream", stream))
 
@@ -334,30 +338,24 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	model = name
-	meter, withhold, prompt := false, false, 0
-	if ten != nil {
-		// The request's worst case is reserved from the tenant's tokens
-		// once it is capped, and settled with its usage when the answer
-		// ends: a stream that did not ask for usage is asked, as poold
-		// asks its engine, and the usage chunk withheld from the client.
-		meter = true
-		withhold = stream && !req.IncludeUsage && (r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions")
-		bound, ok := h.gate.Cap(w, r, ten, r.URL.Path, req)
-		if !ok {
-			status = http.StatusBadRequest
-			return
-		}
-		body = openai.Rewrite(body, req, openai.Changes{InjectUsage: withhold, Bound: bound})
-		prompt = openai.EstimatePromptTokens(body, req)
-		if ten.TPM > 0 {
-			worst := tenant.WorstCase(r.URL.Path, body, req, bound, 0)
-			if !h.gate.Reserve(w, r, ten, worst) {
-				status = http.StatusTooManyRequests
-				return
-			}
-			reserved = worst
-		}
+	// A tenant's request is metered: its worst case is reserved from the
+	// tenant's tokens once it is capped, and settled with its usage when
+	// the answer ends; a stream that did not ask for usage is asked, as
+	// poold asks its engine, and the usage chunk withheld from the client.
+	meter, prompt := ten != nil, 0
+	if refused := h.gates.Prepare(w, r, &in, pipeline.Changes{Meter: meter}); refused.Refused() {
+		status = refused.Status
+		return
 	}
+	body := in.Body
+	if meter {
+		prompt = openai.EstimatePromptTokens(body, req)
+	}
+	if refused := h.gates.Reserve(w, r, &in, 0); refused.Refused() {
+		status = refused.Status
+		return
+	}
+	reserved = in.Reserved
 	ropts := h.fleet.routeOptions(start)
 	ropts.Epsilon, ropts.Slack = h.opts.AffinityEpsilon, h.opts.LoadSlack
 	if len(views) > 0 {
@@ -392,7 +390,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		hs := hosts[c.Host]
 		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), cred: cred, client: r.Context(),
 			start: h.fleet.opts.Now(), now: h.fleet.opts.Now,
-			meter: meter, withhold: withhold, limited: meter && (ten.RPM > 0 || ten.TPM > 0), prompt: prompt, anthropic: openai.AnthropicRoute(r.URL.Path),
+			meter: meter, withhold: in.InjectUsage, limited: meter && (ten.RPM > 0 || ten.TPM > 0), prompt: prompt, anthropic: openai.AnthropicRoute(r.URL.Path),
 			nextAny:  left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return !warmOnly || n.Rank <= placement.Loading }),
 			nextWarm: left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return n.Rank <= placement.Loading })}
 		tried = append(tried, c.Host)

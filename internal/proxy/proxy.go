@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/pipeline"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/record"
@@ -101,7 +103,11 @@ type Handler struct {
 	rp    *httputil.ReverseProxy
 	tr    *upstream.Transport // the engines' connections, rp's Transport
 	mux   *http.ServeMux
-	seq   atomic.Uint64 // request ids
+	// router sends the inference requests to serveAPI, the rest to mux;
+	// gates are the checks those pass before a lease is asked for.
+	router pipeline.Router
+	gates  pipeline.Gates
+	seq    atomic.Uint64 // request ids
 	// created is the "created" time of every /v1/models entry: when the
 	// profiles were loaded.
 	created int64
@@ -142,6 +148,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
 	h.cut, h.cutAll = context.WithCancel(context.Background())
 	h.bodies.max = opts.QueueBodyBytes
+	h.gates = pipeline.Gates{Tenants: opts.Tenants, MaxBodyBytes: opts.MaxBodyBytes}
 	h.cfg.Store(cfg)
 	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout, BodyIdleTimeout: opts.StreamIdleTimeout}
 	h.rp = &httputil.ReverseProxy{
@@ -168,6 +175,12 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	}
 	h.handleUsage(mux)
 	h.mux = mux
+	h.router = pipeline.Router{
+		Mux:   mux,
+		API:   http.HandlerFunc(h.serveAPI),
+		IsAPI: func(path string) bool { return !strings.HasPrefix(path, "/admin/") },
+		Route: func(u *url.URL) bool { _, ok := routeOf(u); return ok },
+	}
 	return h
 }
 
@@ -183,20 +196,11 @@ func (h *Handler) SetConfig(cfg *profile.Config) {
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
 // ServeHTTP serves every POST but the admin API's as an inference request,
-// which serveAPI routes by its path (routeOf), before the mux could clean or
-// redirect it; another method on an inference route is a 405; everything
-// else goes through the mux, whose 404 and 405 are in poold's shape too.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodPost && !strings.HasPrefix(r.URL.Path, "/admin/") {
-		h.serveAPI(w, r)
-		return
-	}
-	if _, ok := routeOf(r.URL); ok {
-		openai.WriteMethodNotAllowed(w, r, http.MethodPost)
-		return
-	}
-	openai.ServeMux(h.mux, w, r)
-}
+// which serveAPI routes by its path (routeOf), outside the mux
+// (pipeline.Router); another method on an inference route is a 405;
+// everything else goes through the mux, whose 404 and 405 are in poold's
+// shape too.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.router.ServeHTTP(w, r) }
 
 // Close closes the idle connections to engines and stops their sweep. Call
 // it once the server has stopped.
@@ -393,17 +397,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, r, rec.Status, "headers_too_large", "", why)
 		return
 	}
-	// Limits before the body is read: a refused request costs nothing more.
-	if !h.opts.Tenants.Admit(w, r, ten) {
-		rec.Status, rec.Outcome = http.StatusTooManyRequests, record.OutcomeRateLimited
+	// The gates, in both daemons' order (pipeline.Gates).
+	in, refused := h.gates.Read(w, r, ten, rt.path)
+	if refused.Refused() {
+		h.refused(rec, refused)
 		return
 	}
-
-	body, req, status := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
-	if status != 0 {
-		rec.Status = status
-		return
-	}
+	req := in.Read
 	rec.Model, rec.Stream = req.Model, req.Stream
 	if req.Form && !formRoutes[rt.path] {
 		rec.Status = http.StatusBadRequest
@@ -424,35 +424,30 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, r, rec.Status, "route_not_served", "", msg)
 		return
 	}
-	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
-	bound, ok := h.opts.Tenants.Cap(w, r, ten, rt.path, req)
-	if !ok {
-		rec.Status = http.StatusBadRequest
+	if refused := h.gates.Prepare(w, r, &in, pipeline.Changes{Model: prof.ID, DropKeepAlive: true, Meter: true}); refused.Refused() {
+		h.refused(rec, refused)
 		return
 	}
-	x.body = openai.Rewrite(body, req, openai.Changes{Model: prof.ID, InjectUsage: inject, Bound: bound, DropKeepAlive: true})
+	x.body = in.Body
 	x.form = req.Form
 	keep := req.KeepAlive
 	if req.HasKeepAlive && ten != nil {
 		keep = ten.KeepAlive(keep)
 	}
 	rec.KeepAlive, rec.HasKeepAlive = keep, req.HasKeepAlive
-	x.withhold = inject
+	x.withhold = in.InjectUsage
 	x.choices, x.generates = int(max(1, req.Choices)), openai.OutputParams(rt.path) != nil
 	if !untokened[rt.path] {
 		x.prompt = openai.EstimatePromptTokens(x.body, req)
 	}
-	if n, ok := req.MaxOutput(rt.path, bound); ok {
+	if n, ok := req.MaxOutput(rt.path, in.Bound); ok {
 		x.maxOutput = n
 	}
-	if ten != nil && ten.TPM > 0 {
-		worst := tenant.WorstCase(rt.path, x.body, req, bound, prof.MaxModelLen)
-		if !h.opts.Tenants.Reserve(w, r, ten, worst) {
-			rec.Status, rec.Outcome = http.StatusTooManyRequests, record.OutcomeRateLimited
-			return
-		}
-		reserved = worst
+	if refused := h.gates.Reserve(w, r, &in, prof.MaxModelLen); refused.Refused() {
+		h.refused(rec, refused)
+		return
 	}
+	reserved = in.Reserved
 
 	// A request that must wait holds its body against the host's budget.
 	hold, unqueue, done := h.bodies.request(int64(len(x.body)))
@@ -506,6 +501,14 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 // [DONE], under a 200).
 func (x *exchange) succeeded(clientGone bool) bool {
 	return x.status/100 == 2 && x.outcome(x.status, clientGone) == record.OutcomeCompleted && (x.sse == nil || x.sse.ContentChunks() > 0)
+}
+
+// refused records a request that a gate refused, which answered it.
+func (h *Handler) refused(rec *record.Request, f pipeline.Refusal) {
+	rec.Status = f.Status
+	if f.RateLimited {
+		rec.Outcome = record.OutcomeRateLimited
+	}
 }
 
 // finish records a finished request in the metrics and the access log.
