@@ -21,6 +21,7 @@ import (
 	"github.com/poold/poold/internal/openai"
 	"github.com/poold/poold/internal/pipeline"
 	"github.com/poold/poold/internal/placement"
+	"github.com/poold/poold/internal/record"
 	"github.com/poold/poold/internal/tenant"
 	"github.com/poold/poold/internal/upstream"
 )
@@ -264,10 +265,10 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := h.fleet.opts.Now()
 	id := openai.RequestID(r, "fleetd", &h.seq)
 	log := make([]slog.Attr, 0, 16) // the access log line's attributes
-	log = append(log, slog.String("requestId", id), slog.String("path", r.URL.Path))
+	log = append(log, slog.String(record.FieldRequestID, id), slog.String(record.FieldPath, r.URL.Path))
 	ten := tenant.FromContext(r.Context()) // nil without a tenants file
 	if ten != nil {
-		log = append(log, slog.String("tenant", ten.Name))
+		log = append(log, slog.String(record.FieldTenant, ten.Name))
 	}
 	hostName, model, status, cut := "none", "", 0, false
 	var held []*host  // hosts tried, released once the request is counted
@@ -277,7 +278,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if cur != nil {
 			hostName, status, cut = cur.host.name, cur.status, cur.cut
-			log = append(log, slog.Bool("aborted", true)) // the stream broke off after its first bytes
+			log = append(log, slog.Bool(record.FieldAborted, true)) // the stream broke off after its first bytes
 		}
 		if status == 0 {
 			status = 499 // the client left before an answer
@@ -288,9 +289,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			h.gate.Settle(ten, reserved, u.PromptTokens+u.CompletionTokens)
 			h.fleet.metrics.tenantRequest(ten.Name, status, cut, u.PromptTokens, u.CompletionTokens)
 			if u != (openai.Usage{}) {
-				log = append(log, slog.Int("promptTokens", u.PromptTokens), slog.Int("completionTokens", u.CompletionTokens))
+				log = append(log, slog.Int(record.FieldPromptTokens, u.PromptTokens), slog.Int(record.FieldCompletionTokens, u.CompletionTokens))
 				if estimated {
-					log = append(log, slog.Bool("tokensEstimated", true))
+					log = append(log, slog.Bool(record.FieldTokensEstimated, true))
 				}
 			}
 		}
@@ -299,15 +300,15 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		}
 		if openai.ClientStalled(w) {
 			// Cut by openai.WriteDeadline: the host's request is cancelled.
-			log = append(log, slog.Bool("clientStalled", true))
+			log = append(log, slog.Bool(record.FieldClientStalled, true))
 			h.log.Info("client stopped reading: answer cut", "requestId", id, "host", hostName, "setting", openai.ClientWriteTimeoutSetting)
 		}
 		if h.opts.AccessLog != nil {
 			if cut {
-				log = append(log, slog.Bool("cut", true))
+				log = append(log, slog.Bool(record.FieldCut, true))
 			}
-			log = append(log, slog.String("host", hostName), slog.Int("status", status), slog.Int64("durationMs", h.fleet.opts.Now().Sub(start).Milliseconds()))
-			h.opts.AccessLog.LogAttrs(r.Context(), slog.LevelInfo, "request", log...)
+			log = append(log, slog.String(record.FieldHost, hostName), slog.Int(record.FieldStatus, status), slog.Int64(record.FieldDurationMs, h.fleet.opts.Now().Sub(start).Milliseconds()))
+			h.opts.AccessLog.LogAttrs(r.Context(), slog.LevelInfo, record.Message, log...)
 		}
 	}()
 	fail := func(code int, errCode, param, msg string) {
@@ -328,7 +329,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	req := in.Read
 	name, stream := req.Model, req.Stream
-	log = append(log, slog.String("model", name), slog.Bool("stream", stream))
+	log = append(log, slog.String(record.FieldModel, name), slog.Bool(record.FieldStream, stream))
 
 	hosts := h.fleet.snapshot()
 	cred := credential(r)
@@ -373,9 +374,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	order = h.claimCopy(r.Context(), order, views)
 	h.fleet.metrics.decision(order[0].Reason)
-	log = append(log, slog.String("reason", order[0].Reason), slog.String("tier", order[0].Rank.String()))
+	log = append(log, slog.String(record.FieldReason, order[0].Reason), slog.String(record.FieldTier, order[0].Rank.String()))
 	if order[0].Saturated {
-		log = append(log, slog.Bool("saturated", true)) // every copy is
+		log = append(log, slog.Bool(record.FieldSaturated, true)) // every copy is
 	}
 	var tried []string
 	warmOnly := false // after a full queue, only hosts where the model is awake or loading
@@ -401,7 +402,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		hostName, status = c.Host, a.status
 		if a.retry == "" {
 			if !a.first.IsZero() {
-				log = append(log, slog.Int64("ttfbMs", a.first.Sub(start).Milliseconds()))
+				log = append(log, slog.Int64(record.FieldTTFBMs, a.first.Sub(start).Milliseconds()))
 			}
 			break
 		}
@@ -410,7 +411,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		h.log.Info("retrying on the next host", "requestId", id, "host", c.Host, "cause", a.retry)
 	}
 	if len(tried) > 1 {
-		log = append(log, slog.Any("tried", tried))
+		log = append(log, slog.Any(record.FieldTried, tried))
 	}
 }
 

@@ -1,7 +1,7 @@
-// Package record holds what poold knows of one finished request: the
-// record that its metrics, its usage ledger and its access log read. It
-// depends on nothing of poold's, so that what reads a record links nothing
-// else.
+// Package record holds what is known of one finished request: the record
+// that poold's metrics, usage ledger and access log read, and the access
+// log's field names, which poold's and fleetd's lines share. It depends on
+// nothing of poold's, so that what reads a record links nothing else.
 package record
 
 import (
@@ -9,6 +9,46 @@ import (
 	"context"
 	"log/slog"
 	"time"
+)
+
+// The access log's message and field names, one spelling for both daemons
+// (docs/observability.md): poold writes a Request (Log), fleetd a line of
+// its own with the same names for what both know.
+const (
+	Message = "request"
+
+	FieldRequestID        = "request_id"
+	FieldModel            = "model"
+	FieldStatus           = "status"
+	FieldStream           = "stream"
+	FieldPromptTokens     = "prompt_tokens"
+	FieldCompletionTokens = "completion_tokens"
+	FieldTokensEstimated  = "tokens_estimated"
+	FieldTTFBMs           = "ttfb_ms"
+	FieldDurationMs       = "duration_ms"
+
+	// poold's.
+	FieldPool        = "pool"
+	FieldProfile     = "profile"
+	FieldClient      = "client"
+	FieldOutcome     = "outcome"
+	FieldQueueWaitMs = "queue_wait_ms"
+	FieldTTFTMs      = "ttft_ms"
+	FieldITLP50Ms    = "itl_ms_p50"
+	FieldITLMaxMs    = "itl_ms_max"
+	FieldKeepAliveMs = "keep_alive_ms"
+
+	// fleetd's.
+	FieldPath          = "path"
+	FieldTenant        = "tenant"
+	FieldHost          = "host"
+	FieldReason        = "reason"
+	FieldTier          = "tier"
+	FieldSaturated     = "saturated"
+	FieldTried         = "tried"
+	FieldAborted       = "aborted"
+	FieldCut           = "cut"
+	FieldClientStalled = "client_stalled"
 )
 
 // Outcomes of a request (Request.Outcome): how its answer ended, whatever its
@@ -81,26 +121,26 @@ type Request struct {
 func (r *Request) Log(log *slog.Logger) {
 	var buf [18]slog.Attr
 	attrs := append(buf[:0],
-		slog.String("request_id", r.RequestID),
-		slog.String("pool", r.Pool),
-		slog.String("model", r.Model),
-		slog.String("profile", r.Profile),
-		slog.String("client", r.Client),
-		slog.Int("status", r.Status),
-		slog.Bool("stream", r.Stream),
-		slog.String("outcome", cmp.Or(r.Outcome, OutcomeCompleted)),
-		slog.Int("prompt_tokens", r.PromptTokens),
-		slog.Int("completion_tokens", r.CompletionTokens),
-		slog.Bool("tokens_estimated", r.TokensEstimated),
-		slog.Int64("queue_wait_ms", r.QueueWait.Milliseconds()),
-		slog.Int64("ttfb_ms", r.TTFB.Milliseconds()),
-		slog.Int64("duration_ms", r.Duration.Milliseconds()),
+		slog.String(FieldRequestID, r.RequestID),
+		slog.String(FieldPool, r.Pool),
+		slog.String(FieldModel, r.Model),
+		slog.String(FieldProfile, r.Profile),
+		slog.String(FieldClient, r.Client),
+		slog.Int(FieldStatus, r.Status),
+		slog.Bool(FieldStream, r.Stream),
+		slog.String(FieldOutcome, cmp.Or(r.Outcome, OutcomeCompleted)),
+		slog.Int(FieldPromptTokens, r.PromptTokens),
+		slog.Int(FieldCompletionTokens, r.CompletionTokens),
+		slog.Bool(FieldTokensEstimated, r.TokensEstimated),
+		slog.Int64(FieldQueueWaitMs, r.QueueWait.Milliseconds()),
+		slog.Int64(FieldTTFBMs, r.TTFB.Milliseconds()),
+		slog.Int64(FieldDurationMs, r.Duration.Milliseconds()),
 	)
 	if r.TTFT > 0 {
-		attrs = append(attrs, slog.Int64("ttft_ms", r.TTFT.Milliseconds()))
+		attrs = append(attrs, slog.Int64(FieldTTFTMs, r.TTFT.Milliseconds()))
 	}
 	if r.ITLGaps > 0 {
-		attrs = append(attrs, slog.Int64("itl_ms_p50", r.ITLP50.Milliseconds()), slog.Int64("itl_ms_max", r.ITLMax.Milliseconds()))
+		attrs = append(attrs, slog.Int64(FieldITLP50Ms, r.ITLP50.Milliseconds()), slog.Int64(FieldITLMaxMs, r.ITLMax.Milliseconds()))
 	}
 	if r.HasKeepAlive {
 		// In milliseconds; -1: as long as allowed.
@@ -108,7 +148,7 @@ func (r *Request) Log(log *slog.Logger) {
 		if r.KeepAlive < 0 {
 			ms = -1
 		}
-		attrs = append(attrs, slog.Int64("keep_alive_ms", ms))
+		attrs = append(attrs, slog.Int64(FieldKeepAliveMs, ms))
 	}
-	log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+	log.LogAttrs(context.Background(), slog.LevelInfo, Message, attrs...)
 }

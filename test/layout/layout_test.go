@@ -37,7 +37,7 @@ var allowed = map[string][]string{
 	"internal/pool":         {"internal/profile", "internal/placement", "internal/statusapi", "internal/shim", "internal/cli", "internal/activity"},
 	"internal/metrics":      {"internal/pool", "internal/statusapi", "internal/profile", "internal/record"},
 	"internal/proxy":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics", "internal/tenant", "internal/record", "internal/pipeline"},
-	"internal/fleet":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement", "internal/tenant", "internal/pipeline"},
+	"internal/fleet":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement", "internal/tenant", "internal/pipeline", "internal/record"},
 	"internal/pipeline":     {"internal/openai", "internal/tenant"},
 	"internal/usage":        {"internal/record", "internal/activity", "internal/statusapi", "internal/openai"},
 	"internal/pgtest":       nil,
