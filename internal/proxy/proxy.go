@@ -396,7 +396,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	// The gates, in both daemons' order (pipeline.Gates).
 	in, refused := h.gates.Read(w, r, ten, rt.path)
 	if refused.Refused() {
-		h.refused(rec, refused)
+		recordRefusal(rec, refused)
 		return
 	}
 	req := in.Read
@@ -421,7 +421,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if refused := h.gates.Prepare(w, r, &in, pipeline.Changes{Model: prof.ID, DropKeepAlive: true, Meter: true}); refused.Refused() {
-		h.refused(rec, refused)
+		recordRefusal(rec, refused)
 		return
 	}
 	x.body = in.Body
@@ -440,7 +440,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		x.maxOutput = n
 	}
 	if refused := h.gates.Reserve(w, r, &in, prof.MaxModelLen); refused.Refused() {
-		h.refused(rec, refused)
+		recordRefusal(rec, refused)
 		return
 	}
 	reserved = in.Reserved
@@ -499,8 +499,8 @@ func (x *exchange) succeeded(clientGone bool) bool {
 	return x.status/100 == 2 && x.outcome(x.status, clientGone) == record.OutcomeCompleted && (x.sse == nil || x.sse.ContentChunks() > 0)
 }
 
-// refused records a request that a gate refused, which answered it.
-func (h *Handler) refused(rec *record.Request, f pipeline.Refusal) {
+// recordRefusal records in rec a request that a gate refused (and answered).
+func recordRefusal(rec *record.Request, f pipeline.Refusal) {
 	rec.Status = f.Status
 	if f.RateLimited {
 		rec.Outcome = record.OutcomeRateLimited

@@ -84,14 +84,17 @@ func TestImports(t *testing.T) {
 	}
 }
 
-// fleetd links none of poold's pool, metrics and gpu packages, nor NVML.
+// fleetd links none of poold's own packages (its pools and engines, their
+// metrics, GPUs and usage, its HTTP handler), nor NVML.
 func TestFleetdDependencies(t *testing.T) {
 	pkgs := list(t, "../../cmd/fleetd")
 	if len(pkgs) != 1 {
 		t.Fatalf("go list gave %d packages", len(pkgs))
 	}
 	for _, dep := range pkgs[0].Deps {
-		for _, banned := range []string{module + "internal/pool", module + "internal/metrics", module + "internal/gpu", module + "internal/proxy", "github.com/NVIDIA/go-nvml"} {
+		for _, banned := range []string{module + "internal/pool", module + "internal/metrics", module + "internal/gpu", module + "internal/proxy",
+			module + "internal/profile", module + "internal/shim", module + "internal/enginestats", module + "internal/enginesim", module + "internal/simgpu",
+			module + "internal/usage", module + "internal/activity", "github.com/NVIDIA/go-nvml"} {
 			if dep == banned || strings.HasPrefix(dep, banned+"/") {
 				t.Errorf("fleetd depends on %s", dep)
 			}
