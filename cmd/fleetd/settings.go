@@ -90,7 +90,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.Duration("read-header-timeout", 10*time.Second, "how long a client may take to send a request's headers")
 	cli.BytesFlag(fl, "max-header-bytes", headerbudget.DefaultMaxHeaderBytes, "largest request header block accepted (431 above)")
 	cli.BytesFlag(fl, "header-bytes-budget", headerbudget.DefaultMaxBytes, "header bytes that connections still sending their headers may hold together (503 and closed past it; blocks over 16KiB get three quarters)")
-	fl.Duration(openai.ClientWriteTimeoutSetting, time.Minute, "how long a client may accept no byte of an answer before it is cut (clientStalled in the access log) and its host's request cancelled; 0: no bound")
+	fl.Duration(openai.ClientWriteTimeoutSetting, time.Minute, "how long a client may accept no byte of an answer before it is cut (client_stalled in the access log) and its host's request cancelled; 0: no bound")
 	fl.Duration("stream-idle-timeout", fleet.DefaultStreamIdleTimeout, "how long a host may go without completing an event of a stream (or sending a byte of a plain answer) before the answer ends (host_timeout) and counts as the host's failure; 0: no bound")
 	fl.StringSlice("api-keys", nil, "API keys fleetd itself requires on /v1 (comma-separated; prefer FLEETD_API_KEYS or api-keys-file: flags show in ps)")
 	fl.String("api-keys-file", "", "file of API keys fleetd itself requires on /v1, one per line (KEY or sha256:HEX; # comments)")

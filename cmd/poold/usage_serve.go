@@ -7,8 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/poold/poold/internal/activity"
 	"github.com/poold/poold/internal/gpu"
-	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/proxy"
 	"github.com/poold/poold/internal/statusapi"
 	"github.com/poold/poold/internal/usage"
@@ -63,7 +63,7 @@ func (u *servedLedger) close() {
 	}
 }
 
-func (u *servedLedger) activity() pool.ActivityObserver {
+func (u *servedLedger) activity() activity.Observer {
 	if u == nil {
 		return nil
 	}

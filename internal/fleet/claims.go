@@ -3,8 +3,11 @@ package fleet
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/poold/poold/internal/placement"
 )
 
 // Claims decide which host loads a new copy of a model when several
@@ -75,3 +78,62 @@ func (c *localClaims) held(key string, now time.Time) string {
 // scale-out cool-down differs, so that replicas without a shared store do
 // not keep scaling the same model out in step.
 func jitter() float64 { return 1 + rand.Float64() }
+
+// claimCopy decides where a new copy of the model goes when the best host
+// in order would start one (its rank is asleep, empty, idle or queue, or
+// it is a scale-out): the first claim of the model's copy wins for the
+// claim lease, in this fleetd and, with Claims, across replicas, and the
+// requests that claim it later go to the winner, so that a cold burst
+// loads one copy. It returns the order to try.
+func (h *Handler) claimCopy(ctx context.Context, order []Choice, views []HostView) []Choice {
+	c := order[0]
+	if c.Rank <= placement.Loading && c.Reason != ReasonScaleOut {
+		return order
+	}
+	root := rootOf(views, c.Host)
+	key := "copy:" + root
+	if h.opts.Claims != nil {
+		h.claiming.Lock()
+		defer h.claiming.Unlock()
+	}
+	now := h.fleet.opts.Now()
+	winner, had := h.claims.claim(key, c.Host, now, h.opts.ClaimLease)
+	if !had && h.opts.Claims != nil {
+		cctx, cancel := context.WithTimeout(ctx, h.opts.ClaimTimeout)
+		shared, err := h.opts.Claims.Claim(cctx, key, c.Host, h.opts.ClaimLease)
+		cancel()
+		switch {
+		case err != nil:
+			h.fleet.metrics.claim("error")
+			h.log.Warn("shared claim failed; claiming for this fleetd only", "model", root, "err", err)
+		case shared != c.Host:
+			winner = shared
+			h.claims.put(key, shared, now.Add(h.opts.ClaimLease))
+		}
+	}
+	switch {
+	case winner == c.Host && !had:
+		h.fleet.metrics.claim("won")
+		if c.Reason == ReasonScaleOut {
+			h.scaledOut.put(root, c.Host, now.Add(h.cooldown))
+			h.fleet.scale.add(root, c.Host, now)
+			h.fleet.metrics.scale("out", "claimed")
+			h.log.Info("scale-out: every awake copy is saturated; loading another", "model", root, "host", c.Host)
+		}
+		return order
+	case winner == c.Host:
+		return order
+	}
+	i := slices.IndexFunc(order, func(o Choice) bool { return o.Host == winner })
+	if i < 0 {
+		h.fleet.metrics.claim("lost-unroutable")
+		return order // the winner is ejected or gone, as seen from here
+	}
+	h.fleet.metrics.claim("followed")
+	w := order[i]
+	w.Rank, w.Reason = placement.Loading, placement.Loading.String()
+	out := make([]Choice, 0, len(order))
+	out = append(out, w)
+	out = append(out, order[:i]...)
+	return append(out, order[i+1:]...)
+}

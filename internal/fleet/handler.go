@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -19,7 +18,9 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/pipeline"
 	"github.com/poold/poold/internal/placement"
+	"github.com/poold/poold/internal/record"
 	"github.com/poold/poold/internal/tenant"
 	"github.com/poold/poold/internal/upstream"
 )
@@ -118,9 +119,12 @@ type Handler struct {
 	rp    *httputil.ReverseProxy
 	tr    *upstream.Transport // the hosts' connections, rp's Transport
 	mux   *http.ServeMux
-	root  http.Handler  // mux with 404 and 405 in poold's shape, behind the tenants' gate when there is one
-	gate  *tenant.Gate  // nil: no tenants file
-	seq   atomic.Uint64 // request ids
+	// root serves the API (pipeline.Router) and the mux, with 404 and 405
+	// in poold's shape, behind the tenants' gate when there is one.
+	root  http.Handler
+	gate  *tenant.Gate   // nil: no tenants file
+	gates pipeline.Gates // the checks of an API request before any host is asked
+	seq   atomic.Uint64  // request ids
 	// claims are the new copies claimed by this fleetd, or learnt from
 	// opts.Claims; scaledOut the models it scaled out, for their cool-down
 	// (cooldown: ScaleOutCooldown times this fleetd's jitter).
@@ -173,17 +177,20 @@ func NewHandler(f *Fleet, opts HandlerOptions) *Handler {
 		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 	}
 	mux := http.NewServeMux()
+	// Every POST under /v1/ is served by h.router before the mux sees it;
+	// the pattern stays for the mux's 405s, which name POST on those paths.
 	mux.HandleFunc("POST /v1/{path...}", h.serveAPI)
 	mux.HandleFunc("GET /v1/models", h.serveModels)
 	mux.HandleFunc("GET /v1/models/{id...}", h.serveModel)
 	mux.HandleFunc("GET /status", h.serveStatus)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, map[string]string{"status": "ok"}) })
 	h.mux = mux
-	h.root = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { openai.ServeMux(mux, w, r) })
+	h.root = &pipeline.Router{Mux: mux, API: http.HandlerFunc(h.serveAPI), IsAPI: func(path string) bool { return strings.HasPrefix(path, "/v1/") }}
 	if opts.Tenants != nil {
 		h.gate = opts.Tenants.gate
 		h.root = h.gate.Require(h.root)
 	}
+	h.gates = pipeline.Gates{Tenants: h.gate, MaxBodyBytes: opts.MaxBodyBytes}
 	return h
 }
 
@@ -257,10 +264,10 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := h.fleet.opts.Now()
 	id := openai.RequestID(r, "fleetd", &h.seq)
 	log := make([]slog.Attr, 0, 16) // the access log line's attributes
-	log = append(log, slog.String("requestId", id), slog.String("path", r.URL.Path))
+	log = append(log, slog.String(record.FieldRequestID, id), slog.String(record.FieldPath, r.URL.Path))
 	ten := tenant.FromContext(r.Context()) // nil without a tenants file
 	if ten != nil {
-		log = append(log, slog.String("tenant", ten.Name))
+		log = append(log, slog.String(record.FieldTenant, ten.Name))
 	}
 	hostName, model, status, cut := "none", "", 0, false
 	var held []*host  // hosts tried, released once the request is counted
@@ -270,7 +277,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if cur != nil {
 			hostName, status, cut = cur.host.name, cur.status, cur.cut
-			log = append(log, slog.Bool("aborted", true)) // the stream broke off after its first bytes
+			log = append(log, slog.Bool(record.FieldAborted, true)) // the stream broke off after its first bytes
 		}
 		if status == 0 {
 			status = 499 // the client left before an answer
@@ -281,9 +288,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			h.gate.Settle(ten, reserved, u.PromptTokens+u.CompletionTokens)
 			h.fleet.metrics.tenantRequest(ten.Name, status, cut, u.PromptTokens, u.CompletionTokens)
 			if u != (openai.Usage{}) {
-				log = append(log, slog.Int("promptTokens", u.PromptTokens), slog.Int("completionTokens", u.CompletionTokens))
+				log = append(log, slog.Int(record.FieldPromptTokens, u.PromptTokens), slog.Int(record.FieldCompletionTokens, u.CompletionTokens))
 				if estimated {
-					log = append(log, slog.Bool("tokensEstimated", true))
+					log = append(log, slog.Bool(record.FieldTokensEstimated, true))
 				}
 			}
 		}
@@ -292,15 +299,15 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		}
 		if openai.ClientStalled(w) {
 			// Cut by openai.WriteDeadline: the host's request is cancelled.
-			log = append(log, slog.Bool("clientStalled", true))
+			log = append(log, slog.Bool(record.FieldClientStalled, true))
 			h.log.Info("client stopped reading: answer cut", "requestId", id, "host", hostName, "setting", openai.ClientWriteTimeoutSetting)
 		}
 		if h.opts.AccessLog != nil {
 			if cut {
-				log = append(log, slog.Bool("cut", true))
+				log = append(log, slog.Bool(record.FieldCut, true))
 			}
-			log = append(log, slog.String("host", hostName), slog.Int("status", status), slog.Int64("durationMs", h.fleet.opts.Now().Sub(start).Milliseconds()))
-			h.opts.AccessLog.LogAttrs(r.Context(), slog.LevelInfo, "request", log...)
+			log = append(log, slog.String(record.FieldHost, hostName), slog.Int(record.FieldStatus, status), slog.Int64(record.FieldDurationMs, h.fleet.opts.Now().Sub(start).Milliseconds()))
+			h.opts.AccessLog.LogAttrs(r.Context(), slog.LevelInfo, record.Message, log...)
 		}
 	}()
 	fail := func(code int, errCode, param, msg string) {
@@ -311,20 +318,17 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 
 	w.Header().Set("X-Request-Id", id)
 	// A tenant's request goes through its limits, its models and its output
-	// cap, in poold's order, before any host is asked: a refused request
-	// costs no host anything. The limits come first, before the body is
-	// read, and the reservation of its worst case in tokens last.
-	if !h.gate.Admit(w, r, ten) {
-		status = http.StatusTooManyRequests
+	// cap, in poold's order (pipeline.Gates), before any host is asked: a
+	// refused request costs no host anything. The limits come first, before
+	// the body is read, and the reservation of its worst case in tokens last.
+	in, refused := h.gates.Read(w, r, ten, r.URL.Path)
+	if refused.Refused() {
+		status = refused.Status
 		return
 	}
-	body, req, code := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
-	if code != 0 {
-		status = code
-		return
-	}
+	req := in.Read
 	name, stream := req.Model, req.Stream
-	log = append(log, slog.String("model", name), slog.Bool("stream", stream))
+	log = append(log, slog.String(record.FieldModel, name), slog.Bool(record.FieldStream, stream))
 
 	hosts := h.fleet.snapshot()
 	cred := credential(r)
@@ -334,30 +338,24 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	model = name
-	meter, withhold, prompt := false, false, 0
-	if ten != nil {
-		// The request's worst case is reserved from the tenant's tokens
-		// once it is capped, and settled with its usage when the answer
-		// ends: a stream that did not ask for usage is asked, as poold
-		// asks its engine, and the usage chunk withheld from the client.
-		meter = true
-		withhold = stream && !req.IncludeUsage && (r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions")
-		bound, ok := h.gate.Cap(w, r, ten, r.URL.Path, req)
-		if !ok {
-			status = http.StatusBadRequest
-			return
-		}
-		body = openai.Rewrite(body, req, openai.Changes{InjectUsage: withhold, Bound: bound})
-		prompt = openai.EstimatePromptTokens(body, req)
-		if ten.TPM > 0 {
-			worst := tenant.WorstCase(r.URL.Path, body, req, bound, 0)
-			if !h.gate.Reserve(w, r, ten, worst) {
-				status = http.StatusTooManyRequests
-				return
-			}
-			reserved = worst
-		}
+	// A tenant's request is metered: its worst case is reserved from the
+	// tenant's tokens once it is capped, and settled with its usage when
+	// the answer ends; a stream that did not ask for usage is asked, as
+	// poold asks its engine, and the usage chunk withheld from the client.
+	meter, prompt := ten != nil, 0
+	if refused := h.gates.Prepare(w, r, &in, pipeline.Changes{Meter: meter}); refused.Refused() {
+		status = refused.Status
+		return
 	}
+	body := in.Body
+	if meter {
+		prompt = openai.EstimatePromptTokens(body, req)
+	}
+	if refused := h.gates.Reserve(w, r, &in, 0); refused.Refused() {
+		status = refused.Status
+		return
+	}
+	reserved = in.Reserved
 	ropts := h.fleet.routeOptions(start)
 	ropts.Epsilon, ropts.Slack = h.opts.AffinityEpsilon, h.opts.LoadSlack
 	if len(views) > 0 {
@@ -375,9 +373,9 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	order = h.claimCopy(r.Context(), order, views)
 	h.fleet.metrics.decision(order[0].Reason)
-	log = append(log, slog.String("reason", order[0].Reason), slog.String("tier", order[0].Rank.String()))
+	log = append(log, slog.String(record.FieldReason, order[0].Reason), slog.String(record.FieldTier, order[0].Rank.String()))
 	if order[0].Saturated {
-		log = append(log, slog.Bool("saturated", true)) // every copy is
+		log = append(log, slog.Bool(record.FieldSaturated, true)) // every copy is
 	}
 	var tried []string
 	warmOnly := false // after a full queue, only hosts where the model is awake or loading
@@ -392,7 +390,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		hs := hosts[c.Host]
 		a := &attempt{host: hs, id: id, body: body, root: rootOf(views, c.Host), cred: cred, client: r.Context(),
 			start: h.fleet.opts.Now(), now: h.fleet.opts.Now,
-			meter: meter, withhold: withhold, limited: meter && (ten.RPM > 0 || ten.TPM > 0), prompt: prompt, anthropic: openai.AnthropicRoute(r.URL.Path),
+			meter: meter, withhold: in.InjectUsage, limited: meter && (ten.RPM > 0 || ten.TPM > 0), prompt: prompt, anthropic: openai.AnthropicRoute(r.URL.Path),
 			nextAny:  left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return !warmOnly || n.Rank <= placement.Loading }),
 			nextWarm: left > 0 && slices.ContainsFunc(order[i+1:], func(n Choice) bool { return n.Rank <= placement.Loading })}
 		tried = append(tried, c.Host)
@@ -403,7 +401,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		hostName, status = c.Host, a.status
 		if a.retry == "" {
 			if !a.first.IsZero() {
-				log = append(log, slog.Int64("ttfbMs", a.first.Sub(start).Milliseconds()))
+				log = append(log, slog.Int64(record.FieldTTFBMs, a.first.Sub(start).Milliseconds()))
 			}
 			break
 		}
@@ -412,67 +410,8 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		h.log.Info("retrying on the next host", "requestId", id, "host", c.Host, "cause", a.retry)
 	}
 	if len(tried) > 1 {
-		log = append(log, slog.Any("tried", tried))
+		log = append(log, slog.Any(record.FieldTried, tried))
 	}
-}
-
-// claimCopy decides where a new copy of the model goes when the best host
-// in order would start one (its rank is asleep, empty, idle or queue, or
-// it is a scale-out): the first claim of the model's copy wins for the
-// claim lease, in this fleetd and, with Claims, across replicas, and the
-// requests that claim it later go to the winner, so that a cold burst
-// loads one copy. It returns the order to try.
-func (h *Handler) claimCopy(ctx context.Context, order []Choice, views []HostView) []Choice {
-	c := order[0]
-	if c.Rank <= placement.Loading && c.Reason != ReasonScaleOut {
-		return order
-	}
-	root := rootOf(views, c.Host)
-	key := "copy:" + root
-	if h.opts.Claims != nil {
-		h.claiming.Lock()
-		defer h.claiming.Unlock()
-	}
-	now := h.fleet.opts.Now()
-	winner, had := h.claims.claim(key, c.Host, now, h.opts.ClaimLease)
-	if !had && h.opts.Claims != nil {
-		cctx, cancel := context.WithTimeout(ctx, h.opts.ClaimTimeout)
-		shared, err := h.opts.Claims.Claim(cctx, key, c.Host, h.opts.ClaimLease)
-		cancel()
-		switch {
-		case err != nil:
-			h.fleet.metrics.claim("error")
-			h.log.Warn("shared claim failed; claiming for this fleetd only", "model", root, "err", err)
-		case shared != c.Host:
-			winner = shared
-			h.claims.put(key, shared, now.Add(h.opts.ClaimLease))
-		}
-	}
-	switch {
-	case winner == c.Host && !had:
-		h.fleet.metrics.claim("won")
-		if c.Reason == ReasonScaleOut {
-			h.scaledOut.put(root, c.Host, now.Add(h.cooldown))
-			h.fleet.scale.add(root, c.Host, now)
-			h.fleet.metrics.scale("out", "claimed")
-			h.log.Info("scale-out: every awake copy is saturated; loading another", "model", root, "host", c.Host)
-		}
-		return order
-	case winner == c.Host:
-		return order
-	}
-	i := slices.IndexFunc(order, func(o Choice) bool { return o.Host == winner })
-	if i < 0 {
-		h.fleet.metrics.claim("lost-unroutable")
-		return order // the winner is ejected or gone, as seen from here
-	}
-	h.fleet.metrics.claim("followed")
-	w := order[i]
-	w.Rank, w.Reason = placement.Loading, placement.Loading.String()
-	out := make([]Choice, 0, len(order))
-	out = append(out, w)
-	out = append(out, order[:i]...)
-	return append(out, order[i+1:]...)
 }
 
 // forward makes one attempt, counted in flight to its host meanwhile.
@@ -516,222 +455,6 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	out := pr.Out
 	upstream.SetBody(out, a.body)
 	out.Header.Set("X-Request-Id", a.id)
-}
-
-// modifyResponse decides what an answer means: a refusal that started
-// nothing (a key refused, poold's X-Poold-Refused) is retried on the next
-// host when there is one; a 5xx counts against the model on the host; a
-// success counts once its body ended. It names the host in X-Fleet-Host
-// and watches the body (first byte, chunk gaps, a cut).
-func (h *Handler) modifyResponse(resp *http.Response) error {
-	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
-	h.fleet.forwarded(a.host, nil)
-	code := resp.StatusCode
-	refused := resp.Header.Get(openai.RefusedHeader)
-	switch {
-	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		// The key, not the host, decides: another host may accept it.
-		a.host.refuseKey(a.cred, a.now())
-		a.settle(h.fleet, neutral)
-		if a.nextAny {
-			a.retry = "key"
-			return errRetry
-		}
-	case code == http.StatusServiceUnavailable && (refused == "queue_full" || refused == "queue_budget"):
-		// Load shed at arrival: not a failure, and only a host where the
-		// model is awake or loading may take it (a retry must not load
-		// another copy).
-		a.settle(h.fleet, neutral)
-		if a.nextWarm {
-			a.retry = "full"
-			return errRetry
-		}
-	case code == http.StatusServiceUnavailable && refused != "":
-		a.settle(h.fleet, failure)
-		if a.nextAny {
-			a.retry = "refused"
-			return errRetry
-		}
-	case code >= 500:
-		a.settle(h.fleet, failure) // never retried: it may have started a load, or the work itself
-	case code >= 300:
-		a.settle(h.fleet, success) // the host answered; the request was at fault
-	}
-	a.status = code
-	resp.Header.Set("X-Fleet-Host", a.host.name)
-	resp.Header.Del("X-Request-Id") // the answer has it already; poold's would be a second copy
-	resp.Header.Del(openai.RefusedHeader)
-	if a.limited {
-		// The client's limits are the fleet's, which fleetd set; a host
-		// with the same tenants file counts only what reached it.
-		for k := range resp.Header {
-			if strings.HasPrefix(k, "X-Ratelimit-") {
-				delete(resp.Header, k)
-			}
-		}
-	}
-	wb := &watchedBody{ReadCloser: resp.Body, h: h, a: a, ok: code < 300}
-	switch {
-	case strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
-		wb.stream = true
-		sse := openai.NewSSEReader(wb, a.withhold, nil)
-		sse.SetMaxEvent(int(h.opts.MaxEventBytes))
-		if a.anthropic {
-			sse.SetAnthropic()
-		}
-		sse.OnEvent(upstream.IdleByEvents(resp.Body))
-		resp.Body = sse
-		if a.meter {
-			a.sse = sse
-		}
-	case a.meter:
-		a.tail = openai.NewUsageReader(wb, nil)
-		resp.Body = a.tail
-	default:
-		resp.Body = wb
-	}
-	return nil
-}
-
-// usage is what the attempt's answer used, as the host reported it; for a
-// stream cut short, the estimate of its prompt and the chunks the client
-// got (estimated); for another 2xx
-// answer without usage, the estimate of its prompt and the chunks of text a
-// stream carried (0 for a plain body); zero for no attempt, or one whose
-// answer was not metered.
-func (a *attempt) usage() (u openai.Usage, estimated bool) {
-	switch {
-	case a == nil || a.sse == nil && a.tail == nil:
-		return u, false
-	case a.sse != nil:
-		if u, ok := a.sse.Usage(); ok {
-			return u, false
-		}
-		u.CompletionTokens = a.sse.ContentChunks()
-		if !a.sse.Ended() {
-			// Cut or abandoned: its prompt was made whatever the client got.
-			u.PromptTokens = a.prompt
-			return u, true
-		}
-	default:
-		if u, ok := a.tail.Usage(); ok {
-			return u, false
-		}
-	}
-	if a.status/100 != 2 {
-		return openai.Usage{}, false
-	}
-	u.PromptTokens = a.prompt
-	return u, true
-}
-
-// upstreamError handles an attempt that got no response: the host is
-// skipped for the next one, or, on the last attempt, the client gets a 502
-// (a 504 when the host went silent).
-func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	a := r.Context().Value(attemptKey{}).(*attempt)
-	if errors.Is(err, errRetry) || a.client.Err() != nil {
-		return // a refusal to retry, or the client left
-	}
-	silent := errors.Is(context.Cause(r.Context()), errSilent)
-	if silent {
-		err = errSilent // the host was ejected for it already
-	} else {
-		h.fleet.forwarded(a.host, err)
-	}
-	h.log.Warn("host request failed", "host", a.host.name, "requestId", a.id, "err", err)
-	// Another host gets the request only if this one cannot have run it: not
-	// a byte of it was written (a refused dial, a closed connection), or the
-	// host went silent and was ejected for it (the retry of silent hosts,
-	// which a setting turns off). A host that read the request and then
-	// failed may have done its GPU work: the client is told instead.
-	_, notSent := errors.AsType[*upstream.NotSentError](err)
-	if a.nextAny && (notSent || silent) {
-		a.retry = "connect"
-		if silent {
-			a.retry = "silent"
-		}
-		return
-	}
-	a.status = http.StatusBadGateway
-	code := "host_unavailable"
-	if silent {
-		a.status, code = http.StatusGatewayTimeout, "host_silent"
-	}
-	w.Header().Set("X-Fleet-Host", a.host.name)
-	w.Header().Set("X-Request-Id", a.id)
-	openai.WriteError(w, r, a.status, code, "", fmt.Sprintf("host %q failed: %v", a.host.name, err))
-}
-
-// minChunks is how many chunks a stream needs for its mean gap to be a
-// sample of the host's inter-token latency.
-const minChunks = 3
-
-// watchedBody watches an answer on its way to the client: its first byte,
-// the gaps between a stream's chunks (the host's inter-token latency, as
-// fleetd sees it), and its end: complete, or cut by the host.
-type watchedBody struct {
-	io.ReadCloser
-	h      *Handler
-	a      *attempt
-	ok     bool // a 2xx, whose end is a success
-	stream bool
-
-	first, last time.Time
-	chunks      int
-	ended       bool
-}
-
-func (b *watchedBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	switch {
-	case err == nil || err == io.EOF:
-	case errors.Is(err, upstream.ErrBodyIdle):
-		b.h.log.Warn("host stalled while answering", "host", b.a.host.name, "requestId", b.a.id, "err", err)
-		err = &openai.StreamError{Status: http.StatusGatewayTimeout, Code: "host_timeout",
-			Message: fmt.Sprintf("host %q stalled: %v", b.a.host.name, err)}
-	case b.a.client.Err() == nil:
-		// The host broke the answer off (it died, or its connection did):
-		// the stream's error event says so, in fleetd's words.
-		b.h.log.Warn("host failed while answering", "host", b.a.host.name, "requestId", b.a.id, "err", err)
-		err = &openai.StreamError{Status: http.StatusBadGateway, Code: "host_failed",
-			Message: fmt.Sprintf("host %q failed while answering: %v", b.a.host.name, err)}
-	}
-	if n > 0 {
-		now := b.a.now()
-		if b.chunks == 0 {
-			b.first = now
-			b.a.markFirst(now)
-		}
-		b.chunks++
-		b.last = now
-	}
-	if err != nil && !b.ended {
-		b.ended = true
-		b.end(err)
-	}
-	return n, err
-}
-
-func (b *watchedBody) end(err error) {
-	a := b.a
-	switch {
-	case err == io.EOF:
-		if b.ok {
-			a.settle(b.h.fleet, success)
-		}
-		if b.ok && b.stream && b.chunks >= minChunks {
-			a.host.observeITL(a.root, b.last.Sub(b.first)/time.Duration(b.chunks-1), b.last)
-		}
-	case a.client.Err() == nil:
-		a.cut = true
-		a.settle(b.h.fleet, failure)
-	}
-}
-
-func (a *attempt) markFirst(now time.Time) {
-	a.first = now
-	a.host.answered(a)
 }
 
 // affinityKey is the client's session header, or else the first bytes of the

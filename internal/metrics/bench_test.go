@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/poold/poold/internal/record"
 )
 
 // The per-request cost of the metrics and the client classification, to set
@@ -11,7 +13,7 @@ import (
 
 func BenchmarkObserve(b *testing.B) {
 	_, m := newLoaded(b, twoGPUs)
-	rec := &Record{RequestID: "r", Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true,
+	rec := &record.Request{RequestID: "r", Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true,
 		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second,
 		TTFT: 25 * time.Millisecond, ITLGaps: 33, ITLP50: 20 * time.Millisecond, ITLMax: 90 * time.Millisecond}
 	b.ReportAllocs()
@@ -22,7 +24,7 @@ func BenchmarkObserve(b *testing.B) {
 
 func BenchmarkAccessLog(b *testing.B) {
 	log := slog.New(slog.NewJSONHandler(discard{}, nil))
-	rec := &Record{RequestID: "r", Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true,
+	rec := &record.Request{RequestID: "r", Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true,
 		Counted: true, PromptTokens: 12, CompletionTokens: 34, QueueWait: time.Millisecond, TTFB: 20 * time.Millisecond, Duration: time.Second,
 		TTFT: 25 * time.Millisecond, ITLGaps: 33, ITLP50: 20 * time.Millisecond, ITLMax: 90 * time.Millisecond}
 	b.ReportAllocs()

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/poold/poold/internal/gpu"
+	"github.com/poold/poold/internal/statusapi"
 )
 
 var (
@@ -19,12 +19,18 @@ var (
 	gpuECCDesc       = prometheus.NewDesc("poold_gpu_ecc_errors_total", "ECC memory errors since the driver last loaded (NVML's volatile counters), by type (corrected, uncorrected); absent where ECC is off.", []string{"gpu", "uuid", "type"}, nil)
 )
 
+// GPUs reads the GPUs' telemetry, as gpu.Provider does. The collector asks
+// for no more, so that this package links no NVML.
+type GPUs interface {
+	Devices() ([]statusapi.GPU, error)
+}
+
 // GPUCollector exports p's telemetry, read at scrape time. Where p cannot read
 // (no NVML), only poold_gpu_telemetry_available (0) is exported; a GPU
 // without ECC has no ECC series.
-func GPUCollector(p gpu.Provider) prometheus.Collector { return &gpuCollector{p: p} }
+func GPUCollector(p GPUs) prometheus.Collector { return &gpuCollector{p: p} }
 
-type gpuCollector struct{ p gpu.Provider }
+type gpuCollector struct{ p GPUs }
 
 func (c *gpuCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuAvailableDesc, gpuUsedDesc, gpuTotalDesc, gpuUtilDesc, gpuTempDesc, gpuPowerDesc, gpuProcsDesc, gpuECCDesc} {

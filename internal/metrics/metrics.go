@@ -1,12 +1,9 @@
 // Package metrics defines every Prometheus collector poold exports (docs/design.md),
-// registered against an injected Registerer, and the per-request record that
-// feeds both the request metrics and the access log.
+// registered against an injected Registerer.
 package metrics
 
 import (
 	"cmp"
-	"context"
-	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -17,6 +14,7 @@ import (
 
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/record"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -247,75 +245,11 @@ func (m *Metrics) EngineScrapeFailed(pool string) {
 	m.scrapeFailures.WithLabelValues(pool).Inc()
 }
 
-// Outcomes of a request (Record.Outcome): how its answer ended, whatever its
-// status.
-const (
-	// OutcomeCompleted: the answer reached the client whole.
-	OutcomeCompleted = "completed"
-	// OutcomeUpstreamAborted: the engine broke the answer off (it died
-	// mid-stream, or sent less than it promised); the client got an error
-	// event or a cut connection.
-	OutcomeUpstreamAborted = "upstream_aborted"
-	// OutcomeClientAborted: the client went away before the answer ended.
-	OutcomeClientAborted = "client_aborted"
-	// OutcomeClientStalled: the client stopped reading, and the answer was
-	// cut when it had accepted nothing for the client write timeout.
-	OutcomeClientStalled = "client_stalled"
-	// OutcomeShutdownCut: poold's shutdown cut the answer at the end of the
-	// drain.
-	OutcomeShutdownCut = "shutdown_cut"
-	// OutcomeRateLimited: the tenant's limits refused the request (429).
-	OutcomeRateLimited = "rate_limited"
-)
-
-// NoTenant is the client of every request when no tenants file is in force.
-const NoTenant = "none"
-
-// Record is everything known about one finished request. It feeds the request
-// metrics and is the access-log line. Pool and Profile are empty when the request
-// never reached a pool (bad body, unknown model).
-type Record struct {
-	RequestID string
-	Pool      string
-	Model     string // the name the client asked for
-	Profile   string // the canonical profile id it resolved to
-	Client    string // the tenant's name, or NoTenant (never a key)
-	Status    int
-	Stream    bool
-	// Outcome is how the answer ended (the Outcome constants); "" means
-	// OutcomeCompleted.
-	Outcome string
-	// Counted reports whether the engine reported usage. TokensEstimated
-	// reports instead that the counts are poold's estimate, for a stream
-	// that ended without usage (cut or abandoned): the chunks of generated
-	// text the client received.
-	Counted, TokensEstimated bool
-	PromptTokens             int
-	CompletionTokens         int
-	QueueWait                time.Duration
-	TTFB                     time.Duration
-	Duration                 time.Duration
-	// CausedSwap reports that the request was the one whose wait made its
-	// pool swap (pool.Lease.CausedSwap), for the usage ledger.
-	CausedSwap bool
-	// TTFT is, for a stream, the time from arrival to the first chunk of
-	// generated text sent to the client; zero when none was. ITLGaps
-	// counts the gaps between such chunks, ITLP50 and ITLMax are their
-	// median (estimated) and longest (see StreamTiming).
-	TTFT           time.Duration
-	ITLGaps        int
-	ITLP50, ITLMax time.Duration
-	// KeepAlive is the keep_alive the request asked, within its tenant's
-	// bound (negative: as long as allowed), when HasKeepAlive.
-	KeepAlive    time.Duration
-	HasKeepAlive bool
-}
-
 // Observe adds a finished request to the metrics. Requests that reached no
 // profile are counted under pool and model "none", so that request input never
 // creates label values; those that reached no pool (queue full, load failed),
 // under pool "none".
-func (m *Metrics) Observe(r *Record) {
+func (m *Metrics) Observe(r *record.Request) {
 	pl, model := r.Pool, r.Profile
 	if model == "" {
 		model = "none"
@@ -324,7 +258,7 @@ func (m *Metrics) Observe(r *Record) {
 		pl = "none"
 	}
 	stream := strconv.FormatBool(r.Stream)
-	m.requests.WithLabelValues(pl, model, codeClass(r.Status), stream, r.Client, cmp.Or(r.Outcome, OutcomeCompleted)).Inc()
+	m.requests.WithLabelValues(pl, model, codeClass(r.Status), stream, r.Client, cmp.Or(r.Outcome, record.OutcomeCompleted)).Inc()
 	m.duration.WithLabelValues(pl, model, stream).Observe(r.Duration.Seconds())
 	if r.Pool == "" {
 		return
@@ -341,44 +275,6 @@ func (m *Metrics) Observe(r *Record) {
 		m.promptTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.PromptTokens))
 		m.completionTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.CompletionTokens))
 	}
-}
-
-// Log writes r as one access-log line; a stream that sent generated text
-// adds its ttft_ms, and with two chunks or more its itl_ms_p50 and
-// itl_ms_max.
-func (r *Record) Log(log *slog.Logger) {
-	var buf [18]slog.Attr
-	attrs := append(buf[:0],
-		slog.String("request_id", r.RequestID),
-		slog.String("pool", r.Pool),
-		slog.String("model", r.Model),
-		slog.String("profile", r.Profile),
-		slog.String("client", r.Client),
-		slog.Int("status", r.Status),
-		slog.Bool("stream", r.Stream),
-		slog.String("outcome", cmp.Or(r.Outcome, OutcomeCompleted)),
-		slog.Int("prompt_tokens", r.PromptTokens),
-		slog.Int("completion_tokens", r.CompletionTokens),
-		slog.Bool("tokens_estimated", r.TokensEstimated),
-		slog.Int64("queue_wait_ms", r.QueueWait.Milliseconds()),
-		slog.Int64("ttfb_ms", r.TTFB.Milliseconds()),
-		slog.Int64("duration_ms", r.Duration.Milliseconds()),
-	)
-	if r.TTFT > 0 {
-		attrs = append(attrs, slog.Int64("ttft_ms", r.TTFT.Milliseconds()))
-	}
-	if r.ITLGaps > 0 {
-		attrs = append(attrs, slog.Int64("itl_ms_p50", r.ITLP50.Milliseconds()), slog.Int64("itl_ms_max", r.ITLMax.Milliseconds()))
-	}
-	if r.HasKeepAlive {
-		// In milliseconds; -1: as long as allowed.
-		ms := r.KeepAlive.Milliseconds()
-		if r.KeepAlive < 0 {
-			ms = -1
-		}
-		attrs = append(attrs, slog.Int64("keep_alive_ms", ms))
-	}
-	log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
 func codeClass(status int) string {
@@ -410,7 +306,7 @@ var (
 	poolGPUDesc  = prometheus.NewDesc("poold_pool_gpu_info", "1 for each GPU (NVML index) of each pool: joins the GPU series to the pools.", []string{"pool", "gpu"}, nil)
 )
 
-var poolStates = []statusapi.PoolState{statusapi.StateEmpty, statusapi.StateStarting, statusapi.StateReady, statusapi.StateDraining, statusapi.StateStopping, statusapi.StateSleeping, statusapi.StateFailed}
+var poolStates = []string{statusapi.StateEmpty, statusapi.StateStarting, statusapi.StateReady, statusapi.StateDraining, statusapi.StateStopping, statusapi.StateSleeping, statusapi.StateFailed}
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- inFlightDesc
@@ -441,7 +337,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 			if st.State == s {
 				v = 1
 			}
-			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, st.Name, string(s))
+			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, st.Name, s)
 		}
 	}
 }

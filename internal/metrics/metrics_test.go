@@ -12,6 +12,7 @@ import (
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/record"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -49,7 +50,7 @@ func newLoaded(t testing.TB, gpus gpu.Provider) (*prometheus.Registry, *Metrics)
 	m.IdleRelease("gpu0", "qwen", "sleep")
 	m.EngineScrapeFailed("gpu0")
 	m.EngineLogDropped("gpu0", pool.DropOwnPoll)
-	m.Observe(&Record{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
+	m.Observe(&record.Request{Pool: "gpu0", Model: "chat", Profile: "qwen", Client: "team-a", Status: 200, Stream: true, Counted: true,
 		PromptTokens: 12, CompletionTokens: 34, QueueWait: 5 * time.Second, TTFB: 5100 * time.Millisecond, Duration: 9 * time.Second,
 		TTFT: 5200 * time.Millisecond})
 	m.ITL("gpu0", "qwen", "team-a").Observe(0.02)
@@ -69,9 +70,9 @@ func TestRegistryLintsClean(t *testing.T) {
 
 func TestObserveCountsTokensPerClient(t *testing.T) {
 	reg, m := newLoaded(t, twoGPUs)
-	m.Observe(&Record{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Counted: true, PromptTokens: 1, CompletionTokens: 2, QueueWait: 2 * time.Second})
-	m.Observe(&Record{Model: "nope", Client: NoTenant, Status: 404})                              // never reached a pool
-	m.Observe(&Record{Model: "chat", Client: "team-b", Status: 429, Outcome: OutcomeRateLimited}) // refused by its limits
+	m.Observe(&record.Request{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Counted: true, PromptTokens: 1, CompletionTokens: 2, QueueWait: 2 * time.Second})
+	m.Observe(&record.Request{Model: "nope", Client: record.NoTenant, Status: 404})                              // never reached a pool
+	m.Observe(&record.Request{Model: "chat", Client: "team-b", Status: 429, Outcome: record.OutcomeRateLimited}) // refused by its limits
 	want := `
 # HELP poold_completion_tokens_total Completion tokens reported by the engines (or estimated, for a cut stream), by pool, model and client (the tenant).
 # TYPE poold_completion_tokens_total counter

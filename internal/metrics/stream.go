@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/poold/poold/internal/record"
 )
 
 // Buckets of what a stream's client feels. Time to first token counts from
@@ -62,7 +64,7 @@ func (t *StreamTiming) gap(d time.Duration) {
 }
 
 // Record copies the measures into r (TTFT, ITLGaps, ITLP50, ITLMax).
-func (t *StreamTiming) Record(r *Record) {
+func (t *StreamTiming) Record(r *record.Request) {
 	r.TTFT, r.ITLGaps, r.ITLMax = t.ttft, t.gaps, t.max
 	r.ITLP50 = time.Duration(t.median.value() * float64(time.Second))
 }

@@ -1,9 +1,6 @@
 package metrics
 
 import (
-	"bytes"
-	"encoding/json"
-	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -15,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/poold/poold/internal/record"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -86,7 +84,7 @@ func TestStreamTiming(t *testing.T) {
 	at = at.Add(50 * time.Millisecond)
 	st.Content(at, 3) // three chunks read at once: gaps 50 ms, 0, 0
 
-	var r Record
+	var r record.Request
 	st.Record(&r)
 	if r.TTFT != 200*time.Millisecond || r.ITLGaps != 8 || r.ITLMax != 300*time.Millisecond || r.ITLP50 != 50*time.Millisecond {
 		t.Errorf("record: TTFT %v, %d gaps, p50 %v, max %v; want 200ms, 8, 50ms, 300ms", r.TTFT, r.ITLGaps, r.ITLP50, r.ITLMax)
@@ -101,7 +99,7 @@ func TestStreamTiming(t *testing.T) {
 	// A stream without content: no TTFT, no gap.
 	st.Begin(t0, nil)
 	st.Content(t0.Add(time.Second), 0)
-	r = Record{}
+	r = record.Request{}
 	st.Record(&r)
 	if r.TTFT != 0 || r.ITLGaps != 0 {
 		t.Errorf("no content: TTFT %v, %d gaps; want none", r.TTFT, r.ITLGaps)
@@ -129,10 +127,10 @@ func TestTTFTAndITLHistograms(t *testing.T) {
 	st.Begin(t0, m.ITL("gpu0", "qwen", "team-a"))
 	st.Content(t0.Add(250*time.Millisecond), 1)
 	st.Content(t0.Add(300*time.Millisecond), 1)
-	rec := &Record{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Stream: true}
+	rec := &record.Request{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Stream: true}
 	st.Record(rec)
 	m.Observe(rec)
-	m.Observe(&Record{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200})
+	m.Observe(&record.Request{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200})
 	want := `
 # HELP poold_time_to_first_token_seconds Time from a stream's arrival to the first chunk of generated text sent to the client, queueing included.
 # TYPE poold_time_to_first_token_seconds histogram
@@ -166,52 +164,6 @@ poold_time_to_first_token_seconds_count{client="team-a",pool="gpu0",profile="qwe
 }
 
 func formatFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
-
-// The access-log line of a stream carries its TTFT and ITL; a plain
-// answer's does not.
-func TestAccessLogStreamTiming(t *testing.T) {
-	var buf bytes.Buffer
-	log := slog.New(slog.NewJSONHandler(&buf, nil))
-	(&Record{Status: 200, Stream: true, TTFT: 212 * time.Millisecond, ITLGaps: 40, ITLP50: 51 * time.Millisecond, ITLMax: 340 * time.Millisecond}).Log(log)
-	(&Record{Status: 200}).Log(log)
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	var stream, plain map[string]any
-	if err := json.Unmarshal([]byte(lines[0]), &stream); err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal([]byte(lines[1]), &plain); err != nil {
-		t.Fatal(err)
-	}
-	if stream["ttft_ms"] != 212.0 || stream["itl_ms_p50"] != 51.0 || stream["itl_ms_max"] != 340.0 {
-		t.Errorf("stream line %s: want ttft_ms 212, itl_ms_p50 51, itl_ms_max 340", lines[0])
-	}
-	for _, k := range []string{"ttft_ms", "itl_ms_p50", "itl_ms_max"} {
-		if _, ok := plain[k]; ok {
-			t.Errorf("plain answer's line has %s: %s", k, lines[1])
-		}
-	}
-}
-
-// The access-log line records the keep_alive a request asked, in
-// milliseconds, -1 for as long as allowed; a request without one has none.
-func TestAccessLogKeepAlive(t *testing.T) {
-	var buf bytes.Buffer
-	log := slog.New(slog.NewJSONHandler(&buf, nil))
-	(&Record{Status: 200, HasKeepAlive: true, KeepAlive: 10 * time.Minute}).Log(log)
-	(&Record{Status: 200, HasKeepAlive: true, KeepAlive: -1}).Log(log)
-	(&Record{Status: 200, HasKeepAlive: true}).Log(log)
-	(&Record{Status: 200}).Log(log)
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	for i, want := range []any{600000.0, -1.0, 0.0, nil} {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(lines[i]), &m); err != nil {
-			t.Fatal(err)
-		}
-		if got := m["keep_alive_ms"]; got != want {
-			t.Errorf("line %s: keep_alive_ms %v, want %v", lines[i], got, want)
-		}
-	}
-}
 
 // BenchmarkStreamTiming is the cost per content chunk of a stream's timing,
 // the gap's histogram included.

@@ -9,18 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poold/poold/internal/activity"
 	"github.com/poold/poold/internal/statusapi"
 )
 
-// activityLog records what an ActivityObserver is told.
+// activityLog records what an activity.Observer is told.
 type activityLog struct {
 	mu      sync.Mutex // guards changes and last
-	changes []string   // "activity:profile"; "end" for ActivityNone
+	changes []string   // "activity:profile"; "end" for activity.None
 	last    time.Time
 	backInT bool // a change came earlier than the one before it
 }
 
-func (l *activityLog) PoolActivity(pool string, gpus []int, a Activity, profile string, at time.Time) {
+func (l *activityLog) PoolActivity(pool string, gpus []int, a activity.Activity, profile string, at time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if at.Before(l.last) {
@@ -28,7 +29,7 @@ func (l *activityLog) PoolActivity(pool string, gpus []int, a Activity, profile 
 	}
 	l.last = at
 	s := string(a) + ":" + profile
-	if a == ActivityNone {
+	if a == activity.None {
 		s = "end"
 	}
 	l.changes = append(l.changes, fmt.Sprintf("%s/%v/%s", pool, gpus, s))

@@ -74,7 +74,7 @@ func TestAdoptKeepsTheEngine(t *testing.T) {
 	dir := t.TempDir()
 	cfg := reloadConfig(t, `{"name": "g", "gpus": [0], "default": "a"}`, simProfile("a", []string{"g"}))
 	s1, _, stop1 := keptSet(t, dir, cfg)
-	pid := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady && p.Engine != nil }).Engine.PID
+	pid := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady.String() && p.Engine != nil }).Engine.PID
 	stop1(true)
 	if !alive(pid) {
 		t.Fatalf("the engine %d did not outlive the detached Set", pid)
@@ -85,7 +85,7 @@ func TestAdoptKeepsTheEngine(t *testing.T) {
 		t.Fatalf("not attached: %+v", rest)
 	}
 	st := s2.Pool("g").Status()
-	if st.State != StateReady || st.Engine == nil || st.Engine.PID != pid || len(st.Adoption) != 1 || !st.Adoption[0].Adopted {
+	if st.State != StateReady.String() || st.Engine == nil || st.Engine.PID != pid || len(st.Adoption) != 1 || !st.Adoption[0].Adopted {
 		t.Fatalf("status after the adoption: %+v, want engine %d ready and adopted", st, pid)
 	}
 	stop2(false)
@@ -160,7 +160,7 @@ func TestAdoptRefuses(t *testing.T) {
 			}
 			cfg := reloadConfig(t, `{"name": "g", "gpus": [0], "default": "a"}`, sleepy(prof(tt.flags)))
 			s1, _, stop1 := keptSet(t, dir, cfg)
-			eng := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady && p.Engine != nil }).Engine
+			eng := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady.String() && p.Engine != nil }).Engine
 			stop1(true)
 
 			l, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler))
@@ -193,7 +193,7 @@ func TestAdoptRefuses(t *testing.T) {
 				t.Fatalf("the refused engine %d still runs", eng.PID)
 			}
 			waitFor(t, s2, "g", "a fresh engine", func(p statusapi.Pool) bool {
-				return p.State == StateReady && p.Engine != nil && p.Engine.PID != eng.PID
+				return p.State == StateReady.String() && p.Engine != nil && p.Engine.PID != eng.PID
 			})
 		})
 	}
@@ -211,7 +211,7 @@ func TestAdoptRefusesAnotherLauncher(t *testing.T) {
 	cfg := reloadConfig(t, `{"name": "g", "gpus": [0], "default": "a"}`, `{"id": "a", "model": "org/a"}`)
 	launcher := []string{self, "engine-sim"}
 	s1, _, stop1 := keptSetWith(t, dir, cfg, launcher)
-	pid := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady && p.Engine != nil }).Engine.PID
+	pid := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady.String() && p.Engine != nil }).Engine.PID
 	stop1(true)
 
 	s2, _, stop2 := keptSetWith(t, dir, cfg, launcher)
@@ -231,7 +231,7 @@ func TestAdoptRefusesAnotherLauncher(t *testing.T) {
 		t.Fatalf("the refused engine %d still runs", pid)
 	}
 	waitFor(t, s3, "g", "a fresh engine", func(p statusapi.Pool) bool {
-		return p.State == StateReady && p.Engine != nil && p.Engine.PID != pid
+		return p.State == StateReady.String() && p.Engine != nil && p.Engine.PID != pid
 	})
 }
 

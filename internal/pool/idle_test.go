@@ -216,7 +216,7 @@ func TestIdleReleaseSleepOrStop(t *testing.T) {
 				t.Fatalf("ready: releaseAt %v, action %q; want one, %q", st.ReleaseAt, st.ReleaseAction, tt.name)
 			}
 			log.waitActivity(t, tt.end)
-			st = waitFor(t, s, "a", "empty", func(st statusapi.Pool) bool { return st.State == StateEmpty })
+			st = waitFor(t, s, "a", "empty", func(st statusapi.Pool) bool { return st.State == StateEmpty.String() })
 			if st.Profile != nil || st.Engine != nil || st.ReleaseAt != nil {
 				t.Fatalf("released: %+v, want no profile, engine or release due", st)
 			}

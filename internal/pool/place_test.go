@@ -83,7 +83,7 @@ func TestConcurrentFirstRequestsJoinOnePool(t *testing.T) {
 		}
 		got.lease.Release()
 	}
-	if st := s.Pool("b").Status(); st.Engine != nil || st.State != StateEmpty {
+	if st := s.Pool("b").Status(); st.Engine != nil || st.State != StateEmpty.String() {
 		t.Errorf("pool b started an engine: %+v", st)
 	}
 }

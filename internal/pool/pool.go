@@ -14,23 +14,41 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poold/poold/internal/activity"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
 )
 
-// State is a pool's externally visible state, as /status shows it.
-type State = statusapi.PoolState
+// State is where a pool is in its engine's lifecycle. The zero State is
+// StateEmpty. /status shows it as its String, the wire's statusapi value.
+type State uint8
 
 // The pool states.
 const (
-	StateEmpty    = statusapi.StateEmpty
-	StateStarting = statusapi.StateStarting
-	StateReady    = statusapi.StateReady
-	StateDraining = statusapi.StateDraining
-	StateStopping = statusapi.StateStopping
-	StateSleeping = statusapi.StateSleeping
-	StateFailed   = statusapi.StateFailed
+	StateEmpty State = iota
+	StateStarting
+	StateReady
+	StateDraining
+	StateStopping
+	// StateSleeping: the pool puts its engine to sleep before it wakes or
+	// starts another (sleep mode).
+	StateSleeping
+	StateFailed
 )
+
+// wireStates are the states' values in /status.
+var wireStates = [...]string{
+	StateEmpty:    statusapi.StateEmpty,
+	StateStarting: statusapi.StateStarting,
+	StateReady:    statusapi.StateReady,
+	StateDraining: statusapi.StateDraining,
+	StateStopping: statusapi.StateStopping,
+	StateSleeping: statusapi.StateSleeping,
+	StateFailed:   statusapi.StateFailed,
+}
+
+// String is s as /status shows it.
+func (s State) String() string { return wireStates[s] }
 
 // ErrShutdown answers requests still waiting when poold shuts down.
 var ErrShutdown = errors.New("poold is shutting down")
@@ -113,7 +131,7 @@ type Options struct {
 	VRAM     VRAM
 	// Activity receives the pool's activity changes, for the usage ledger
 	// (activity.go); nil means none.
-	Activity ActivityObserver
+	Activity activity.Observer
 	// Ledger records the engines started, for crash clean-up; nil records none.
 	Ledger *Ledger
 	// Containment is how engines' processes are kept account of; nil is
@@ -205,7 +223,7 @@ type Pool struct {
 	// (adopt.go), for /status.
 	adoption []statusapi.Adoption
 	// activity and activityProfile are what Options.Activity was last told.
-	activity        Activity
+	activity        activity.Activity
 	activityProfile string
 }
 

@@ -93,7 +93,7 @@ func waitFor(t *testing.T, s *Set, pool, what string, cond func(statusapi.Pool) 
 
 func readyWith(id string) func(statusapi.Pool) bool {
 	return func(st statusapi.Pool) bool {
-		return st.State == StateReady && st.Profile != nil && *st.Profile == id && st.Engine != nil
+		return st.State == StateReady.String() && st.Profile != nil && *st.Profile == id && st.Engine != nil
 	}
 }
 
@@ -123,10 +123,10 @@ func TestApplyUnchangedTouchesNothing(t *testing.T) {
 	if notes := s.Apply(next); len(notes) != 0 {
 		t.Fatalf("Apply: %q, want no change", notes)
 	}
-	if st := s.Pool("a").Status(); st.State != StateReady || st.Engine.PID != a.Engine.PID {
+	if st := s.Pool("a").Status(); st.State != StateReady.String() || st.Engine.PID != a.Engine.PID {
 		t.Fatalf("pool a after the reload: %+v, want ready on pid %d", st, a.Engine.PID)
 	}
-	if st := s.Pool("b").Status(); st.State != StateReady || st.Engine.PID != b.Engine.PID {
+	if st := s.Pool("b").Status(); st.State != StateReady.String() || st.Engine.PID != b.Engine.PID {
 		t.Fatalf("pool b after the reload: %+v, want ready on pid %d", st, b.Engine.PID)
 	}
 	// The new alias is servable at once, on the running engine.
@@ -147,7 +147,7 @@ func TestApplyChangedProfileRestartsAfterItsLeases(t *testing.T) {
 		t.Fatalf("Apply: %q, want %q", notes, want)
 	}
 	st := s.Pool("a").Status()
-	if st.State != StateDraining || st.Engine == nil || st.Engine.PID != a.Engine.PID || st.InFlight != 1 {
+	if st.State != StateDraining.String() || st.Engine == nil || st.Engine.PID != a.Engine.PID || st.InFlight != 1 {
 		t.Fatalf("pool a while its lease is open: %+v, want draining on pid %d with 1 in flight", st, a.Engine.PID)
 	}
 	if !alive(a.Engine.PID) {
@@ -207,7 +207,7 @@ func TestApplyRemovedProfile(t *testing.T) {
 		t.Fatal("the engine died while its lease was open")
 	}
 	held.Release()
-	waitFor(t, s, "a", "empty", func(st statusapi.Pool) bool { return st.State == StateEmpty && st.Engine == nil })
+	waitFor(t, s, "a", "empty", func(st statusapi.Pool) bool { return st.State == StateEmpty.String() && st.Engine == nil })
 	if alive(a.Engine.PID) {
 		t.Fatalf("removed profile's engine %d still runs", a.Engine.PID)
 	}
@@ -216,7 +216,7 @@ func TestApplyRemovedProfile(t *testing.T) {
 func TestApplyNewDefaultPreloadsEmptyPool(t *testing.T) {
 	cfg := reloadConfig(t, `{"name": "a", "gpus": [0]}`, simProfile("x", nil))
 	s := runSet(t, cfg)
-	if st := s.Pool("a").Status(); st.State != StateEmpty {
+	if st := s.Pool("a").Status(); st.State != StateEmpty.String() {
 		t.Fatalf("pool a: %+v, want empty", st)
 	}
 	notes := s.Apply(reloadConfig(t, `{"name": "a", "gpus": [0], "default": "x"}`, simProfile("x", nil)))

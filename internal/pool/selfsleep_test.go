@@ -86,13 +86,13 @@ func TestEngineAsleepByItselfIsWokenForTheNextRequest(t *testing.T) {
 
 			s.EngineAsleep("a", pid+1, port, 1) // another engine's: ignored
 			s.EngineAsleep("b", pid, port, 1)   // no such pool
-			if got := s.Pool("a").Status(); got.State != StateReady || len(got.Sleeping) != 0 {
+			if got := s.Pool("a").Status(); got.State != StateReady.String() || len(got.Sleeping) != 0 {
 				t.Fatalf("told of another engine: state %s, sleeping %+v; want ready, none", got.State, got.Sleeping)
 			}
 			level := map[bool]int{true: 2, false: 1}[strings.Contains(tt.name, "level 2")]
 			s.EngineAsleep("a", pid, port, level)
 			st = waitFor(t, s, "a", "x a sleeper", func(st statusapi.Pool) bool {
-				return st.State == StateEmpty && len(st.Sleeping) == 1
+				return st.State == StateEmpty.String() && len(st.Sleeping) == 1
 			})
 			if sl := st.Sleeping[0]; sl.Profile != "x" || sl.PID != pid || sl.Level != level || !sl.SelfSlept {
 				t.Errorf("sleeper %+v; want x, pid %d, level %d, selfSlept", sl, pid, level)
@@ -106,7 +106,7 @@ func TestEngineAsleepByItselfIsWokenForTheNextRequest(t *testing.T) {
 			l := acquire(t, s, cfg, "x")
 			defer l.Release()
 			st = s.Pool("a").Status()
-			if st.State != StateReady || st.Engine == nil || st.Engine.PID != pid || len(st.Sleeping) != 0 {
+			if st.State != StateReady.String() || st.Engine == nil || st.Engine.PID != pid || len(st.Sleeping) != 0 {
 				t.Fatalf("leased: state %s, engine %+v, sleeping %+v; want ready on pid %d, none asleep", st.State, st.Engine, st.Sleeping, pid)
 			}
 			// The engine's own account: poold's /wake_up ("woke up") woke
@@ -156,7 +156,7 @@ func TestEngineAsleepWithoutEndpointsIsReported(t *testing.T) {
 	if got := obs.selfSleeps(); !slices.Equal(got, []string{SelfSleepNone}) {
 		t.Errorf("EngineSelfSlept %v, want [none] (once)", got)
 	}
-	if st := s.Pool("a").Status(); st.State != StateReady || len(st.Sleeping) != 0 || st.Engine == nil || st.Engine.PID != pid {
+	if st := s.Pool("a").Status(); st.State != StateReady.String() || len(st.Sleeping) != 0 || st.Engine == nil || st.Engine.PID != pid {
 		t.Errorf("state %s, engine %+v, sleeping %+v; want x still serving", st.State, st.Engine, st.Sleeping)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

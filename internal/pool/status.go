@@ -6,6 +6,31 @@ import (
 	"github.com/poold/poold/internal/statusapi"
 )
 
+// Status snapshots every pool, in file order: what /status shows of them,
+// less what other parts of poold add: their engines' stats (package
+// enginestats) and their GPUs' memory (FillGPUMemory).
+func (s *Set) Status() []statusapi.Pool {
+	ps := s.Pools()
+	out := make([]statusapi.Pool, len(ps))
+	for i, p := range ps {
+		out[i] = p.Status()
+	}
+	return out
+}
+
+// FillGPUMemory gives each pool's snapshot the memory of its GPUs among
+// devices (those that telemetry could read).
+func FillGPUMemory(pools []statusapi.Pool, devices []statusapi.GPU) {
+	for i := range pools {
+		for _, idx := range pools[i].GPUs {
+			if j := slices.IndexFunc(devices, func(g statusapi.GPU) bool { return g.Index == idx }); j >= 0 {
+				g := devices[j]
+				pools[i].GPUMemory = append(pools[i].GPUMemory, statusapi.GPUMemory{Index: g.Index, UsedBytes: g.MemoryUsedBytes, TotalBytes: g.MemoryTotalBytes})
+			}
+		}
+	}
+}
+
 // Status returns a consistent snapshot of the pool.
 func (p *Pool) Status() statusapi.Pool {
 	p.mu.Lock()
@@ -16,7 +41,7 @@ func (p *Pool) Status() statusapi.Pool {
 	st := statusapi.Pool{
 		Name:      p.name,
 		GPUs:      p.spec.GPUs,
-		State:     p.state,
+		State:     p.state.String(),
 		Profile:   strPtr(s.Loaded()),
 		InFlight:  s.InFlight(),
 		Waiting:   waiting,

@@ -66,7 +66,7 @@ func TestAdminToken(t *testing.T) {
 	for _, auth := range []string{"Bearer s3cret", "bearer s3cret"} {
 		rec := adminDo(h, "/admin/pools/a/unload", auth, "")
 		var st statusapi.Pool
-		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &st) != nil || st.Name != "a" || st.State != pool.StateEmpty {
+		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &st) != nil || st.Name != "a" || st.State != pool.StateEmpty.String() {
 			t.Errorf("Authorization %q: %d %s", auth, rec.Code, rec.Body)
 		}
 	}

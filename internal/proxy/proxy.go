@@ -7,16 +7,13 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"mime"
-	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,8 +21,10 @@ import (
 
 	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/pipeline"
 	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/profile"
+	"github.com/poold/poold/internal/record"
 	"github.com/poold/poold/internal/statusapi"
 	"github.com/poold/poold/internal/tenant"
 	"github.com/poold/poold/internal/upstream"
@@ -33,7 +32,7 @@ import (
 
 // Options configures a Handler. Zero values: MaxBodyBytes → openai.DefaultMaxBodyBytes;
 // Logger → discard; AccessLog → none; Metrics → none; Tenants → no tenants
-// file: every request is client metrics.NoTenant.
+// file: every request is client record.NoTenant.
 type Options struct {
 	MaxBodyBytes int64
 	Logger       *slog.Logger
@@ -100,7 +99,11 @@ type Handler struct {
 	rp    *httputil.ReverseProxy
 	tr    *upstream.Transport // the engines' connections, rp's Transport
 	mux   *http.ServeMux
-	seq   atomic.Uint64 // request ids
+	// router sends the inference requests to serveAPI, the rest to mux;
+	// gates are the checks those pass before a lease is asked for.
+	router pipeline.Router
+	gates  pipeline.Gates
+	seq    atomic.Uint64 // request ids
 	// created is the "created" time of every /v1/models entry: when the
 	// profiles were loaded.
 	created int64
@@ -141,6 +144,7 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	h := &Handler{pools: pools, opts: opts, log: opts.Logger.With("component", "proxy"), created: time.Now().Unix()}
 	h.cut, h.cutAll = context.WithCancel(context.Background())
 	h.bodies.max = opts.QueueBodyBytes
+	h.gates = pipeline.Gates{Tenants: opts.Tenants, MaxBodyBytes: opts.MaxBodyBytes}
 	h.cfg.Store(cfg)
 	h.tr = &upstream.Transport{HeaderTimeout: opts.UpstreamHeaderTimeout, BodyIdleTimeout: opts.StreamIdleTimeout}
 	h.rp = &httputil.ReverseProxy{
@@ -167,6 +171,12 @@ func New(cfg *profile.Config, pools *pool.Set, opts Options) *Handler {
 	}
 	h.handleUsage(mux)
 	h.mux = mux
+	h.router = pipeline.Router{
+		Mux:   mux,
+		API:   http.HandlerFunc(h.serveAPI),
+		IsAPI: func(path string) bool { return !strings.HasPrefix(path, "/admin/") },
+		Route: func(u *url.URL) bool { _, ok := routeOf(u); return ok },
+	}
 	return h
 }
 
@@ -182,20 +192,11 @@ func (h *Handler) SetConfig(cfg *profile.Config) {
 func (h *Handler) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
 // ServeHTTP serves every POST but the admin API's as an inference request,
-// which serveAPI routes by its path (routeOf), before the mux could clean or
-// redirect it; another method on an inference route is a 405; everything
-// else goes through the mux, whose 404 and 405 are in poold's shape too.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodPost && !strings.HasPrefix(r.URL.Path, "/admin/") {
-		h.serveAPI(w, r)
-		return
-	}
-	if _, ok := routeOf(r.URL); ok {
-		openai.WriteMethodNotAllowed(w, r, http.MethodPost)
-		return
-	}
-	openai.ServeMux(h.mux, w, r)
-}
+// which serveAPI routes by its path (routeOf), outside the mux
+// (pipeline.Router); another method on an inference route is a 405;
+// everything else goes through the mux, whose 404 and 405 are in poold's
+// shape too.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.router.ServeHTTP(w, r) }
 
 // Close closes the idle connections to engines and stops their sweep. Call
 // it once the server has stopped.
@@ -254,7 +255,7 @@ type exchangeKey struct{}
 
 func (x *exchange) markFirst() { x.first = time.Now() }
 
-// outcome says how the exchange ended (metrics.Outcome*), given the status
+// outcome says how the exchange ended (record.Outcome*), given the status
 // recorded and whether the client has gone.
 func (x *exchange) outcome(status int, clientGone bool) string {
 	ended, upErr := true, error(nil)
@@ -266,11 +267,11 @@ func (x *exchange) outcome(status int, clientGone bool) string {
 	}
 	switch {
 	case status == 499 || clientGone && !ended:
-		return metrics.OutcomeClientAborted
+		return record.OutcomeClientAborted
 	case upErr != nil:
-		return metrics.OutcomeUpstreamAborted
+		return record.OutcomeUpstreamAborted
 	}
-	return metrics.OutcomeCompleted
+	return record.OutcomeCompleted
 }
 
 // bill puts the request's tokens in rec, whose Status, Outcome and Profile
@@ -284,10 +285,10 @@ func (x *exchange) outcome(status int, clientGone bool) string {
 //     per token, within the request's output bound (a plain answer);
 //   - for a completed 2xx answer without usage poold can read, the chunks
 //     of text a stream carried (0 for a plain body).
-func (x *exchange) bill(rec *metrics.Record, times *tokenTimes) {
+func (x *exchange) bill(rec *record.Request, times *tokenTimes) {
 	if u, ok := x.usage(); ok {
 		rec.Counted, rec.PromptTokens, rec.CompletionTokens = true, u.PromptTokens, u.CompletionTokens
-		if rec.Outcome == metrics.OutcomeCompleted && rec.Status == http.StatusOK {
+		if rec.Outcome == record.OutcomeCompleted && rec.Status == http.StatusOK {
 			end := time.Now()
 			if x.tail != nil && !x.first.IsZero() {
 				end = x.first // a plain answer comes once made
@@ -296,7 +297,7 @@ func (x *exchange) bill(rec *metrics.Record, times *tokenTimes) {
 		}
 		return
 	}
-	completed := rec.Outcome == metrics.OutcomeCompleted
+	completed := rec.Outcome == record.OutcomeCompleted
 	if x.sent.IsZero() || x.prompt == 0 || completed && (rec.Status/100 != 2 || x.sse == nil && x.tail == nil) {
 		return
 	}
@@ -329,7 +330,7 @@ func (x *exchange) usage() (openai.Usage, bool) {
 func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ten := tenant.FromContext(r.Context())
-	rec := &metrics.Record{RequestID: openai.RequestID(r, "poold", &h.seq), Client: metrics.NoTenant}
+	rec := &record.Request{RequestID: openai.RequestID(r, "poold", &h.seq), Client: record.NoTenant}
 	caller := pool.Caller{}
 	if ten != nil {
 		rec.Client = ten.Name
@@ -358,13 +359,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if openai.ClientStalled(client) {
 			// Cut by openai.WriteDeadline: the lease is released and the
 			// engine's request cancelled as the handler returns.
-			rec.Outcome = metrics.OutcomeClientStalled
+			rec.Outcome = record.OutcomeClientStalled
 			h.log.Info("client stopped reading: answer cut", "requestId", rec.RequestID, "pool", rec.Pool, "profile", rec.Profile,
 				"setting", openai.ClientWriteTimeoutSetting)
 		}
 		// Cut by a shutdown: an answer under way, or none yet from the engine.
-		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != metrics.OutcomeCompleted || x.sse == nil && x.tail == nil) {
-			rec.Outcome = metrics.OutcomeShutdownCut
+		if x.ctx != nil && context.Cause(x.ctx) == errShutdownCut && (rec.Outcome != record.OutcomeCompleted || x.sse == nil && x.tail == nil) {
+			rec.Outcome = record.OutcomeShutdownCut
 		}
 		x.bill(rec, &h.tokenTimes)
 		if x.lease != nil {
@@ -392,17 +393,13 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, r, rec.Status, "headers_too_large", "", why)
 		return
 	}
-	// Limits before the body is read: a refused request costs nothing more.
-	if !h.opts.Tenants.Admit(w, r, ten) {
-		rec.Status, rec.Outcome = http.StatusTooManyRequests, metrics.OutcomeRateLimited
+	// The gates, in both daemons' order (pipeline.Gates).
+	in, refused := h.gates.Read(w, r, ten, rt.path)
+	if refused.Refused() {
+		recordRefusal(rec, refused)
 		return
 	}
-
-	body, req, status := openai.ReadRequest(w, r, h.opts.MaxBodyBytes)
-	if status != 0 {
-		rec.Status = status
-		return
-	}
+	req := in.Read
 	rec.Model, rec.Stream = req.Model, req.Stream
 	if req.Form && !formRoutes[rt.path] {
 		rec.Status = http.StatusBadRequest
@@ -423,35 +420,30 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, r, rec.Status, "route_not_served", "", msg)
 		return
 	}
-	inject := req.Stream && !req.IncludeUsage && (rt.path == "/v1/chat/completions" || rt.path == "/v1/completions")
-	bound, ok := h.opts.Tenants.Cap(w, r, ten, rt.path, req)
-	if !ok {
-		rec.Status = http.StatusBadRequest
+	if refused := h.gates.Prepare(w, r, &in, pipeline.Changes{Model: prof.ID, DropKeepAlive: true, Meter: true}); refused.Refused() {
+		recordRefusal(rec, refused)
 		return
 	}
-	x.body = openai.Rewrite(body, req, openai.Changes{Model: prof.ID, InjectUsage: inject, Bound: bound, DropKeepAlive: true})
+	x.body = in.Body
 	x.form = req.Form
 	keep := req.KeepAlive
 	if req.HasKeepAlive && ten != nil {
 		keep = ten.KeepAlive(keep)
 	}
 	rec.KeepAlive, rec.HasKeepAlive = keep, req.HasKeepAlive
-	x.withhold = inject
+	x.withhold = in.InjectUsage
 	x.choices, x.generates = int(max(1, req.Choices)), openai.OutputParams(rt.path) != nil
 	if !untokened[rt.path] {
 		x.prompt = openai.EstimatePromptTokens(x.body, req)
 	}
-	if n, ok := req.MaxOutput(rt.path, bound); ok {
+	if n, ok := req.MaxOutput(rt.path, in.Bound); ok {
 		x.maxOutput = n
 	}
-	if ten != nil && ten.TPM > 0 {
-		worst := tenant.WorstCase(rt.path, x.body, req, bound, prof.MaxModelLen)
-		if !h.opts.Tenants.Reserve(w, r, ten, worst) {
-			rec.Status, rec.Outcome = http.StatusTooManyRequests, metrics.OutcomeRateLimited
-			return
-		}
-		reserved = worst
+	if refused := h.gates.Reserve(w, r, &in, prof.MaxModelLen); refused.Refused() {
+		recordRefusal(rec, refused)
+		return
 	}
+	reserved = in.Reserved
 
 	// A request that must wait holds its body against the host's budget.
 	hold, unqueue, done := h.bodies.request(int64(len(x.body)))
@@ -504,11 +496,19 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 // the stream of a request whose engine core died with an error event and
 // [DONE], under a 200).
 func (x *exchange) succeeded(clientGone bool) bool {
-	return x.status/100 == 2 && x.outcome(x.status, clientGone) == metrics.OutcomeCompleted && (x.sse == nil || x.sse.ContentChunks() > 0)
+	return x.status/100 == 2 && x.outcome(x.status, clientGone) == record.OutcomeCompleted && (x.sse == nil || x.sse.ContentChunks() > 0)
+}
+
+// recordRefusal records in rec a request that a gate refused (and answered).
+func recordRefusal(rec *record.Request, f pipeline.Refusal) {
+	rec.Status = f.Status
+	if f.RateLimited {
+		rec.Outcome = record.OutcomeRateLimited
+	}
 }
 
 // finish records a finished request in the metrics and the access log.
-func (h *Handler) finish(rec *metrics.Record) {
+func (h *Handler) finish(rec *record.Request) {
 	if h.opts.Metrics != nil {
 		h.opts.Metrics.Observe(rec)
 	}
@@ -518,248 +518,4 @@ func (h *Handler) finish(rec *metrics.Record) {
 	if h.opts.Usage != nil {
 		h.opts.Usage.Request(rec)
 	}
-}
-
-// acquireError answers a request that got no lease and returns the status sent.
-func (h *Handler) acquireError(w http.ResponseWriter, r *http.Request, prof *profile.Profile, err error) int {
-	var qe *pool.QueueError
-	var le *pool.LoadError
-	switch {
-	case r.Context().Err() != nil:
-		return 499
-	case errors.As(err, &qe):
-		code := "queue_full"
-		switch {
-		case errors.Is(err, pool.ErrQueueTimeout):
-			code = "queue_timeout"
-		case errors.Is(err, pool.ErrQueueBudget):
-			code = "queue_budget"
-		case errors.Is(err, pool.ErrBackoff):
-			code = "engine_backoff"
-		}
-		if code != "queue_timeout" {
-			w.Header().Set(openai.RefusedHeader, code) // a full queue or body budget refuses at arrival only
-		}
-		openai.WriteUnavailable(w, r, code, fmt.Sprintf("model %q: %v", prof.ID, err), qe.RetryAfter)
-		return http.StatusServiceUnavailable
-	case errors.As(err, &le):
-		openai.WriteError(w, r, http.StatusBadGateway, "engine_failed", "", err.Error())
-		return http.StatusBadGateway
-	case errors.Is(err, pool.ErrNoPool):
-		msg := fmt.Sprintf("model %q is not served on pool %q", prof.ID, r.PathValue("pool"))
-		if h.pools.Pool(r.PathValue("pool")) == nil { // removed by a reload meanwhile
-			msg = h.unknownPool(r.PathValue("pool"))
-		}
-		openai.WriteError(w, r, http.StatusNotFound, "pool_not_found", "", msg)
-		return http.StatusNotFound
-	case errors.Is(err, pool.ErrNoSwap):
-		openai.WriteError(w, r, http.StatusForbidden, "pool_not_allowed", "", h.noSwap(r, prof))
-		return http.StatusForbidden
-	case errors.Is(err, pool.ErrShutdown):
-		w.Header().Set(openai.RefusedHeader, "shutting_down")
-		openai.WriteUnavailable(w, r, "shutting_down", err.Error(), shutdownRetry)
-		return http.StatusServiceUnavailable
-	case errors.Is(err, pool.ErrProfileRemoved):
-		openai.WriteError(w, r, http.StatusNotFound, "model_not_found", "model", fmt.Sprintf("model %q: %v", prof.ID, err))
-		return http.StatusNotFound
-	case errors.Is(err, pool.ErrPoolRemoved):
-		w.Header().Set(openai.RefusedHeader, "pool_removed")
-		openai.WriteUnavailable(w, r, "pool_removed", fmt.Sprintf("model %q: %v", prof.ID, err), time.Second)
-		return http.StatusServiceUnavailable
-	default:
-		openai.WriteError(w, r, http.StatusInternalServerError, "internal_error", "", err.Error())
-		return http.StatusInternalServerError
-	}
-}
-
-// noSwap is the message of a 403 pool_not_allowed: the tenant's request
-// pinned to a pool that its pools do not allow it to swap, whose model is
-// neither there nor where poold would place it.
-func (h *Handler) noSwap(r *http.Request, prof *profile.Profile) string {
-	return fmt.Sprintf("model %q is not loaded or loading on pool %q, and tenant %q may not swap that pool (the pools of its tenants-file entry do not match it); send the request unpinned, to POST /v1/..., and poold places it where the model is",
-		prof.ID, r.PathValue("pool"), tenant.FromContext(r.Context()).Name)
-}
-
-// maxListed bounds the names listed in a 404.
-const maxListed = 50
-
-// unknownModel is the message of a 404 model_not_found for name: it lists
-// the models there are, those of ten when it is not nil (so that a tenant
-// learns nothing of the others').
-func (h *Handler) unknownModel(name string, ten *tenant.Tenant) string {
-	names := h.visibleNames(ten)
-	more := ""
-	if len(names) > maxListed {
-		more = fmt.Sprintf(" and %d more", len(names)-maxListed)
-		names = names[:maxListed]
-	}
-	return fmt.Sprintf("model %s does not exist; available models: %s%s", strconv.Quote(name), strings.Join(names, ", "), more)
-}
-
-// unknownPool says that pool name does not exist, listing those that do.
-func (h *Handler) unknownPool(name string) string {
-	ps := h.pools.Pools()
-	names := make([]string, len(ps))
-	for i, p := range ps {
-		names[i] = p.Name()
-	}
-	return fmt.Sprintf("pool %s does not exist; pools: %s", strconv.Quote(name), strings.Join(names, ", "))
-}
-
-// rewriteOut builds the upstream request: the engine's URL, the rewritten body,
-// and the client's headers but those poold owns (its credentials among them:
-// engines are not meant to see API keys) and the hop-by-hop ones.
-func (h *Handler) rewriteOut(pr *httputil.ProxyRequest) {
-	x := pr.In.Context().Value(exchangeKey{}).(*exchange)
-	out := pr.Out
-	out.URL.Scheme = x.lease.Target.Scheme
-	out.URL.Host = x.lease.Target.Host
-	out.URL.Path = x.path
-	out.URL.RawPath = ""
-	out.Host = ""
-	upstream.SetBody(out, x.body)
-	dropOwned(out.Header)
-	// vLLM refuses a JSON route's body unless it comes as application/json
-	// (curl -d sends a form's type, many clients none); poold read it as a
-	// JSON object, so it says so. A form keeps its type: the boundary is in it.
-	if !x.form {
-		out.Header.Set("Content-Type", "application/json")
-	}
-	// The engine takes it as its own request id (vLLM does), so that its
-	// log lines match the access log's.
-	out.Header.Set("X-Request-Id", x.id)
-}
-
-// modifyResponse wraps the engine's response body to count tokens and, for
-// streams where poold asked for usage, withhold the usage-only chunk.
-func (h *Handler) modifyResponse(resp *http.Response) error {
-	x := resp.Request.Context().Value(exchangeKey{}).(*exchange)
-	// The client has poold's X-Request-Id already; an engine's echo of it
-	// (vLLM's --enable-request-id-headers) would be a second.
-	resp.Header.Del("X-Request-Id")
-	raw := resp.Body // the Transport's, which IdleByEvents knows
-	resp.Body = &engineBody{ReadCloser: resp.Body, x: x}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		x.sse = openai.NewSSEReader(resp.Body, x.withhold, x.markFirst)
-		x.sse.SetMaxEvent(int(h.opts.MaxEventBytes))
-		if openai.AnthropicRoute(x.path) {
-			x.sse.SetAnthropic()
-		}
-		x.sse.OnEvent(upstream.IdleByEvents(raw))
-		resp.Body = h.timeStream(x, x.sse)
-		resp.ContentLength = -1
-		resp.Header.Del("Content-Length")
-		return nil
-	}
-	x.plain.Store(true)
-	if resp.StatusCode >= 400 {
-		reshapeError(resp, openai.AnthropicRoute(x.path))
-	}
-	x.tail = openai.NewUsageReader(resp.Body, x.markFirst)
-	x.tail.SetDrain(maxDrain)
-	resp.Body = x.tail
-	return nil
-}
-
-// reshapeError gives an engine's JSON error answer the shape of poold's
-// own errors (openai.EngineError; Anthropic's on the Messages route), so
-// that a client reads one shape whoever refused it. It reads at most
-// maxErrorBody of the body: a larger one, one that fails, or one encoded,
-// goes on as the engine sent it.
-func reshapeError(resp *http.Response, anthropic bool) {
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "application/json" || resp.Header.Get("Content-Encoding") != "" {
-		return
-	}
-	head, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+1))
-	if err != nil || len(head) > maxErrorBody {
-		resp.Body = readCloser{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
-		return
-	}
-	body, _ := openai.EngineError(resp.StatusCode, head, anthropic)
-	resp.Body = readCloser{bytes.NewReader(body), resp.Body}
-	resp.ContentLength = int64(len(body))
-	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
-}
-
-// readCloser reads from one reader and closes another: a body read ahead.
-type readCloser struct {
-	io.Reader
-	io.Closer
-}
-
-// maxDrain bounds what is read of a plain answer after its client left, for
-// its usage: vLLM puts the usage before prompt_logprobs and the prompt's
-// token ids, which can run to megabytes.
-const maxDrain = 8 << 20
-
-// upstreamError answers a request whose engine could not be reached or failed
-// before sending a response.
-func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	x := r.Context().Value(exchangeKey{}).(*exchange)
-	if context.Cause(r.Context()) == errShutdownCut {
-		openai.WriteUnavailable(w, r, "shutting_down", errShutdownCut.Error(), shutdownRetry)
-		return
-	}
-	if r.Context().Err() != nil {
-		return // the client went away; nobody to answer
-	}
-	h.log.Warn("engine request failed", "pool", x.lease.Pool, "profile", x.lease.Profile.ID, "err", err)
-	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-		openai.WriteError(w, r, http.StatusGatewayTimeout, "engine_timeout", "", fmt.Sprintf("engine for %q did not answer in time: %v", x.lease.Profile.ID, err))
-		return
-	}
-	openai.WriteError(w, r, http.StatusBadGateway, "engine_unavailable", "", fmt.Sprintf("engine for %q failed: %v", x.lease.Profile.ID, err))
-}
-
-// statusWriter remembers the status written through it. It forwards Flush and
-// Unwrap so that streaming keeps working.
-type statusWriter struct {
-	http.ResponseWriter
-	status *int
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	if *s.status == 0 {
-		*s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(b []byte) (int, error) {
-	if *s.status == 0 {
-		*s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-func (s *statusWriter) Flush() { http.NewResponseController(s.ResponseWriter).Flush() }
-
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-// shutdownRetry is the Retry-After of answers refused or cut by a shutdown:
-// another poold (or this one, restarted) may serve by then.
-const shutdownRetry = 5 * time.Second
-
-// engineBody is an engine's response body. When it fails because poold's
-// shutdown cut it, or because the engine stalled (no complete event of a
-// stream, or no byte of a plain body, for the stream idle timeout: the
-// engine is then reported failed to its pool), it fails
-// with the stream error that tells the client why (see openai.StreamError).
-type engineBody struct {
-	io.ReadCloser
-	x *exchange
-}
-
-func (b *engineBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	switch {
-	case err == nil || err == io.EOF:
-	case context.Cause(b.x.ctx) == errShutdownCut:
-		err = &openai.StreamError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: errShutdownCut.Error()}
-	case errors.Is(err, upstream.ErrBodyIdle):
-		b.x.lease.Fail(fmt.Errorf("engine stalled while serving: %w", err))
-		err = &openai.StreamError{Status: http.StatusGatewayTimeout, Code: "engine_timeout",
-			Message: fmt.Sprintf("the engine for %q stalled: %v; it is being restarted", b.x.lease.Profile.ID, err)}
-	}
-	return n, err
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/pool"
 	"github.com/poold/poold/internal/statusapi"
 	"github.com/poold/poold/internal/tenant"
 )
@@ -18,14 +19,7 @@ func (h *Handler) serveStatus(w http.ResponseWriter, r *http.Request) {
 		st = h.opts.Status()
 	}
 	st.Pools = h.PoolStatus()
-	for i := range st.Pools {
-		for _, idx := range st.Pools[i].GPUs {
-			if j := slices.IndexFunc(st.GPU.Devices, func(g statusapi.GPU) bool { return g.Index == idx }); j >= 0 {
-				g := st.GPU.Devices[j]
-				st.Pools[i].GPUMemory = append(st.Pools[i].GPUMemory, statusapi.GPUMemory{Index: g.Index, UsedBytes: g.MemoryUsedBytes, TotalBytes: g.MemoryTotalBytes})
-			}
-		}
-	}
+	pool.FillGPUMemory(st.Pools, st.GPU.Devices)
 	writeJSON(w, st)
 }
 
@@ -71,14 +65,10 @@ func (h *Handler) serveEngineMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// PoolStatus snapshots every pool, in file order, with its engine's stats
-// (Options.EngineStats).
+// PoolStatus snapshots every pool, in file order (pool.Set.Status), with
+// its engine's stats (Options.EngineStats).
 func (h *Handler) PoolStatus() []statusapi.Pool {
-	ps := h.pools.Pools()
-	out := make([]statusapi.Pool, len(ps))
-	for i, p := range ps {
-		out[i] = p.Status()
-	}
+	out := h.pools.Status()
 	if h.opts.EngineStats != nil {
 		h.opts.EngineStats(out)
 	}

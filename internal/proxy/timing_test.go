@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/record"
 )
 
 // parts is an upstream body that returns one part per Read.
@@ -46,7 +46,7 @@ func TestTimedStreamCountsContentOnly(t *testing.T) {
 	if _, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{&x.timed}, buf); err != nil {
 		t.Fatal(err)
 	}
-	var r metrics.Record
+	var r record.Request
 	x.timing.Record(&r)
 	if r.TTFT < afterRole || r.ITLGaps != 2 {
 		t.Errorf("TTFT %v (role chunk read by %v), %d gaps; want TTFT from the first token, 2 gaps", r.TTFT, afterRole, r.ITLGaps)

@@ -6,15 +6,15 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/poold/poold/internal/metrics"
 	"github.com/poold/poold/internal/openai"
+	"github.com/poold/poold/internal/record"
 )
 
 // Usage receives each finished request's record, after the metrics and the
 // access log (poold's usage ledger, package usage). Request must not block
 // and may keep rec only to read it: the handler is done with it.
 type Usage interface {
-	Request(rec *metrics.Record)
+	Request(rec *record.Request)
 }
 
 // handleUsage binds GET /usage, the usage report (Options.UsageReport),

@@ -113,27 +113,23 @@ type GPUProcess struct {
 	UsedBytes uint64 `json:"usedBytes"`
 }
 
-// PoolState is a pool's externally visible state.
-type PoolState string
-
-// The pool states.
+// The values of Pool.State. What each means, and how a pool moves between
+// them, is poold's pool.State.
 const (
-	StateEmpty    PoolState = "empty"
-	StateStarting PoolState = "starting"
-	StateReady    PoolState = "ready"
-	StateDraining PoolState = "draining"
-	StateStopping PoolState = "stopping"
-	// StateSleeping: the pool puts its engine to sleep before it wakes or
-	// starts another (sleep mode).
-	StateSleeping PoolState = "sleeping"
-	StateFailed   PoolState = "failed"
+	StateEmpty    = "empty"
+	StateStarting = "starting"
+	StateReady    = "ready"
+	StateDraining = "draining"
+	StateStopping = "stopping"
+	StateSleeping = "sleeping"
+	StateFailed   = "failed"
 )
 
 // Pool is one pool's entry in poold's GET /status.
 type Pool struct {
-	Name  string    `json:"name"`
-	GPUs  []int     `json:"gpus"`
-	State PoolState `json:"state"`
+	Name  string `json:"name"`
+	GPUs  []int  `json:"gpus"`
+	State string `json:"state"` // one of the State constants
 	// Profile is the loaded profile's id; nil when none is loaded.
 	Profile *string `json:"profile"`
 	// SwitchingTo is the profile being loaded; nil when none.

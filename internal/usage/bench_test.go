@@ -9,7 +9,7 @@ import (
 // the row and the writer's share of committing it.
 func BenchmarkLedgerRequest(b *testing.B) {
 	l := openLedger(b, Options{Path: filepath.Join(b.TempDir(), "usage.db")})
-	rec := record(1, "a")
+	rec := requestRecord(1, "a")
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {

@@ -4,7 +4,7 @@ import (
 	"database/sql"
 	"time"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
 )
 
 // The writer's pool intervals: each pool's current one is held in memory
@@ -14,7 +14,7 @@ import (
 // applyActivity ends the pool's current interval at the change, returning
 // it as a row to write (nil when there is none: no change, or one of zero
 // length never checkpointed), and begins the next (none after
-// ActivityNone).
+// activity.None).
 func (l *Ledger) applyActivity(c *change, at time.Time) *interval {
 	cur := l.open[c.pool]
 	if cur != nil && cur.Activity == c.activity && cur.Profile == c.profile {
@@ -28,7 +28,7 @@ func (l *Ledger) applyActivity(c *change, at time.Time) *interval {
 			ended = cur
 		}
 	}
-	if c.activity == pool.ActivityNone {
+	if c.activity == activity.None {
 		return ended
 	}
 	model := ""

@@ -20,8 +20,8 @@ import (
 	"golang.org/x/time/rate"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
 
-	"github.com/poold/poold/internal/metrics"
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
+	"github.com/poold/poold/internal/record"
 	"github.com/poold/poold/internal/statusapi"
 )
 
@@ -79,7 +79,7 @@ type Options struct {
 // Request and PoolActivity methods never block on storage: they queue the
 // row for the writer goroutine, which Open starts and Close ends. Rows the
 // database does not take wait in the spool until it does (recover.go). It
-// implements proxy.Usage and pool.ActivityObserver.
+// implements proxy.Usage and activity.Observer.
 type Ledger struct {
 	opts  Options
 	log   *slog.Logger
@@ -136,7 +136,7 @@ var (
 // event is one queued record: a finished request (rec set) or a pool's
 // activity change (change set), and when.
 type event struct {
-	rec    *metrics.Record
+	rec    *record.Request
 	change *change
 	at     time.Time // the request's end, or the change's moment
 }
@@ -145,7 +145,7 @@ type event struct {
 type change struct {
 	pool     string
 	gpus     []int
-	activity pool.Activity
+	activity activity.Activity
 	profile  string
 }
 
@@ -252,14 +252,14 @@ func (l *Ledger) store() *store {
 
 // Request queues a finished request's row. It implements proxy.Usage: it
 // never blocks; when the queue is full the row is dropped and counted.
-func (l *Ledger) Request(rec *metrics.Record) {
+func (l *Ledger) Request(rec *record.Request) {
 	l.enqueue(event{rec: rec, at: time.Now()}, l.opts.QueueSize)
 }
 
 // PoolActivity queues a pool's activity change. It implements
-// pool.ActivityObserver; changes may use a reserve of the queue that
+// activity.Observer; changes may use a reserve of the queue that
 // requests may not.
-func (l *Ledger) PoolActivity(poolName string, gpus []int, a pool.Activity, profile string, at time.Time) {
+func (l *Ledger) PoolActivity(poolName string, gpus []int, a activity.Activity, profile string, at time.Time) {
 	l.enqueue(event{change: &change{pool: poolName, gpus: gpus, activity: a, profile: profile}, at: at}, l.opts.QueueSize+activityReserve)
 }
 
@@ -478,9 +478,9 @@ func (l *Ledger) commit(st *store, what string, f func(tx *sql.Tx) error) error 
 }
 
 // appendRequest appends the values of r's row, which ended at end.
-func appendRequest(args []any, r *metrics.Record, end time.Time) []any {
+func appendRequest(args []any, r *record.Request, end time.Time) []any {
 	return append(args, r.RequestID, end.Add(-r.Duration).UnixMicro(), end.UnixMicro(), r.Client, r.Model, r.Profile, r.Pool,
-		r.Status, cmp.Or(r.Outcome, metrics.OutcomeCompleted), r.Stream, r.PromptTokens, r.CompletionTokens, r.TokensEstimated,
+		r.Status, cmp.Or(r.Outcome, record.OutcomeCompleted), r.Stream, r.PromptTokens, r.CompletionTokens, r.TokensEstimated,
 		r.QueueWait.Microseconds(), r.TTFB.Microseconds(), r.Duration.Microseconds(), r.CausedSwap)
 }
 

@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/poold/poold/internal/metrics"
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
+	"github.com/poold/poold/internal/record"
 )
 
 func openLedger(t testing.TB, opts Options) *Ledger {
@@ -31,10 +31,10 @@ func openLedger(t testing.TB, opts Options) *Ledger {
 	return l
 }
 
-func record(i int, tenant string) *metrics.Record {
-	return &metrics.Record{RequestID: fmt.Sprintf("r%d", i), Pool: "p", Model: "alias", Profile: "m", Client: tenant, Status: 200,
+func requestRecord(i int, tenant string) *record.Request {
+	return &record.Request{RequestID: fmt.Sprintf("r%d", i), Pool: "p", Model: "alias", Profile: "m", Client: tenant, Status: 200,
 		Stream: i%2 == 0, Counted: true, PromptTokens: i, CompletionTokens: 2 * i, QueueWait: time.Millisecond,
-		TTFB: 2 * time.Millisecond, Duration: 3 * time.Millisecond, Outcome: metrics.OutcomeCompleted, CausedSwap: i == 0}
+		TTFB: 2 * time.Millisecond, Duration: 3 * time.Millisecond, Outcome: record.OutcomeCompleted, CausedSwap: i == 0}
 }
 
 func readAll(t *testing.T, path string) ([]Request, []Interval) {
@@ -61,16 +61,16 @@ func TestLedgerWritesRequestsAndIntervals(t *testing.T) {
 	l := openLedger(t, Options{Registerer: reg, GPUModel: func(gpus []int) string { return fmt.Sprint("model of ", gpus) }})
 	start := time.Now()
 	gpus := []int{0, 1}
-	l.PoolActivity("p", gpus, pool.ActivityEmpty, "", start)
-	l.PoolActivity("p", gpus, pool.ActivitySwapping, "m", start.Add(time.Second))
-	l.PoolActivity("p", gpus, pool.ActivityIdle, "m", start.Add(2*time.Second))
-	l.PoolActivity("p", gpus, pool.ActivityIdle, "m", start.Add(3*time.Second)) // no change
-	l.PoolActivity("p", gpus, pool.ActivityServing, "m", start.Add(4*time.Second))
+	l.PoolActivity("p", gpus, activity.Empty, "", start)
+	l.PoolActivity("p", gpus, activity.Swapping, "m", start.Add(time.Second))
+	l.PoolActivity("p", gpus, activity.Idle, "m", start.Add(2*time.Second))
+	l.PoolActivity("p", gpus, activity.Idle, "m", start.Add(3*time.Second)) // no change
+	l.PoolActivity("p", gpus, activity.Serving, "m", start.Add(4*time.Second))
 	for i := range 2500 {
-		l.Request(record(i, "team-"+string(rune('a'+i%3))))
+		l.Request(requestRecord(i, "team-"+string(rune('a'+i%3))))
 	}
-	l.PoolActivity("p", gpus, pool.ActivityIdle, "m", start.Add(5*time.Second))
-	l.PoolActivity("p", gpus, pool.ActivityNone, "", start.Add(6*time.Second))
+	l.PoolActivity("p", gpus, activity.Idle, "m", start.Add(5*time.Second))
+	l.PoolActivity("p", gpus, activity.None, "", start.Add(6*time.Second))
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -105,10 +105,10 @@ func TestLedgerDropsWhenTheQueueIsFullAndNeverBlocks(t *testing.T) {
 	// The writer never wakes before Close: the queue fills.
 	l := openLedger(t, Options{QueueSize: 10, BatchSize: 1 << 30, FlushInterval: time.Hour})
 	for i := range 15 {
-		l.Request(record(i, "a"))
+		l.Request(requestRecord(i, "a"))
 	}
 	for i := range activityReserve + 5 {
-		l.PoolActivity("p", nil, []pool.Activity{pool.ActivityIdle, pool.ActivityServing}[i%2], "m", time.Now())
+		l.PoolActivity("p", nil, []activity.Activity{activity.Idle, activity.Serving}[i%2], "m", time.Now())
 	}
 	if n := testutil.ToFloat64(l.m.dropped[kindRequest]); n != 5 {
 		t.Errorf("dropped requests %v, want 5", n)
@@ -127,7 +127,7 @@ func TestLedgerDropsWhenTheQueueIsFullAndNeverBlocks(t *testing.T) {
 
 func TestLedgerCommitsWithinTheFlushInterval(t *testing.T) {
 	l := openLedger(t, Options{FlushInterval: 20 * time.Millisecond})
-	l.Request(record(1, "a"))
+	l.Request(requestRecord(1, "a"))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if reqs, _ := readAll(t, l.opts.Path); len(reqs) == 1 {
@@ -144,7 +144,7 @@ func TestLedgerCheckpointsOpenIntervalsAndClosesThemAfterACrash(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "usage.db")
 	l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
 	start := time.Now()
-	l.PoolActivity("p", []int{0}, pool.ActivityIdle, "m", start)
+	l.PoolActivity("p", []int{0}, activity.Idle, "m", start)
 	// A report made while poold runs sees the open interval up to about now.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -212,7 +212,7 @@ func TestLedgerMigrations(t *testing.T) {
 func TestLedgerPrunesPastTheRetention(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "usage.db")
 	l := openLedger(t, Options{Path: path})
-	l.Request(record(1, "a"))
+	l.Request(requestRecord(1, "a"))
 	l.Close()
 	db, err := sql.Open("sqlite", path)
 	if err != nil {
@@ -243,11 +243,11 @@ func TestHandlerServesReports(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "usage.db")
 	l := openLedger(t, Options{Path: path})
 	now := time.Now()
-	l.PoolActivity("p", []int{0}, pool.ActivityServing, "m", now.Add(-time.Minute))
-	l.Request(record(1, "a"))
-	l.Request(record(2, "b"))
-	l.PoolActivity("p", []int{0}, pool.ActivityIdle, "m", now)
-	l.PoolActivity("p", []int{0}, pool.ActivityNone, "", now.Add(time.Second))
+	l.PoolActivity("p", []int{0}, activity.Serving, "m", now.Add(-time.Minute))
+	l.Request(requestRecord(1, "a"))
+	l.Request(requestRecord(2, "b"))
+	l.PoolActivity("p", []int{0}, activity.Idle, "m", now)
+	l.PoolActivity("p", []int{0}, activity.None, "", now.Add(time.Second))
 	l.Close()
 	h := Handler(path, Prices{GPUHour: 1})
 	for _, c := range []struct {

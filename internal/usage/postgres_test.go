@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/poold/poold/internal/activity"
 	"github.com/poold/poold/internal/pgtest"
-	"github.com/poold/poold/internal/pool"
 )
 
 // pgRows lists what PostgreSQL holds, one string per row, sorted.
@@ -91,18 +91,18 @@ func TestShippingSurvivesAnOutageAndNeverDuplicates(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "usage.db")
 	l := openLedger(t, Options{Path: path, Host: "h1", Postgres: pg.DSN(), FlushInterval: 20 * time.Millisecond})
 	now := time.Now()
-	l.PoolActivity("p", []int{0, 1}, pool.ActivityIdle, "m", now)
+	l.PoolActivity("p", []int{0, 1}, activity.Idle, "m", now)
 	for i := range 1500 {
-		l.Request(record(i, "a"))
+		l.Request(requestRecord(i, "a"))
 	}
-	l.PoolActivity("p", []int{0, 1}, pool.ActivityServing, "m", now.Add(time.Millisecond))
+	l.PoolActivity("p", []int{0, 1}, activity.Serving, "m", now.Add(time.Millisecond))
 	waitShipped(t, l, "before the outage")
 
 	pg.Stop()
 	for i := 1500; i < 3000; i++ {
-		l.Request(record(i, "b"))
+		l.Request(requestRecord(i, "b"))
 	}
-	l.PoolActivity("p", []int{0, 1}, pool.ActivityIdle, "m", now.Add(2*time.Millisecond))
+	l.PoolActivity("p", []int{0, 1}, activity.Idle, "m", now.Add(2*time.Millisecond))
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		st := l.Status().Shipping
@@ -125,7 +125,7 @@ func TestShippingSurvivesAnOutageAndNeverDuplicates(t *testing.T) {
 	}
 	l.ship.wake()
 	waitShipped(t, l, "again")
-	l.PoolActivity("p", []int{0, 1}, pool.ActivityNone, "", now.Add(3*time.Millisecond))
+	l.PoolActivity("p", []int{0, 1}, activity.None, "", now.Add(3*time.Millisecond))
 	if err := l.Close(); err != nil { // the last intervals ship at Close
 		t.Fatal(err)
 	}

@@ -27,12 +27,12 @@ func TestLedgerSpoolsWhileTheDiskIsFull(t *testing.T) {
 	})
 	path := filepath.Join(dir, "usage.db")
 	l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond, SpoolSize: 300})
-	l.Request(record(0, "a"))
+	l.Request(requestRecord(0, "a"))
 	written(t, l, 1)
 	filler := filepath.Join(dir, "filler")
 	fill(t, filler)
 	for i := 1; i <= 1000; i++ {
-		l.Request(record(i, "a"))
+		l.Request(requestRecord(i, "a"))
 	}
 	waitFor(t, "the spool full", func() bool { return l.Status().Spooled == 300 && l.Status().Dropped == 700 })
 	if d := l.Degraded(); !strings.Contains(d, "not being written (300 wait in the spool)") || !strings.Contains(d, "full") {

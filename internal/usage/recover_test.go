@@ -63,14 +63,14 @@ func TestLedgerWritesToANewFileWhenItsFileIsDeleted(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "usage.db")
 	l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
 	for i := range 100 {
-		l.Request(record(i, "a"))
+		l.Request(requestRecord(i, "a"))
 	}
 	written(t, l, 100)
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
 	for i := 100; i < 300; i++ {
-		l.Request(record(i, "a"))
+		l.Request(requestRecord(i, "a"))
 	}
 	written(t, l, 300)
 	if err := l.Close(); err != nil {
@@ -88,12 +88,12 @@ func TestLedgerWritesToTheFileThatReplacedItsFile(t *testing.T) {
 	path := filepath.Join(dir, "usage.db")
 	l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
 	for i := range 100 {
-		l.Request(record(i, "a"))
+		l.Request(requestRecord(i, "a"))
 	}
 	written(t, l, 100)
 	// Another ledger (a backup restored, say) renamed onto the path.
 	other := openLedger(t, Options{Path: filepath.Join(dir, "other.db")})
-	other.Request(record(1000, "a"))
+	other.Request(requestRecord(1000, "a"))
 	if err := other.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestLedgerWritesToTheFileThatReplacedItsFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 100; i < 300; i++ {
-		l.Request(record(i, "a"))
+		l.Request(requestRecord(i, "a"))
 	}
 	written(t, l, 300)
 	if err := l.Close(); err != nil {
@@ -116,13 +116,13 @@ func TestLedgerWaitsForItsDirectory(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	path := filepath.Join(dir, "usage.db")
 	l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
-	l.Request(record(0, "a"))
+	l.Request(requestRecord(0, "a"))
 	written(t, l, 1)
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
 	for i := 1; i <= 100; i++ {
-		l.Request(record(i, "a"))
+		l.Request(requestRecord(i, "a"))
 	}
 	waitFor(t, "100 rows waiting", func() bool { return l.Status().Spooled == 100 })
 	if d := l.Degraded(); !strings.Contains(d, "not being written (100 wait in the spool)") {
@@ -152,12 +152,12 @@ func TestLedgerMovesACorruptFileAside(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "usage.db")
 			l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
 			for i := range 2000 {
-				l.Request(record(i, "a"))
+				l.Request(requestRecord(i, "a"))
 			}
 			written(t, l, 2000)
 			c.corrupt(t, path)
 			for i := 2000; i < 2200; i++ {
-				l.Request(record(i, "a"))
+				l.Request(requestRecord(i, "a"))
 			}
 			written(t, l, 2200)
 			if err := l.Close(); err != nil {
@@ -175,7 +175,7 @@ func TestLedgerMovesACorruptFileAside(t *testing.T) {
 			// ledger opens.
 			corruptHeader(t, path)
 			l = openLedger(t, Options{Path: path})
-			l.Request(record(1, "a"))
+			l.Request(requestRecord(1, "a"))
 			if err := l.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -251,7 +251,7 @@ func TestLedgerSpoolsToAFileThroughAFailureAndARestart(t *testing.T) {
 	l := openLedger(t, Options{Path: path, FlushInterval: 10 * time.Millisecond})
 	refuseWrites(t, path, true)
 	for i := range 50 {
-		l.Request(record(i, "a"))
+		l.Request(requestRecord(i, "a"))
 	}
 	waitFor(t, "50 rows in the spool", func() bool { return l.Status().Spooled == 50 })
 	if d := l.Degraded(); !strings.Contains(d, "not being written (50 wait in the spool)") || !strings.Contains(d, "refused by the test") {

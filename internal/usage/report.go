@@ -9,7 +9,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
 )
 
 // Split is how a serving interval's GPU time is shared among the tenants
@@ -37,12 +37,12 @@ func ParseSplit(s string) (Split, error) {
 // others are a pool's activities, and UseUnattributed is serving time
 // whose requests have no row (rows lost).
 const (
-	UseServing      = string(pool.ActivityServing)
+	UseServing      = string(activity.Serving)
 	UseUnattributed = "unattributed"
 )
 
 // useOrder orders a report's lines: tenants first, then the pools' own time.
-var useOrder = []string{UseServing, string(pool.ActivityIdle), string(pool.ActivitySwapping), string(pool.ActivityAsleep), string(pool.ActivityEmpty), UseUnattributed}
+var useOrder = []string{UseServing, string(activity.Idle), string(activity.Swapping), string(activity.Asleep), string(activity.Empty), UseUnattributed}
 
 // Atom is the finest unit of attribution: one UTC day, pool, profile and
 // tenant (for serving) or use, with its GPU time and the requests that
@@ -153,7 +153,7 @@ func Attribute(ivs []Interval, reqs []Request, since, until time.Time, split Spl
 
 	serving := make(map[string][]*Interval) // by pool key, by start
 	for i := range ivs {
-		if iv := &ivs[i]; iv.Activity == pool.ActivityServing {
+		if iv := &ivs[i]; iv.Activity == activity.Serving {
 			k := poolKey(iv.Host, iv.Pool)
 			serving[k] = append(serving[k], iv)
 		}
@@ -183,7 +183,7 @@ func Attribute(ivs []Interval, reqs []Request, since, until time.Time, split Spl
 		}
 		var tenants []string
 		var weights []int64
-		if iv.Activity == pool.ActivityServing {
+		if iv.Activity == activity.Serving {
 			tenants, weights = shares(iv, served[iv], split)
 		}
 		for _, piece := range days(iv.Start, iv.End, since, until) {
@@ -192,7 +192,7 @@ func Attribute(ivs []Interval, reqs []Request, since, until time.Time, split Spl
 			t.CoveredMicros += us
 			t.GPUMicros += gpu
 			base := Atom{Day: piece.day, Pool: k, Profile: iv.Profile, GPUModel: iv.GPUModel, Use: string(iv.Activity)}
-			if iv.Activity != pool.ActivityServing {
+			if iv.Activity != activity.Serving {
 				add(base).GPUMicros += gpu
 				continue
 			}

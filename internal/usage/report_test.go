@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func at(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 
-func iv(poolName string, a pool.Activity, profile string, from, to float64, gpus ...int) Interval {
+func iv(poolName string, a activity.Activity, profile string, from, to float64, gpus ...int) Interval {
 	return Interval{Pool: poolName, Activity: a, Profile: profile, GPUs: gpus, Start: at(from), End: at(to)}
 }
 
@@ -69,12 +69,12 @@ func TestSplitMicrosAddsUpAndIsProportional(t *testing.T) {
 
 func TestAttributeSharesServingTimeAndKeepsIdleApart(t *testing.T) {
 	ivs := []Interval{
-		iv("p0", pool.ActivityEmpty, "", 0, 10, 0, 1),
-		iv("p0", pool.ActivitySwapping, "m", 10, 20, 0, 1),
-		iv("p0", pool.ActivityServing, "m", 20, 60, 0, 1),
-		iv("p0", pool.ActivityIdle, "m", 60, 100, 0, 1),
-		iv("p1", pool.ActivityServing, "m", 0, 30, 2),
-		iv("p1", pool.ActivityAsleep, "m", 30, 100, 2),
+		iv("p0", activity.Empty, "", 0, 10, 0, 1),
+		iv("p0", activity.Swapping, "m", 10, 20, 0, 1),
+		iv("p0", activity.Serving, "m", 20, 60, 0, 1),
+		iv("p0", activity.Idle, "m", 60, 100, 0, 1),
+		iv("p1", activity.Serving, "m", 0, 30, 2),
+		iv("p1", activity.Asleep, "m", 30, 100, 2),
 	}
 	reqs := []Request{
 		// p0's serving interval: a 300 tokens, b 100 tokens.
@@ -134,7 +134,7 @@ func TestAttributeSharesServingTimeAndKeepsIdleApart(t *testing.T) {
 }
 
 func TestAttributeByLeaseTime(t *testing.T) {
-	ivs := []Interval{iv("p", pool.ActivityServing, "m", 0, 40, 0)}
+	ivs := []Interval{iv("p", activity.Serving, "m", 0, 40, 0)}
 	reqs := []Request{req("p", "a", 0, 30, 1, 1), req("p", "b", 10, 40, 1000, 1000)}
 	u := Attribute(ivs, reqs, t0, at(40), SplitLease)
 	rep := u.Report(ByTenant, &Prices{})
@@ -147,7 +147,7 @@ func TestAttributeByLeaseTime(t *testing.T) {
 func TestAttributeClipsTheWindowAndCutsDays(t *testing.T) {
 	midnight := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
 	ivs := []Interval{
-		{Pool: "p", Activity: pool.ActivityServing, Profile: "m", GPUs: []int{0}, Start: midnight.Add(-time.Hour), End: midnight.Add(time.Hour)},
+		{Pool: "p", Activity: activity.Serving, Profile: "m", GPUs: []int{0}, Start: midnight.Add(-time.Hour), End: midnight.Add(time.Hour)},
 	}
 	reqs := []Request{{Pool: "p", Tenant: "a", Arrived: midnight.Add(-time.Hour), Ended: midnight.Add(time.Hour), PromptTokens: 3, Outcome: "completed"}}
 	// The window starts half an hour before midnight: half of the first
@@ -167,10 +167,10 @@ func TestAttributeClipsTheWindowAndCutsDays(t *testing.T) {
 
 func TestAttributeMatchesRequestsToTheirServingInterval(t *testing.T) {
 	ivs := []Interval{
-		iv("p", pool.ActivityServing, "m", 0, 10, 0),
-		iv("p", pool.ActivityIdle, "m", 10, 20, 0),
-		iv("p", pool.ActivityServing, "m", 20, 30, 0),
-		iv("p", pool.ActivityServing, "m", 40, 50, 0), // its requests' rows were lost
+		iv("p", activity.Serving, "m", 0, 10, 0),
+		iv("p", activity.Idle, "m", 10, 20, 0),
+		iv("p", activity.Serving, "m", 20, 30, 0),
+		iv("p", activity.Serving, "m", 40, 50, 0), // its requests' rows were lost
 	}
 	// A request's end is a little after its lease's (the row is written
 	// after the release), and it queued before it: what counts is the
@@ -191,9 +191,9 @@ func TestAttributeMatchesRequestsToTheirServingInterval(t *testing.T) {
 }
 
 func TestAttributeFleetRowsKeepHostsApart(t *testing.T) {
-	a := iv("gpu0", pool.ActivityServing, "m", 0, 10, 0)
+	a := iv("gpu0", activity.Serving, "m", 0, 10, 0)
 	a.Host = "h1"
-	b := iv("gpu0", pool.ActivityServing, "m", 0, 10, 0)
+	b := iv("gpu0", activity.Serving, "m", 0, 10, 0)
 	b.Host = "h2"
 	ra := req("gpu0", "x", 0, 10, 1, 0)
 	ra.Host = "h1"

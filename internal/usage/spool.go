@@ -10,8 +10,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/poold/poold/internal/metrics"
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
+	"github.com/poold/poold/internal/record"
 )
 
 // row is a row for the database: a finished request's (Request, which
@@ -24,7 +24,7 @@ import (
 type row struct {
 	Run      string          `json:"run"`
 	N        uint64          `json:"n"`
-	Request  *metrics.Record `json:"request,omitempty"`
+	Request  *record.Request `json:"request,omitempty"`
 	End      time.Time       `json:"end"`
 	Interval *interval       `json:"interval,omitempty"`
 }
@@ -33,15 +33,15 @@ type row struct {
 // set) once it is a row. Ledger and Seq name its row in a database once a
 // checkpoint wrote it there; Seq is 0 before.
 type interval struct {
-	Pool     string        `json:"pool"`
-	Activity pool.Activity `json:"activity"`
-	Profile  string        `json:"profile"`
-	GPUs     []int         `json:"gpus"`
-	GPUModel string        `json:"gpuModel"`
-	Start    time.Time     `json:"start"`
-	End      time.Time     `json:"end"`
-	Ledger   string        `json:"ledger,omitempty"`
-	Seq      int64         `json:"seq,omitempty"`
+	Pool     string            `json:"pool"`
+	Activity activity.Activity `json:"activity"`
+	Profile  string            `json:"profile"`
+	GPUs     []int             `json:"gpus"`
+	GPUModel string            `json:"gpuModel"`
+	Start    time.Time         `json:"start"`
+	End      time.Time         `json:"end"`
+	Ledger   string            `json:"ledger,omitempty"`
+	Seq      int64             `json:"seq,omitempty"`
 }
 
 // kind is the row's kind, for counts and metric labels.

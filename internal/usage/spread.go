@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
 )
 
 // Spread is how a report shares the pools' own time (idle, swapping,
@@ -43,7 +43,7 @@ func ParseSpread(s string) (Spread, error) {
 
 // spreadUses are the pools' own uses a spread shares out; unattributed
 // time (request rows lost) is not a tenant's to pay.
-var spreadUses = []string{string(pool.ActivityIdle), string(pool.ActivitySwapping), string(pool.ActivityAsleep), string(pool.ActivityEmpty)}
+var spreadUses = []string{string(activity.Idle), string(activity.Swapping), string(activity.Asleep), string(activity.Empty)}
 
 // SpreadPoolTime shares u's lines of the pools' own time among tenants by
 // how: each such line becomes serving lines of the tenants it goes to (on

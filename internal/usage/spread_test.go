@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
 )
 
 // spreadUsage: p0 serves model m to a (300 tokens), idles on m, serves n to
@@ -14,13 +14,13 @@ import (
 // idles, serving nobody.
 func spreadUsage() *Usage {
 	ivs := []Interval{
-		iv("p0", pool.ActivityServing, "m", 0, 40, 0),
-		iv("p0", pool.ActivityIdle, "m", 40, 60, 0),
-		iv("p0", pool.ActivityServing, "n", 60, 80, 0),
-		iv("p0", pool.ActivitySwapping, "n", 80, 90, 0),
-		iv("p0", pool.ActivityEmpty, "", 90, 95, 0),
-		iv("p0", pool.ActivityAsleep, "m,x", 95, 100, 0),
-		iv("p1", pool.ActivityIdle, "m", 0, 10, 1),
+		iv("p0", activity.Serving, "m", 0, 40, 0),
+		iv("p0", activity.Idle, "m", 40, 60, 0),
+		iv("p0", activity.Serving, "n", 60, 80, 0),
+		iv("p0", activity.Swapping, "n", 80, 90, 0),
+		iv("p0", activity.Empty, "", 90, 95, 0),
+		iv("p0", activity.Asleep, "m,x", 95, 100, 0),
+		iv("p1", activity.Idle, "m", 0, 10, 1),
 	}
 	b := req("p0", "b", 60, 80, 50, 50)
 	b.Profile = "n"

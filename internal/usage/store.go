@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
 )
 
 // Source is where reports read rows: a host's ledger (SQLite) or the
@@ -91,7 +91,7 @@ func readIntervals(ctx context.Context, db *sql.DB, where string, args ...any) (
 		if err := rows.Scan(&iv.Seq, &iv.Pool, &act, &iv.Profile, &gpus, &iv.GPUModel, &start, &end, &iv.Open); err != nil {
 			return nil, err
 		}
-		iv.Activity = pool.Activity(act)
+		iv.Activity = activity.Activity(act)
 		if iv.GPUs, err = parseGPUs(gpus); err != nil {
 			return nil, err
 		}
@@ -133,7 +133,7 @@ func (s *pgSource) Intervals(ctx context.Context, since, until time.Time) ([]Int
 			rows.Close()
 			return nil, err
 		}
-		iv.Activity = pool.Activity(act)
+		iv.Activity = activity.Activity(act)
 		for _, g := range gpus {
 			iv.GPUs = append(iv.GPUs, int(g))
 		}

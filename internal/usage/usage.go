@@ -13,8 +13,8 @@ package usage
 import (
 	"time"
 
-	"github.com/poold/poold/internal/metrics"
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/activity"
+	"github.com/poold/poold/internal/record"
 )
 
 // Request is one finished request's row.
@@ -41,7 +41,7 @@ type Request struct {
 // Failed reports whether the request did not get a whole, successful
 // answer: a status of 400 or more, or an answer cut off.
 func (r *Request) Failed() bool {
-	return r.Status >= 400 || r.Outcome != metrics.OutcomeCompleted
+	return r.Status >= 400 || r.Outcome != record.OutcomeCompleted
 }
 
 // leaseStart is when the request's lease began, as far as its row tells.
@@ -52,7 +52,7 @@ type Interval struct {
 	Host     string // as Request.Host
 	Seq      int64
 	Pool     string
-	Activity pool.Activity
+	Activity activity.Activity
 	// Profile is the profile serving, idle or being loaded; while asleep,
 	// the sleeping profiles joined by ",".
 	Profile  string

@@ -49,7 +49,7 @@ func BenchmarkProxy(b *testing.B) {
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	deadline := time.Now().Add(30 * time.Second)
-	for h.PoolStatus()[0].State != pool.StateReady {
+	for h.PoolStatus()[0].State != pool.StateReady.String() {
 		if time.Now().After(deadline) {
 			b.Fatal("the engine did not become ready")
 		}

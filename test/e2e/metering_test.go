@@ -193,7 +193,7 @@ func (f *fleetd) waitFleetLine(id string) map[string]any {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		for line := range strings.Lines(f.stdout.String()) {
 			var rec map[string]any
-			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "request" && rec["requestId"] == id {
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "request" && rec["request_id"] == id {
 				return rec
 			}
 		}
@@ -205,7 +205,7 @@ func (f *fleetd) waitFleetLine(id string) map[string]any {
 // fleetTokens is the tokens of fleetd's access-log line: prompt, completion
 // and whether they are estimated.
 func fleetTokens(line map[string]any) string {
-	return fmt.Sprint(line["promptTokens"], " ", line["completionTokens"], " ", line["tokensEstimated"] == true)
+	return fmt.Sprint(line["prompt_tokens"], " ", line["completion_tokens"], " ", line["tokens_estimated"] == true)
 }
 
 // fleetd meters plain and streamed Responses and Messages answers as the

@@ -182,9 +182,9 @@ func TestFleetNonReadingStreamsReleaseTheirSlots(t *testing.T) {
 	}
 	waitRunning(t, d, 10*time.Second, "the cut streams cancelled", func(v float64) bool { return v == 0 })
 	d.waitPool("p0", 5*time.Second, "every slot free", func(p poolView) bool { return p.InFlight == 0 })
-	for deadline := time.Now().Add(10 * time.Second); countLines(f.stdout.String(), `"clientStalled":true`) < n; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); countLines(f.stdout.String(), `"client_stalled":true`) < n; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("want %d fleetd access log lines with clientStalled:\n%s", n, tail(f.stdout.String(), 10))
+			t.Fatalf("want %d fleetd access log lines with client_stalled:\n%s", n, tail(f.stdout.String(), 10))
 		}
 	}
 	if got := countLines(d.stdout.String(), `"outcome":"client_aborted"`, `"stream":true`); got != n {

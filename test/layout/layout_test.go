@@ -32,11 +32,14 @@ var allowed = map[string][]string{
 	"internal/tenant":       {"internal/openai"},
 	"internal/gpu":          {"internal/statusapi", "internal/simgpu"},
 	"internal/shim":         nil,
-	"internal/pool":         {"internal/profile", "internal/placement", "internal/statusapi", "internal/shim", "internal/cli"},
-	"internal/metrics":      {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},
-	"internal/proxy":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics", "internal/tenant"},
-	"internal/fleet":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement", "internal/tenant"},
-	"internal/usage":        {"internal/metrics", "internal/pool", "internal/statusapi", "internal/openai"},
+	"internal/record":       nil,
+	"internal/activity":     nil,
+	"internal/pool":         {"internal/profile", "internal/placement", "internal/statusapi", "internal/shim", "internal/cli", "internal/activity"},
+	"internal/metrics":      {"internal/pool", "internal/statusapi", "internal/profile", "internal/record"},
+	"internal/proxy":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics", "internal/tenant", "internal/record", "internal/pipeline"},
+	"internal/fleet":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement", "internal/tenant", "internal/pipeline", "internal/record"},
+	"internal/pipeline":     {"internal/openai", "internal/tenant"},
+	"internal/usage":        {"internal/record", "internal/activity", "internal/statusapi", "internal/openai"},
 	"internal/pgtest":       nil,
 	"internal/enginestats":  {"internal/statusapi"},
 }
@@ -81,14 +84,17 @@ func TestImports(t *testing.T) {
 	}
 }
 
-// fleetd links none of poold's pool, metrics and gpu packages, nor NVML.
+// fleetd links none of poold's own packages (its pools and engines, their
+// metrics, GPUs and usage, its HTTP handler), nor NVML.
 func TestFleetdDependencies(t *testing.T) {
 	pkgs := list(t, "../../cmd/fleetd")
 	if len(pkgs) != 1 {
 		t.Fatalf("go list gave %d packages", len(pkgs))
 	}
 	for _, dep := range pkgs[0].Deps {
-		for _, banned := range []string{module + "internal/pool", module + "internal/metrics", module + "internal/gpu", module + "internal/proxy", "github.com/NVIDIA/go-nvml"} {
+		for _, banned := range []string{module + "internal/pool", module + "internal/metrics", module + "internal/gpu", module + "internal/proxy",
+			module + "internal/profile", module + "internal/shim", module + "internal/enginestats", module + "internal/enginesim", module + "internal/simgpu",
+			module + "internal/usage", module + "internal/activity", "github.com/NVIDIA/go-nvml"} {
 			if dep == banned || strings.HasPrefix(dep, banned+"/") {
 				t.Errorf("fleetd depends on %s", dep)
 			}
