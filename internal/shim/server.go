@@ -214,23 +214,35 @@ func (s *server) drain(lines <-chan string) {
 }
 
 // tell sends m, the last message, to the attached poold and waits (bounded)
-// until it is written; it reports whether it was.
+// until it is written; it reports whether it was. Each of its two waits,
+// for room in the queue and for the writer, has finalWait of its own: a
+// poold that reads nothing loses the message and its connection, and never
+// holds the shim.
 func (s *server) tell(m Message) bool {
 	p := s.peer
 	if p == nil {
 		return false
 	}
-	t := time.NewTimer(finalWait)
-	defer t.Stop()
+	queue := time.NewTimer(finalWait)
+	defer queue.Stop()
 	select {
 	case p.out <- queued{m, s.total}:
 		close(p.out)
-	case <-t.C:
+	case <-queue.C:
+		// The queue is full and its writer blocked on the poold: closing
+		// the connection ends the writer.
+		s.log.Warn("poold read nothing while the engine exited; it is not told", "wait", finalWait)
+		p.conn.Close()
 	}
+	// A write that blocks on a poold that does not read fails at the
+	// deadline, and its writer ends.
+	_ = p.conn.SetWriteDeadline(time.Now().Add(finalWait))
+	written := time.NewTimer(finalWait + time.Second)
+	defer written.Stop()
 	select {
 	case <-p.done:
-	case <-t.C:
-		p.conn.Close() // a poold that reads nothing: its writer ends
+	case <-written.C:
+		p.conn.Close()
 		<-p.done
 	}
 	return p.told.Load()

@@ -388,3 +388,45 @@ func TestFingerprint(t *testing.T) {
 		t.Error("the same command and environment gave another fingerprint")
 	}
 }
+
+// A poold that stops reading, its queue and socket full, while the engine
+// exits does not hold the shim: the exit cannot reach it, so the shim
+// closes the connection and ends, and the poold, reading again, finds the
+// connection gone rather than waiting for an exit forever.
+func TestStalledPooldDoesNotHoldTheExit(t *testing.T) {
+	s := startShim(t, newFakeEngine(false), time.Minute)
+	c := s.attach(t)
+	line := strings.Repeat("x", 200)
+	for i := range queueLen * 64 { // far beyond the queue and the socket's buffers
+		if _, err := fmt.Fprintf(s.out, "%d %s\n", i, line); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.out.Close()
+	s.eng.exit <- errors.New("signal: killed")
+	select {
+	case <-s.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Serve did not return while its poold read nothing")
+	}
+	if s.err == nil || s.err.Error() != "signal: killed" {
+		t.Fatalf("Serve returned %v, want the engine's exit", s.err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if m, err := c.Next(); err != nil || m.Kind == KindExit {
+				ended <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the exit reached a poold that read nothing for longer than the shim waits")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the connection outlived the shim's Serve")
+	}
+}
