@@ -42,7 +42,8 @@ const adoptTimeout = 5 * time.Second
 // loads afresh, as at any start. Each outcome is logged and kept for the
 // pool's /status (Adoption). Adopt returns the records that no shim
 // answered for (an engine started without one, a shim gone, a pool
-// removed): the caller reaps what they left (Ledger.ReapEngines).
+// removed): the caller reaps them (Ledger.ReapEngines), through the shims
+// that still answer (a pool or a profile removed).
 func (s *Set) Adopt(ctx context.Context, recorded []LedgerEngine) (rest []LedgerEngine) {
 	for _, rec := range recorded {
 		p := s.Pool(rec.Pool)

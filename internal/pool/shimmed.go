@@ -161,48 +161,68 @@ func (e *engine) follow(log *slog.Logger) (out io.ReadCloser, wait func() error)
 }
 
 // stopShimmed stops e through its shim (shim.OpStop with grace) and waits
-// for the shim's report of the exit, at most grace and the SIGKILL wait;
-// once e.hurry is closed it asks for SIGKILL (shim.OpSignal). An engine
-// whose connection was lost is stopped through a new one, when its shim
-// still answers. It returns nil once the exit is reported, or when the shim
-// is gone: what the engine left is then nobody's, and the caller may end
-// it. It returns an error when the shim does not report the exit in time,
-// having closed the connection (e.exited is then closed).
+// for the shim's report of the exit (stopVia). An engine whose connection
+// was lost is stopped through a new one, when its shim still answers. It
+// returns nil once the exit is reported, or when the shim is gone: what the
+// engine left is then nobody's, and the caller may end it. It returns an
+// error when the shim does not report the exit in time, having closed the
+// connection (e.exited is then closed).
 func (e *engine) stopShimmed(grace time.Duration, log *slog.Logger) error {
-	c, exited := e.conn, e.exited
+	c, exited := e.conn, (<-chan struct{})(e.exited)
 	if isClosed(exited) {
 		if !e.lost.Load() {
 			return nil // the shim reported the exit
 		}
 		var err error
-		if c, err = shim.Attach(e.shimPath, adoptTimeout); err != nil {
+		if c, exited, err = reattach(e.shimPath, e.pid); err != nil {
 			log.Warn("the engine's supervisor is gone; what its engine left is ended by poold", "err", err)
 			return nil
 		}
 		defer c.Close()
-		if c.Hello.PID != e.pid {
-			log.Warn("the engine's socket is another supervisor's; what its engine left is ended by poold", "shim_engine_pid", c.Hello.PID)
-			return nil
-		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				if m, err := c.Next(); err != nil || m.Kind == shim.KindExit {
-					return
-				}
-			}
-		}()
-		exited = done
 		log.Info("attached again to the engine's supervisor to stop it", "shim", e.shimPath)
 	}
+	return stopVia(c, exited, grace, e.hurry, log)
+}
+
+// reattach attaches to the shim at path, which must run the engine pid, and
+// returns the connection and a channel closed once the shim reported the
+// exit or the connection ended.
+func reattach(path string, pid int) (*shim.Conn, <-chan struct{}, error) {
+	c, err := shim.Attach(path, adoptTimeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c.Hello.PID != pid {
+		c.Close()
+		return nil, nil, fmt.Errorf("its socket's supervisor runs pid %d, not %d", c.Hello.PID, pid)
+	}
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		for {
+			if m, err := c.Next(); err != nil || m.Kind == shim.KindExit {
+				return
+			}
+		}
+	}()
+	return c, exited, nil
+}
+
+// stopVia asks the shim attached as c to stop its engine with grace
+// (negative: the shim's own, which its hello gives) and waits until exited
+// is closed, at most grace and the SIGKILL wait; once hurry is closed (nil
+// never is) it asks for SIGKILL. Past the wait it closes c, waits for
+// exited, and returns an error.
+func stopVia(c *shim.Conn, exited <-chan struct{}, grace time.Duration, hurry <-chan struct{}, log *slog.Logger) error {
 	if err := c.Stop(grace, shimRequestTimeout); err != nil {
 		log.Warn("asking the engine's supervisor to stop it", "err", err)
+	}
+	if grace < 0 {
+		grace = c.Hello.Grace
 	}
 	wait := grace + killWait + outputWait
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	hurry := e.hurry
 	for {
 		select {
 		case <-exited:
@@ -217,6 +237,27 @@ func (e *engine) stopShimmed(grace time.Duration, log *slog.Logger) error {
 			<-exited
 			return fmt.Errorf("its supervisor did not report the engine's exit within %s", wait)
 		}
+	}
+}
+
+// stopOrphan stops, through its shim and with grace, the engine that rec
+// records when no pool took it (its pool or profile is gone, say, or poold
+// stop-engines stops it), so that the reap (Ledger.ReapEngines) finds at
+// most what the engine left, held by no shim. A shim that does not answer
+// is left to that reap.
+func stopOrphan(rec LedgerEngine, grace time.Duration, log *slog.Logger) {
+	if rec.Shim == "" {
+		return
+	}
+	c, exited, err := reattach(rec.Shim, rec.PID)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	log = log.With("pool", rec.Pool, "profile", rec.Profile, "pid", rec.PID)
+	log.Info("stopping an engine that no pool takes through its shim", "shim", rec.Shim)
+	if err := stopVia(c, exited, grace, nil, log); err != nil {
+		log.Error("stopping an engine that no pool takes", "err", err)
 	}
 }
 

@@ -203,7 +203,7 @@ func (s *server) attach(c net.Conn) {
 	}
 	unseen := min(s.total-int(s.seen.Load()), len(s.ring))
 	p := &peer{conn: c, out: make(chan queued, queueLen), done: make(chan struct{})}
-	p.out <- queued{Message{Kind: KindHello, Protocol: Protocol, PID: s.pid, ShimPID: os.Getpid(), Fingerprint: s.opts.Fingerprint, Backlog: append([]string(nil), s.ring...), Unseen: unseen}, s.total}
+	p.out <- queued{Message{Kind: KindHello, Protocol: Protocol, PID: s.pid, ShimPID: os.Getpid(), Fingerprint: s.opts.Fingerprint, Grace: s.opts.Grace, Backlog: append([]string(nil), s.ring...), Unseen: unseen}, s.total}
 	go s.write(p)
 	go s.read(p)
 	s.peer = p

@@ -95,6 +95,8 @@ type Message struct {
 	Fingerprint string   `json:"fingerprint,omitempty"`
 	Backlog     []string `json:"backlog,omitempty"`
 	Unseen      int      `json:"unseen,omitempty"`
+	// Grace is a hello's too: the shim's own stop grace (Options.Grace).
+	Grace time.Duration `json:"grace,omitempty"`
 	// Line is a KindLine's line, without its line end.
 	Line string `json:"line,omitempty"`
 	// Status is why the engine ended (KindExit: "exit status 1", "signal:
