@@ -180,17 +180,22 @@ func (c *Conn) call(r Request, timeout time.Duration) (Message, error) {
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
+	var m Message
 	select {
-	case m := <-ch:
-		if m.Error != "" {
-			return m, fmt.Errorf("the shim could not %s: %s", r.Op, m.Error)
-		}
-		return m, nil
+	case m = <-ch:
 	case <-c.done:
-		return Message{}, fmt.Errorf("asking the shim to %s: %w", r.Op, c.err)
+		select {
+		case m = <-ch: // the reply came before the connection ended
+		default:
+			return Message{}, fmt.Errorf("asking the shim to %s: %w", r.Op, c.err)
+		}
 	case <-t.C:
 		return Message{}, fmt.Errorf("the shim did not answer %s within %s", r.Op, timeout)
 	}
+	if m.Error != "" {
+		return m, fmt.Errorf("the shim could not %s: %s", r.Op, m.Error)
+	}
+	return m, nil
 }
 
 // Close detaches from the shim; its adopt timeout starts.
