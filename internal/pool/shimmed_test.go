@@ -2,6 +2,7 @@ package pool
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,13 +19,16 @@ import (
 )
 
 // fakeShim serves a shim's socket for a real process, the engine: it says
-// hello, passes each request to the test, and on a stop ends the engine
-// itself and reports the exit. With drop, it closes its first connection
-// right after the hello, reporting nothing.
+// hello (in protocol, if set), passes each request to the test, and on a
+// stop (with slow, on a SIGKILL only) ends the engine itself and reports
+// the exit. With drop, it closes its first connection right after the
+// hello, reporting nothing.
 type fakeShim struct {
-	path string
-	eng  *exec.Cmd
-	drop bool
+	path     string
+	eng      *exec.Cmd
+	drop     bool
+	slow     bool
+	protocol int
 	// asked has each request and whether the engine was alive when it came.
 	asked chan askedShim
 }
@@ -36,6 +40,11 @@ type askedShim struct {
 
 func startFakeShim(t *testing.T, drop bool) *fakeShim {
 	t.Helper()
+	return startFakeShimWith(t, &fakeShim{drop: drop, protocol: shim.Protocol})
+}
+
+func startFakeShimWith(t *testing.T, f *fakeShim) *fakeShim {
+	t.Helper()
 	eng := exec.Command("sleep", "600")
 	eng.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := eng.Start(); err != nil {
@@ -44,7 +53,7 @@ func startFakeShim(t *testing.T, drop bool) *fakeShim {
 	waited := make(chan struct{})
 	go func() { _ = eng.Wait(); close(waited) }()
 	t.Cleanup(func() { _ = eng.Process.Kill(); <-waited })
-	f := &fakeShim{path: filepath.Join(realTempDir(t), "engine-fake.sock"), eng: eng, drop: drop, asked: make(chan askedShim, 16)}
+	f.path, f.eng, f.asked = filepath.Join(realTempDir(t), "engine-fake.sock"), eng, make(chan askedShim, 16)
 	ln, err := net.Listen("unix", f.path)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +66,7 @@ func startFakeShim(t *testing.T, drop bool) *fakeShim {
 				return
 			}
 			enc := json.NewEncoder(c)
-			_ = enc.Encode(shim.Message{Kind: shim.KindHello, Protocol: shim.Protocol, PID: eng.Process.Pid, ShimPID: os.Getpid(), Grace: time.Second})
+			_ = enc.Encode(shim.Message{Kind: shim.KindHello, Protocol: f.protocol, PID: eng.Process.Pid, ShimPID: os.Getpid(), Grace: time.Second})
 			if first && f.drop {
 				c.Close()
 				continue
@@ -72,7 +81,7 @@ func startFakeShim(t *testing.T, drop bool) *fakeShim {
 					}
 					f.asked <- askedShim{r, alive(eng.Process.Pid)}
 					_ = enc.Encode(shim.Message{Kind: shim.KindReply, ID: r.ID})
-					if r.Op == shim.OpStop {
+					if r.Op == shim.OpStop && !f.slow || r.Op == shim.OpSignal && r.Signal == int(syscall.SIGKILL) {
 						_ = eng.Process.Kill()
 						<-waited
 						_ = enc.Encode(shim.Message{Kind: shim.KindExit, Status: "signal: killed"})
@@ -195,5 +204,57 @@ func TestReapGoesThroughTheShim(t *testing.T) {
 	}
 	if alive(pid) || len(stopped) != 1 || stopped[0] != pid {
 		t.Fatalf("stopped %v (engine alive: %v), want the engine %d stopped", stopped, alive(pid), pid)
+	}
+}
+
+// A stop hurried (a second shutdown signal) asks the shim for SIGKILL, and
+// ends once the shim reports the exit, long before the grace.
+func TestHurriedStopGoesThroughTheShim(t *testing.T) {
+	f := startFakeShimWith(t, &fakeShim{slow: true, protocol: shim.Protocol})
+	e := f.engine(t)
+	hurry := make(chan struct{})
+	e.hurry = hurry
+	stopped := make(chan error, 1)
+	go func() { stopped <- e.stop(time.Hour, slog.New(slog.DiscardHandler)) }()
+	if a := <-f.asked; a.r.Op != shim.OpStop || a.r.Grace != time.Hour {
+		t.Fatalf("the shim was asked %+v first, want the stop", a.r)
+	}
+	close(hurry)
+	select {
+	case a := <-f.asked:
+		if a.r.Op != shim.OpSignal || a.r.Signal != int(syscall.SIGKILL) {
+			t.Fatalf("the shim was asked %+v once hurried, want SIGKILL", a.r)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the hurried stop asked the shim nothing")
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the hurried stop did not end with the engine")
+	}
+}
+
+// An engine left by an older poold, whose shim speaks another protocol, is
+// not adopted, and the reason says why; it is left to the reap.
+func TestAdoptRefusesAnOlderShim(t *testing.T) {
+	f := startFakeShimWith(t, &fakeShim{protocol: 1})
+	dir := filepath.Dir(f.path)
+	pid := f.eng.Process.Pid
+	st, err := procStat(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRecords(t, dir, LedgerEngine{Pool: "g", Profile: "a", PID: pid, PGID: pid, StartTicks: st.start, Token: "fake-token", Shim: f.path})
+	s, rest, _ := keptSet(t, dir, reloadConfig(t, `{"name": "g", "gpus": [0]}`, simProfile("a", []string{"g"})))
+	if len(rest) != 1 || rest[0].PID != pid {
+		t.Fatalf("left to the reap: %+v, want the engine of the older shim", rest)
+	}
+	want := fmt.Sprintf("its supervisor is of an older or newer poold (protocol 1; this poold speaks %d)", shim.Protocol)
+	if ad := s.Pool("g").Status().Adoption; len(ad) != 1 || ad[0].Adopted || !strings.Contains(ad[0].Reason, want) {
+		t.Fatalf("adoption %+v, want a refusal saying %q", ad, want)
 	}
 }
