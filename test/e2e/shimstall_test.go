@@ -29,8 +29,9 @@ func shimOf(t *testing.T, tag string) int {
 // TestStalledPooldEngineDies: poold reads nothing from its shim (it is
 // stopped, SIGSTOP) while its engine floods its output and dies. The shim
 // does not wait for poold forever: it ends, and poold, running again, finds
-// its engine gone instead of keeping it ready: the next request is served
-// by a fresh engine, not answered 502.
+// the connection gone (logged with the reason) instead of keeping the dead
+// engine ready: the next request is served by a fresh engine, not
+// answered 502.
 func TestStalledPooldEngineDies(t *testing.T) {
 	tag := t.Name()
 	trigger := filepath.Join(t.TempDir(), "die")
@@ -72,6 +73,9 @@ func TestStalledPooldEngineDies(t *testing.T) {
 	d.chat("a")
 	if p := d.pool("p0"); p.Engine == nil || p.Engine.PID == engine {
 		t.Fatalf("pool %+v, want a fresh engine", p)
+	}
+	if l := d.logLinesAtLeast("lost the connection to the engine's supervisor", 1); len(l) != 1 || l[0]["err"] == nil {
+		t.Errorf("log lines on the lost connection: %v, want one with its reason", l)
 	}
 	d.stop()
 	stopEngines(t, state, tag)
