@@ -8,11 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/poold/poold/internal/shim"
@@ -44,7 +42,8 @@ const adoptTimeout = 5 * time.Second
 // loads afresh, as at any start. Each outcome is logged and kept for the
 // pool's /status (Adoption). Adopt returns the records that no shim
 // answered for (an engine started without one, a shim gone, a pool
-// removed): the caller reaps what they left (Ledger.ReapEngines).
+// removed): the caller reaps them (Ledger.ReapEngines), through the shims
+// that still answer (a pool or a profile removed).
 func (s *Set) Adopt(ctx context.Context, recorded []LedgerEngine) (rest []LedgerEngine) {
 	for _, rec := range recorded {
 		p := s.Pool(rec.Pool)
@@ -103,7 +102,11 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 		return nil, errors.New("its profile is no longer served by the pool")
 	}
 	c, err := shim.Attach(rec.Shim, adoptTimeout)
-	if err != nil {
+	var pe *shim.ProtocolError
+	switch {
+	case errors.As(err, &pe):
+		return nil, fmt.Errorf("its supervisor is of an older or newer poold (protocol %d; this poold speaks %d) and cannot be asked to stop it: it is stopped by its process group and loaded afresh", pe.Shim, shim.Protocol)
+	case err != nil:
 		return nil, fmt.Errorf("its supervisor does not answer (it ends once its engine has exited): %w", err)
 	}
 	if c.Hello.PID != rec.PID {
@@ -133,7 +136,7 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 		pumped:     make(chan struct{}),
 		logs:       &ring{max: logLines},
 	}
-	out, wait := e.follow()
+	out, wait := e.follow(p.log.With("profile", prof.ID, "pid", e.pid))
 	e.run(out, wait, p.outputLog().with("profile", prof.ID, "pid", e.pid))
 	return e, nil
 }
@@ -143,6 +146,9 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 func (p *Pool) verify(ctx context.Context, e *engine, rec LedgerEngine) error {
 	if st, err := procStat(rec.PID); err != nil || st.start != rec.StartTicks || st.state == 'Z' || isClosed(e.exited) {
 		return fmt.Errorf("its process %d %w", rec.PID, errNotRecorded)
+	}
+	if st, err := e.conn.State(adoptTimeout); err != nil || !st.Running || st.Stopping {
+		return fmt.Errorf("its supervisor does not report it running (%+v, %v): its process %d %w", st, err, rec.PID, errNotRecorded)
 	}
 	// A shim started by an older poold holds a fingerprint of the whole
 	// environment: it stands while poold's own environment has not changed.
@@ -224,30 +230,13 @@ func (p *Pool) noteAdoption(rec LedgerEngine, err error) {
 }
 
 // stopThroughShim stops an engine that is not to be adopted through its
-// shim, with SIGTERM, which makes the shim stop the engine under the stop
-// contract (its own grace) and end; it waits for the shim's report of the
-// exit, at most grace and the SIGKILL wait. A shim pid that is another
-// user's process is not signalled.
+// shim alone (stopShimmed), which stops it under the stop contract; it
+// waits for the shim's report of the exit, at most grace and the SIGKILL
+// wait. Nothing is signalled by poold: its pid and group may be another
+// process's now.
 func (e *engine) stopThroughShim(grace time.Duration, log *slog.Logger) error {
-	pid := e.conn.Hello.ShimPID
-	if pid <= 0 {
-		return errors.New("the shim did not say its pid")
-	}
-	if real, eff, err := procOwner(pid); err == nil && (real != os.Geteuid() || eff != os.Geteuid()) {
-		return fmt.Errorf("the shim's pid %d is a process of uid %d (effective %d), not of poold's user", pid, real, eff)
-	}
-	log.Info("stopping an engine through its shim", "profile", e.profile.ID, "pid", e.pid, "shim_pid", pid)
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !isClosed(e.exited) {
-		return fmt.Errorf("signalling the shim %d: %w", pid, err)
-	}
-	t := time.NewTimer(grace + killWait + outputWait)
-	defer t.Stop()
-	select {
-	case <-e.exited:
-		return nil
-	case <-t.C:
-		return fmt.Errorf("the shim %d did not report its engine's exit within %s", pid, grace+killWait+outputWait)
-	}
+	log.Info("stopping an engine through its shim", "profile", e.profile.ID, "pid", e.pid, "shim_pid", e.conn.Hello.ShimPID)
+	return e.stopShimmed(grace, log)
 }
 
 // envSums is a digest of each variable of env by name: the first 16 hex

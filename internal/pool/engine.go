@@ -56,6 +56,9 @@ type engine struct {
 	shimPath string
 	conn     *shim.Conn
 	detached atomic.Bool
+	// lost is set once the connection to the shim ended without its
+	// report of the exit.
+	lost atomic.Bool
 
 	http clients // its probe and control clients
 	// idle is how long a connection to it may stay idle (idleTimeout).
@@ -106,28 +109,34 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.L
 	argv := prof.Argv(port, spec, launch)
 	env, given := engineEnv(prof, spec), givenEnv(prof, spec)
 	token := rand.Text()
+	var cgroup string
+	var cgroupFD *os.File
+	if contain.Mode() == ModeCgroup {
+		if cgroup, cgroupFD, err = newEngineGroup(contain.base, spec.Name, token); err != nil {
+			return nil, err
+		}
+		defer cgroupFD.Close()
+	}
 	var cmd *exec.Cmd
 	var shimPath string
 	if shims == nil {
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Env = append(slices.Clip(env), tokenEnv+"="+token)
 		if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
+			if cgroup != "" {
+				_ = removeCgroup(cgroup)
+			}
 			return nil, err
+		}
+		if cgroupFD != nil {
+			cgroupAttr(cmd.SysProcAttr, cgroupFD)
 		}
 	} else {
+		// The shim starts the engine into its cgroup and stays out of it:
+		// a stop that ends the group never ends the shim.
 		shimPath = shims.socket(token)
-		cmd = shims.command(launch.Self, shimPath, token, shim.Fingerprint(argv, given), prof.StopTimeout.Duration, argv)
+		cmd = shims.command(launch.Self, shimPath, token, shim.Fingerprint(argv, given), cgroup, prof.StopTimeout.Duration, argv)
 		cmd.Env = env
-	}
-	var cgroup string
-	if contain.Mode() == ModeCgroup {
-		dir, fd, err := newEngineGroup(contain.base, spec.Name, token)
-		if err != nil {
-			return nil, err
-		}
-		defer fd.Close()
-		cgroup = dir
-		cgroupAttr(cmd.SysProcAttr, fd)
 	}
 	e := &engine{
 		profile:   prof,
@@ -157,7 +166,7 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.L
 		}
 	} else if e.conn, err = shims.start(cmd, shimPath, spawn); err == nil {
 		e.pid = e.conn.Hello.PID
-		out, wait = e.follow()
+		out, wait = e.follow(output.log.With("profile", prof.ID, "pid", e.pid))
 	}
 	if err != nil {
 		if cgroup != "" {
@@ -322,11 +331,19 @@ const killWait = 10 * time.Second
 
 // stop ends all of the engine's processes (its cgroup, or its process group
 // and what left it: see Containment): SIGTERM, up to grace for them to end,
-// then SIGKILL. It returns only when no live process of the engine remains,
-// or with an error naming the survivors. In cgroup mode the group is then
-// removed.
+// then SIGKILL. An engine under a shim is stopped by its shim
+// (stopShimmed); poold ends itself only what is left once the shim reported
+// the exit or is gone, or when the shim failed to stop it. It returns only
+// when no live process of the engine remains, or with an error naming the
+// survivors. In cgroup mode the group is then removed.
 func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
-	if err := e.tree().end(grace, e.hurry, log.With("profile", e.profile.ID, "pid", e.pid)); err != nil {
+	log = log.With("profile", e.profile.ID, "pid", e.pid)
+	if e.conn != nil {
+		if err := e.stopShimmed(grace, log); err != nil {
+			log.Error("the engine's supervisor did not stop it; poold ends its processes itself", "err", err)
+		}
+	}
+	if err := e.tree().end(grace, e.hurry, log); err != nil {
 		return err
 	}
 	<-e.exited

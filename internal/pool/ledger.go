@@ -281,14 +281,28 @@ func (l *Ledger) Reap(grace time.Duration) ([]int, error) {
 // removed), or else (process-group mode) as leftovers finds it, and a
 // process of poold's user: started no earlier than the engine, and in its
 // process group, or carrying its token, or descending from such a process. An
-// engine's shim ends with it. ReapEngines returns the processes it stopped,
-// or an error naming those that survived SIGKILL. It then rewrites the file
-// with the engines recorded by this poold alone.
+// engine whose shim still answers is stopped by its shim first (stopOrphan):
+// only what is left once the shim let go is signalled. ReapEngines returns
+// the processes it stopped, or an error naming those that survived SIGKILL.
+// It then rewrites the file with the engines recorded by this poold alone.
 func (l *Ledger) ReapEngines(engines []LedgerEngine, grace time.Duration) ([]int, error) {
 	if l == nil {
 		return nil, nil
 	}
 	var pids, loose []int // every process found; those of process-group mode
+	var wg sync.WaitGroup
+	for _, e := range engines {
+		if e.Shim == "" {
+			continue
+		}
+		if e.Cgroup != "" {
+			pids = append(pids, cgroupProcs(e.Cgroup)...)
+		} else {
+			pids = append(pids, ownedBy(leftovers(e), l.uid)...)
+		}
+		wg.Go(func() { stopOrphan(e, grace, l.log) })
+	}
+	wg.Wait()
 	var groups []string
 	for _, e := range engines {
 		var left []int
@@ -302,7 +316,11 @@ func (l *Ledger) ReapEngines(engines []LedgerEngine, grace time.Duration) ([]int
 		if len(left) > 0 {
 			l.log.Warn("stopping an engine left by a previous poold", "pool", e.Pool, "profile", e.Profile, "pgid", e.PGID, "cgroup", e.Cgroup, "port", e.Port, "pids", left)
 		}
-		pids = append(pids, left...)
+		for _, pid := range left {
+			if !slices.Contains(pids, pid) {
+				pids = append(pids, pid)
+			}
+		}
 		removeShimFiles(e.Shim)
 	}
 	for _, dir := range groups {

@@ -2,7 +2,10 @@ package pool
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
+	"syscall"
 	"time"
 )
 
@@ -43,15 +46,22 @@ func (e *engine) unwatchHealth() {
 	}
 }
 
+// refusedPolls is how many polls in a row that find e's port refusing
+// connections fail it: nothing listens there, whatever the report of its
+// exit (a supervisor that could not send it, say).
+const refusedPolls = 3
+
 // pollHealth polls e's /health every interval, each probe bounded by the
 // probe client's timeout, until ctx ends or the engine exits (nil), or it
-// answers 503 (an error saying so, with the engine's reason and last
+// answers 503, or refusedPolls polls in a row find its port refusing
+// connections (an error saying so, with the engine's reason and last
 // output lines). Other answers and failed probes count for nothing: an
 // exit is seen through e.exited, and a slow answer is no proof of a dead
 // core.
 func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	refused := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -65,6 +75,13 @@ func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
 			return nil
 		}
 		resp, err := e.http.probe.Do(req)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			if refused++; refused == refusedPolls {
+				return e.failedWith(fmt.Sprintf("failed: GET /health was refused %d times in a row: nothing listens on its port %d", refused, e.port))
+			}
+			continue
+		}
+		refused = 0
 		if err != nil {
 			continue
 		}

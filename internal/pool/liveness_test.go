@@ -2,12 +2,15 @@ package pool
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/poold/poold/internal/profile"
 )
 
 // The /health poller fails an engine over on a 503 only: not on a 200, a
@@ -58,5 +61,29 @@ func TestHealthPollerStops(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the poller did not stop")
+	}
+}
+
+// An engine whose port refuses connections, poll after poll, has died
+// without its exit being seen (its supervisor did not report it): the
+// poller fails it.
+func TestHealthPollerFailsAnEngineThatRefuses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &engine{
+		profile: &profile.Profile{ID: "m"},
+		port:    ln.Addr().(*net.TCPAddr).Port,
+		http:    defaultClients(Options{}),
+		exited:  make(chan struct{}),
+		logs:    &ring{max: logLines},
+	}
+	ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = e.pollHealth(ctx, 5*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), `engine "m" failed: GET /health was refused`) {
+		t.Fatalf("pollHealth: %v; want the refusals", err)
 	}
 }

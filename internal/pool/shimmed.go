@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,8 +20,10 @@ import (
 // without a parent-death signal, so that it outlives poold; the shim is the
 // engine's parent, and the engine dies with it. poold attaches to the shim
 // over a Unix socket in the state directory and gets the engine's output
-// and exit through it; a poold that stops detaches (Set.Detach) instead of
-// stopping its engines, and the next one adopts them (adopt.go).
+// and exit through it, and asks it, through the same connection, to stop
+// or signal the engine: poold signals no process that a shim holds. A
+// poold that stops detaches (Set.Detach) instead of stopping its engines,
+// and the next one adopts them (adopt.go).
 
 // Shims is how engines are started under supervisors. A nil *Shims starts
 // them as poold's own children, which die with it.
@@ -37,6 +40,10 @@ type Shims struct {
 // shimStartTimeout bounds the wait for a new shim to answer on its socket.
 const shimStartTimeout = 30 * time.Second
 
+// shimRequestTimeout bounds a request to a shim, which its loop answers at
+// once.
+const shimRequestTimeout = 10 * time.Second
+
 // errDetached is the exit of an engine that poold let go of, for the next
 // poold to adopt: it still runs.
 var errDetached = errors.New("detached: the engine runs on under its supervisor")
@@ -46,13 +53,17 @@ func (s *Shims) socket(token string) string {
 	return filepath.Join(s.Dir, "engine-"+strings.ToLower(token[:min(len(token), 12)])+".sock")
 }
 
-// command is the shim's command line for an engine run as argv, whose stop
-// gives it grace between SIGTERM and SIGKILL: in a session of its own, so
-// that neither poold's signals nor its death reach it.
-func (s *Shims) command(self, path, token, fingerprint string, grace time.Duration, argv []string) *exec.Cmd {
+// command is the shim's command line for an engine run as argv, in the
+// cgroup at dir in cgroup mode ("" in process-group mode), whose stop gives
+// it grace between SIGTERM and SIGKILL: in a session of its own, so that
+// neither poold's signals nor its death reach it.
+func (s *Shims) command(self, path, token, fingerprint, cgroup string, grace time.Duration, argv []string) *exec.Cmd {
 	args := []string{"engine-shim", "--socket", path, "--adopt-timeout", s.AdoptTimeout.String(),
-		"--grace", grace.String(), "--token", token, "--fingerprint", fingerprint, "--"}
-	cmd := exec.Command(self, append(args, argv...)...)
+		"--grace", grace.String(), "--token", token, "--fingerprint", fingerprint}
+	if cgroup != "" {
+		args = append(args, "--cgroup", cgroup)
+	}
+	cmd := exec.Command(self, append(append(args, "--"), argv...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	return cmd
 }
@@ -105,11 +116,14 @@ func (s *Shims) start(cmd *exec.Cmd, path string, spawn spawner) (*shim.Conn, er
 }
 
 // follow returns the engine's output as its shim sends it, and a function
-// that waits for its exit: the shim's report of it, or the loss of the shim
-// (errDetached once poold detached). The hello's backlog goes into the log
-// ring, poold's own polls but (pump); the part of it that no poold received
-// is logged as well.
-func (e *engine) follow() (out io.ReadCloser, wait func() error) {
+// that waits for its exit: the shim's report of it, or the loss of the
+// connection to the shim (errDetached once poold detached). A lost
+// connection is logged to log, and the engine is then treated as one that
+// exited, with the reason (e.lost is set: stopShimmed asks again through a
+// new connection). The hello's backlog goes into the log ring, poold's own
+// polls but (pump); the part of it that no poold received is logged as
+// well.
+func (e *engine) follow(log *slog.Logger) (out io.ReadCloser, wait func() error) {
 	r, w := io.Pipe()
 	h := e.conn.Hello
 	seen := max(0, len(h.Backlog)-h.Unseen)
@@ -130,6 +144,8 @@ func (e *engine) follow() (out io.ReadCloser, wait func() error) {
 			case e.detached.Load():
 				return errDetached
 			case err != nil:
+				e.lost.Store(true)
+				log.Warn("lost the connection to the engine's supervisor; the engine is treated as failed", "shim", e.shimPath, "err", err)
 				return fmt.Errorf("its supervisor (poold engine-shim) is gone: %w", err)
 			case m.Kind == shim.KindExit:
 				e.conn.Close()
@@ -142,6 +158,107 @@ func (e *engine) follow() (out io.ReadCloser, wait func() error) {
 		}
 	}
 	return r, wait
+}
+
+// stopShimmed stops e through its shim (shim.OpStop with grace) and waits
+// for the shim's report of the exit (stopVia). An engine whose connection
+// was lost is stopped through a new one, when its shim still answers. It
+// returns nil once the exit is reported, or when the shim is gone: what the
+// engine left is then nobody's, and the caller may end it. It returns an
+// error when the shim does not report the exit in time, having closed the
+// connection (e.exited is then closed).
+func (e *engine) stopShimmed(grace time.Duration, log *slog.Logger) error {
+	c, exited := e.conn, (<-chan struct{})(e.exited)
+	if isClosed(exited) {
+		if !e.lost.Load() {
+			return nil // the shim reported the exit
+		}
+		var err error
+		if c, exited, err = reattach(e.shimPath, e.pid); err != nil {
+			log.Warn("the engine's supervisor is gone; what its engine left is ended by poold", "err", err)
+			return nil
+		}
+		defer c.Close()
+		log.Info("attached again to the engine's supervisor to stop it", "shim", e.shimPath)
+	}
+	return stopVia(c, exited, grace, e.hurry, log)
+}
+
+// reattach attaches to the shim at path, which must run the engine pid, and
+// returns the connection and a channel closed once the shim reported the
+// exit or the connection ended.
+func reattach(path string, pid int) (*shim.Conn, <-chan struct{}, error) {
+	c, err := shim.Attach(path, adoptTimeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c.Hello.PID != pid {
+		c.Close()
+		return nil, nil, fmt.Errorf("its socket's supervisor runs pid %d, not %d", c.Hello.PID, pid)
+	}
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		for {
+			if m, err := c.Next(); err != nil || m.Kind == shim.KindExit {
+				return
+			}
+		}
+	}()
+	return c, exited, nil
+}
+
+// stopVia asks the shim attached as c to stop its engine with grace
+// (negative: the shim's own, which its hello gives) and waits until exited
+// is closed, at most grace and the SIGKILL wait; once hurry is closed (nil
+// never is) it asks for SIGKILL. Past the wait it closes c, waits for
+// exited, and returns an error.
+func stopVia(c *shim.Conn, exited <-chan struct{}, grace time.Duration, hurry <-chan struct{}, log *slog.Logger) error {
+	if err := c.Stop(grace, shimRequestTimeout); err != nil {
+		log.Warn("asking the engine's supervisor to stop it", "err", err)
+	}
+	if grace < 0 {
+		grace = c.Hello.Grace
+	}
+	wait := grace + killWait + outputWait
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-exited:
+			return nil
+		case <-hurry:
+			hurry = nil
+			if err := c.Signal(syscall.SIGKILL, shimRequestTimeout); err != nil {
+				log.Warn("asking the engine's supervisor to hurry its stop", "err", err)
+			}
+		case <-t.C:
+			c.Close()
+			<-exited
+			return fmt.Errorf("its supervisor did not report the engine's exit within %s", wait)
+		}
+	}
+}
+
+// stopOrphan stops, through its shim and with grace, the engine that rec
+// records when no pool took it (its pool or profile is gone, say, or poold
+// stop-engines stops it), so that the reap (Ledger.ReapEngines) finds at
+// most what the engine left, held by no shim. A shim that does not answer
+// is left to that reap.
+func stopOrphan(rec LedgerEngine, grace time.Duration, log *slog.Logger) {
+	if rec.Shim == "" {
+		return
+	}
+	c, exited, err := reattach(rec.Shim, rec.PID)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	log = log.With("pool", rec.Pool, "profile", rec.Profile, "pid", rec.PID)
+	log.Info("stopping an engine that no pool takes through its shim", "shim", rec.Shim)
+	if err := stopVia(c, exited, grace, nil, log); err != nil {
+		log.Error("stopping an engine that no pool takes", "err", err)
+	}
 }
 
 // detach lets go of a shimmed engine for the next poold to adopt, and

@@ -27,6 +27,9 @@ type ShimConfig struct {
 	Token string
 	// Fingerprint is sent in the hello (shim.Message).
 	Fingerprint string
+	// Cgroup is the engine's own cgroup in cgroup mode, which the engine
+	// starts in and the shim stays out of; "" in process-group mode.
+	Cgroup string
 	// AdoptTimeout is shim.Options'; Grace is the stop's wait between
 	// SIGTERM and SIGKILL.
 	AdoptTimeout, Grace time.Duration
@@ -46,6 +49,7 @@ func ShimMain(args []string, stdout, stderr io.Writer) int {
 	fl.StringVar(&c.Socket, "socket", "", "the Unix socket to serve")
 	fl.StringVar(&c.Token, "token", "", "the token that marks the engine's processes")
 	fl.StringVar(&c.Fingerprint, "fingerprint", "", "the fingerprint of the engine's command and environment, for the hello")
+	fl.StringVar(&c.Cgroup, "cgroup", "", "the engine's own cgroup, to start it in (cgroup mode)")
 	fl.DurationVar(&c.AdoptTimeout, "adopt-timeout", time.Minute, "how long the engine runs on with no poold attached")
 	fl.DurationVar(&c.Grace, "grace", 90*time.Second, "the engine's stop: the wait between SIGTERM and SIGKILL")
 	if code, ok := cli.ParseFlags(fl, usage, args, stdout, stderr); !ok {
@@ -69,8 +73,9 @@ func ShimMain(args []string, stdout, stderr io.Writer) int {
 }
 
 // RunShim is `poold engine-shim`'s work: it starts the engine as its own child,
-// in a process group of its own that dies with the shim (Pdeathsig), and
-// supervises it (shim.Serve) until it exits. A SIGTERM, SIGINT or SIGHUP
+// in a process group of its own that dies with the shim (Pdeathsig) and, in
+// cgroup mode, in the engine's cgroup (the shim itself stays in poold's),
+// and supervises it (shim.Serve) until it exits. A SIGTERM, SIGINT or SIGHUP
 // stops the engine.
 func RunShim(c ShimConfig, log *slog.Logger) error {
 	_ = os.Remove(c.Socket) // a socket left by a shim that was killed
@@ -90,6 +95,16 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
 	cmd.Env = append(os.Environ(), tokenEnv+"="+c.Token)
 	cmd.SysProcAttr, _ = engineProcAttr()
+	if c.Cgroup != "" {
+		fd, err := os.Open(c.Cgroup)
+		if err != nil {
+			err = fmt.Errorf("opening the engine's cgroup: %w", err)
+			log.Error("the engine could not start", "err", err)
+			return shim.Fail(ln, err, c.AdoptTimeout)
+		}
+		defer fd.Close()
+		cgroupAttr(cmd.SysProcAttr, fd)
+	}
 	out, wait, err := startChild(cmd, processSpawner())
 	if err != nil {
 		err = fmt.Errorf("running %q: %w", c.Argv[0], err)
@@ -101,21 +116,31 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 	if st, err := procStat(pid); err == nil {
 		start = st.start
 	}
-	eng := &shimmedEngine{wait: wait, grace: c.Grace, log: log, tree: groupTree(pid, c.Token, start)}
-	log.Info("engine started", "pid", pid)
-	err = shim.Serve(ctx, ln, pid, eng, out, shim.Options{AdoptTimeout: c.AdoptTimeout, Fingerprint: c.Fingerprint, Log: log})
+	t := groupTree(pid, c.Token, start)
+	if c.Cgroup != "" {
+		t = cgroupTree(c.Cgroup)
+		t.pgid = pid
+	}
+	eng := &shimmedEngine{wait: wait, log: log, tree: t}
+	log.Info("engine started", "pid", pid, "cgroup", c.Cgroup)
+	err = shim.Serve(ctx, ln, pid, eng, out, shim.Options{AdoptTimeout: c.AdoptTimeout, Grace: c.Grace, Fingerprint: c.Fingerprint, Log: log})
 	log.Info("shim exiting", "engine_exit", err)
 	return nil
 }
 
 // shimmedEngine is the engine as the shim sees it (shim.Engine).
 type shimmedEngine struct {
-	wait  func() error
-	tree  tree
-	grace time.Duration
-	log   *slog.Logger
+	wait func() error
+	tree tree
+	log  *slog.Logger
 }
 
 func (e *shimmedEngine) Wait() error { return e.wait() }
 
-func (e *shimmedEngine) Stop() error { return e.tree.end(e.grace, nil, e.log) }
+func (e *shimmedEngine) Stop(grace time.Duration) error { return e.tree.end(grace, nil, e.log) }
+
+func (e *shimmedEngine) Signal(sig syscall.Signal) error {
+	e.log.Info("signalling the engine", "signal", sig)
+	e.tree.signal(sig)
+	return nil
+}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -21,10 +22,13 @@ type Engine interface {
 	// ended (nil: exit status 0). Serve calls it once.
 	Wait() error
 	// Stop ends every process of the engine under the stop contract
-	// (SIGTERM, a grace, SIGKILL) and returns once none is left, or with an
-	// error naming the survivors. Serve may call it while Wait waits, and
-	// again once the main process has exited, to end what it left.
-	Stop() error
+	// (SIGTERM, up to grace, SIGKILL) and returns once none is left, or
+	// with an error naming the survivors. Serve may call it while Wait
+	// waits, and again once the main process has exited, to end what it
+	// left.
+	Stop(grace time.Duration) error
+	// Signal sends sig to every process of the engine.
+	Signal(sig syscall.Signal) error
 }
 
 // Options are a shim's settings.
@@ -36,6 +40,10 @@ type Options struct {
 	// Lines is how many of the engine's last output lines are kept for the
 	// next poold to attach; zero means 30.
 	Lines int
+	// Grace is the wait between SIGTERM and SIGKILL of the stops the shim
+	// decides itself (no poold attached, the shim signalled) and of an
+	// OpStop that gives none; zero sends SIGKILL at once.
+	Grace time.Duration
 	// Fingerprint is sent in the hello (Message.Fingerprint).
 	Fingerprint string
 	// Log is the shim's own log; nil discards it.
@@ -60,8 +68,10 @@ const (
 // attached. It returns, with how the engine ended, once the engine's main
 // process has exited and the attached poold, if any, was told; when none
 // was, it has called eng.Stop to end what the engine left. The engine is
-// stopped (eng.Stop) when no poold is attached for opts.AdoptTimeout, and
-// when ctx ends (the shim was signalled). Serve closes ln.
+// stopped (eng.Stop) when no poold is attached for opts.AdoptTimeout, when
+// ctx ends (the shim was signalled), and when the attached poold asks
+// (OpStop); it is signalled when that poold asks (OpSignal). Serve closes
+// ln.
 func Serve(ctx context.Context, ln net.Listener, pid int, eng Engine, out io.Reader, opts Options) error {
 	if opts.Lines == 0 {
 		opts.Lines = 30
@@ -69,7 +79,7 @@ func Serve(ctx context.Context, ln net.Listener, pid int, eng Engine, out io.Rea
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &server{pid: pid, opts: opts, log: opts.Log, gone: make(chan *peer), quit: make(chan struct{})}
+	s := &server{pid: pid, opts: opts, log: opts.Log, gone: make(chan *peer), asked: make(chan asked), quit: make(chan struct{})}
 	defer close(s.quit)
 	defer ln.Close()
 	lines := make(chan string, 64)
@@ -84,15 +94,15 @@ func Serve(ctx context.Context, ln net.Listener, pid int, eng Engine, out io.Rea
 	// stopped delivers the result of the stop under way; nil while none is.
 	var stopped chan error
 	stopping := false
-	stop := func(why string) {
+	stop := func(why string, grace time.Duration) {
 		if stopping {
 			return
 		}
 		stopping = true
 		ln.Close() // no poold attaches to an engine being stopped
-		s.log.Warn("stopping the engine", "why", why)
+		s.log.Warn("stopping the engine", "why", why, "grace", grace)
 		stopped = make(chan error, 1)
-		go func() { stopped <- eng.Stop() }()
+		go func() { stopped <- eng.Stop(grace) }()
 	}
 	stopEnded := func(err error) {
 		stopped = nil
@@ -108,6 +118,7 @@ func Serve(ctx context.Context, ln net.Listener, pid int, eng Engine, out io.Rea
 			adopt.Stop()
 		case p := <-s.gone:
 			if p == s.peer {
+				close(p.out) // its writer ends, and closes the connection
 				s.peer = nil
 				adopt.Reset(opts.AdoptTimeout)
 				s.log.Info("poold detached; the engine runs on until another attaches", "adopt_timeout", opts.AdoptTimeout)
@@ -123,7 +134,7 @@ func Serve(ctx context.Context, ln net.Listener, pid int, eng Engine, out io.Rea
 			if !s.tell(Message{Kind: KindExit, Status: statusText(status)}) && !stopping {
 				// Nobody will end what the engine left (a descendant
 				// holding the GPU, say): the shim does.
-				stop("the engine exited while no poold was attached")
+				stop("the engine exited while no poold was attached", opts.Grace)
 			}
 			if stopped != nil {
 				stopEnded(<-stopped)
@@ -132,25 +143,48 @@ func Serve(ctx context.Context, ln net.Listener, pid int, eng Engine, out io.Rea
 			return status
 		case <-adopt.C:
 			if s.peer == nil {
-				stop(fmt.Sprintf("no poold attached for the adopt timeout (%s)", opts.AdoptTimeout))
+				stop(fmt.Sprintf("no poold attached for the adopt timeout (%s)", opts.AdoptTimeout), opts.Grace)
 			}
 		case <-signalled:
 			signalled = nil
-			stop("the shim was signalled")
+			stop("the shim was signalled", opts.Grace)
+		case a := <-s.asked:
+			if a.p != s.peer {
+				continue // a poold replaced meanwhile
+			}
+			reply := Message{Kind: KindReply, ID: a.r.ID}
+			switch a.r.Op {
+			case OpStop:
+				grace := a.r.Grace
+				if grace < 0 {
+					grace = opts.Grace
+				}
+				stop("poold asked", grace)
+			case OpSignal:
+				if err := signal(eng, a.r.Signal); err != nil {
+					reply.Error = err.Error()
+				}
+			case OpState:
+				reply.PID, reply.Running, reply.Stopping = pid, true, stopping
+			default:
+				reply.Error = fmt.Sprintf("unknown request %q", a.r.Op)
+			}
+			a.p.send(queued{reply, s.total})
 		case err := <-stopped:
 			stopEnded(err)
 		}
 	}
 }
 
-// server is Serve's state. Its fields are its loop's alone, but gone and
-// quit, which the peers' goroutines use.
+// server is Serve's state. Its fields are its loop's alone, but gone, asked
+// and quit, which the peers' goroutines use.
 type server struct {
-	pid  int
-	opts Options
-	log  *slog.Logger
-	gone chan *peer    // a peer's connection failed or was closed
-	quit chan struct{} // closed when Serve returns
+	pid   int
+	opts  Options
+	log   *slog.Logger
+	gone  chan *peer    // a peer's connection failed or was closed
+	asked chan asked    // a peer's requests
+	quit  chan struct{} // closed when Serve returns
 
 	peer  *peer    // the attached poold; nil when none
 	ring  []string // the last lines, oldest first
@@ -169,12 +203,9 @@ func (s *server) attach(c net.Conn) {
 	}
 	unseen := min(s.total-int(s.seen.Load()), len(s.ring))
 	p := &peer{conn: c, out: make(chan queued, queueLen), done: make(chan struct{})}
-	p.out <- queued{Message{Kind: KindHello, Protocol: Protocol, PID: s.pid, ShimPID: os.Getpid(), Fingerprint: s.opts.Fingerprint, Backlog: append([]string(nil), s.ring...), Unseen: unseen}, s.total}
+	p.out <- queued{Message{Kind: KindHello, Protocol: Protocol, PID: s.pid, ShimPID: os.Getpid(), Fingerprint: s.opts.Fingerprint, Grace: s.opts.Grace, Backlog: append([]string(nil), s.ring...), Unseen: unseen}, s.total}
 	go s.write(p)
-	go func() { // a poold sends nothing: a read ends when it goes
-		_, _ = io.Copy(io.Discard, c)
-		s.lost(p)
-	}()
+	go s.read(p)
 	s.peer = p
 	if unseen > 0 {
 		s.log.Info("poold attached", "unseen_lines", unseen)
@@ -214,26 +245,73 @@ func (s *server) drain(lines <-chan string) {
 }
 
 // tell sends m, the last message, to the attached poold and waits (bounded)
-// until it is written; it reports whether it was.
+// until it is written; it reports whether it was. Each of its two waits,
+// for room in the queue and for the writer, has finalWait of its own: a
+// poold that reads nothing loses the message and its connection, and never
+// holds the shim.
 func (s *server) tell(m Message) bool {
 	p := s.peer
 	if p == nil {
 		return false
 	}
-	t := time.NewTimer(finalWait)
-	defer t.Stop()
+	queue := time.NewTimer(finalWait)
+	defer queue.Stop()
 	select {
 	case p.out <- queued{m, s.total}:
 		close(p.out)
-	case <-t.C:
+	case <-queue.C:
+		// The queue is full and its writer blocked on the poold: closing
+		// the connection ends the writer.
+		s.log.Warn("poold read nothing while the engine exited; it is not told", "wait", finalWait)
+		p.conn.Close()
 	}
+	// A write that blocks on a poold that does not read fails at the
+	// deadline, and its writer ends.
+	_ = p.conn.SetWriteDeadline(time.Now().Add(finalWait))
+	written := time.NewTimer(finalWait + time.Second)
+	defer written.Stop()
 	select {
 	case <-p.done:
-	case <-t.C:
-		p.conn.Close() // a poold that reads nothing: its writer ends
+	case <-written.C:
+		p.conn.Close()
 		<-p.done
 	}
 	return p.told.Load()
+}
+
+// asked is a request of a peer.
+type asked struct {
+	p *peer
+	r Request
+}
+
+// read hands p's requests to the loop until its connection ends, or a
+// request cannot be read, which ends it.
+func (s *server) read(p *peer) {
+	defer s.lost(p)
+	dec := json.NewDecoder(p.conn)
+	for {
+		var r Request
+		if err := dec.Decode(&r); err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.log.Warn("reading poold's requests; it is detached", "err", err)
+			}
+			return
+		}
+		select {
+		case s.asked <- asked{p, r}:
+		case <-s.quit:
+			return
+		}
+	}
+}
+
+// signal sends the signal numbered sig to eng, which must be a signal.
+func signal(eng Engine, sig int) error {
+	if sig <= 0 || sig > 64 {
+		return fmt.Errorf("no signal %d", sig)
+	}
+	return eng.Signal(syscall.Signal(sig))
 }
 
 // lost reports that p's connection ended.

@@ -12,6 +12,12 @@
 // from the last poold's going, the shim stops the engine and exits: no
 // engine runs for longer than that without a poold in front of it.
 //
+// The protocol goes both ways: poold asks its shim, over the same
+// connection, to stop the engine (Conn.Stop), to signal it (Conn.Signal) or
+// to say its state (Conn.State); poold never signals a process that a shim
+// holds itself. Each Request carries an ID, and the shim answers it with a
+// KindReply of the same ID among the lines.
+//
 // This package is the protocol and both of its ends: Serve (the shim's) and
 // Attach (poold's). Starting and stopping the engine's processes is the
 // caller's (internal/pool), through Engine.
@@ -24,12 +30,14 @@ import (
 	"encoding/hex"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Protocol is the version of the messages. A poold attaches only to a shim
-// that speaks its version: after an upgrade that changes it, the engines of
-// the old shims are loaded afresh.
-const Protocol = 1
+// that speaks its version (a *ProtocolError otherwise): after an upgrade
+// that changes it, the engines of the old shims are loaded afresh. Version
+// 1 only reported; version 2 takes Requests.
+const Protocol = 2
 
 // The kinds of Message.
 const (
@@ -42,7 +50,33 @@ const (
 	// KindFailed says that the engine could not be started: the only
 	// message, in place of the hello.
 	KindFailed = "failed"
+	// KindReply answers the Request of the same ID.
+	KindReply = "reply"
 )
+
+// The operations of a Request.
+const (
+	// OpStop stops every process of the engine under the stop contract:
+	// SIGTERM, Request.Grace, SIGKILL. The reply comes once the stop has
+	// begun; the exit follows.
+	OpStop = "stop"
+	// OpSignal sends Request.Signal to every process of the engine.
+	OpSignal = "signal"
+	// OpState asks for the engine's state: its pid, and whether it runs.
+	OpState = "state"
+)
+
+// Request is what a poold asks of its shim, one JSON object per line.
+type Request struct {
+	// ID is echoed in the reply; a poold numbers its requests from 1.
+	ID int    `json:"id"`
+	Op string `json:"op"`
+	// Grace is an OpStop's wait between SIGTERM and SIGKILL; negative: the
+	// shim's own (Options.Grace).
+	Grace time.Duration `json:"grace,omitempty"`
+	// Signal is an OpSignal's signal number.
+	Signal int `json:"signal,omitempty"`
+}
 
 // Message is what a shim sends to the poold attached to it, one JSON object
 // per line. Which fields are set depends on Kind.
@@ -61,11 +95,22 @@ type Message struct {
 	Fingerprint string   `json:"fingerprint,omitempty"`
 	Backlog     []string `json:"backlog,omitempty"`
 	Unseen      int      `json:"unseen,omitempty"`
+	// Grace is a hello's too: the shim's own stop grace (Options.Grace).
+	Grace time.Duration `json:"grace,omitempty"`
 	// Line is a KindLine's line, without its line end.
 	Line string `json:"line,omitempty"`
 	// Status is why the engine ended (KindExit: "exit status 1", "signal:
 	// killed"; empty when it exited with 0) or could not start (KindFailed).
 	Status string `json:"status,omitempty"`
+	// ID, Error, Running and Stopping are a reply's: the request's ID, why
+	// it failed (empty when it did not), and for OpState (with PID) whether
+	// the engine's main process runs and whether a stop is under way. An
+	// engine that exited is reported by the exit, after which the shim
+	// answers nothing.
+	ID       int    `json:"id,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Running  bool   `json:"running,omitempty"`
+	Stopping bool   `json:"stopping,omitempty"`
 }
 
 // MaxLine bounds the part of one engine output line that is kept and sent;

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -21,17 +22,25 @@ import (
 type fakeEngine struct {
 	exit  chan error // its exit status, sent once
 	stops atomic.Int32
+	grace atomic.Int64 // the last stop's grace
 	// stopExits makes Stop end the main process, as a real stop does.
 	stopExits bool
+	signals   chan syscall.Signal // those sent to it
 }
 
 func newFakeEngine(stopExits bool) *fakeEngine {
-	return &fakeEngine{exit: make(chan error, 1), stopExits: stopExits}
+	return &fakeEngine{exit: make(chan error, 1), stopExits: stopExits, signals: make(chan syscall.Signal, 8)}
 }
 
 func (f *fakeEngine) Wait() error { return <-f.exit }
 
-func (f *fakeEngine) Stop() error {
+func (f *fakeEngine) Signal(sig syscall.Signal) error {
+	f.signals <- sig
+	return nil
+}
+
+func (f *fakeEngine) Stop(grace time.Duration) error {
+	f.grace.Store(int64(grace))
 	if f.stops.Add(1) == 1 && f.stopExits {
 		f.exit <- errors.New("signal: terminated")
 	}
@@ -59,7 +68,7 @@ func startShim(t *testing.T, eng *fakeEngine, adopt time.Duration) *shim {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &shim{path: path, eng: eng, out: w, cancel: cancel, done: make(chan struct{})}
 	go func() {
-		s.err = Serve(ctx, ln, 4242, eng, r, Options{AdoptTimeout: adopt, Lines: 3, Fingerprint: "fp"})
+		s.err = Serve(ctx, ln, 4242, eng, r, Options{AdoptTimeout: adopt, Lines: 3, Grace: 7 * time.Second, Fingerprint: "fp"})
 		close(s.done)
 	}()
 	t.Cleanup(func() {
@@ -342,7 +351,8 @@ func TestAttachRefusesOtherProtocol(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if _, err := Attach(path, 30*time.Second); err == nil || !strings.Contains(err.Error(), "protocol") {
+	var pe *ProtocolError
+	if _, err := Attach(path, 30*time.Second); !errors.As(err, &pe) || pe.Shim != Protocol+1 {
 		t.Fatalf("Attach: %v, want a protocol error", err)
 	}
 }
@@ -386,5 +396,119 @@ func TestFingerprint(t *testing.T) {
 	}
 	if Fingerprint([]string{"vllm", "serve", "m"}, []string{"A=1"}) != base {
 		t.Error("the same command and environment gave another fingerprint")
+	}
+}
+
+// A poold that stops reading, its queue and socket full, while the engine
+// exits does not hold the shim: the exit cannot reach it, so the shim
+// closes the connection and ends, and the poold, reading again, finds the
+// connection gone rather than waiting for an exit forever.
+func TestStalledPooldDoesNotHoldTheExit(t *testing.T) {
+	s := startShim(t, newFakeEngine(false), time.Minute)
+	c := s.attach(t)
+	line := strings.Repeat("x", 200)
+	for i := range queueLen * 64 { // far beyond the queue and the socket's buffers
+		if _, err := fmt.Fprintf(s.out, "%d %s\n", i, line); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.out.Close()
+	s.eng.exit <- errors.New("signal: killed")
+	select {
+	case <-s.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Serve did not return while its poold read nothing")
+	}
+	if s.err == nil || s.err.Error() != "signal: killed" {
+		t.Fatalf("Serve returned %v, want the engine's exit", s.err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if m, err := c.Next(); err != nil || m.Kind == KindExit {
+				ended <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the exit reached a poold that read nothing for longer than the shim waits")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the connection outlived the shim's Serve")
+	}
+}
+
+// poold asks its shim: the engine's state, a signal to it, and its stop,
+// whose grace is poold's or, when poold gives none, the shim's own; the
+// exit follows the stop.
+func TestRequests(t *testing.T) {
+	s := startShim(t, newFakeEngine(true), time.Minute)
+	c := s.attach(t)
+	go func() { // Next takes the lines and the exit, as poold's follower does
+		for {
+			if _, err := c.Next(); err != nil {
+				return
+			}
+		}
+	}()
+	st, err := c.State(30 * time.Second)
+	if err != nil || st.PID != 4242 || !st.Running || st.Stopping {
+		t.Fatalf("State: %+v, %v; want pid 4242 running", st, err)
+	}
+	if err := c.Signal(syscall.SIGUSR1, 30*time.Second); err != nil {
+		t.Fatalf("Signal: %v", err)
+	}
+	if sig := <-s.eng.signals; sig != syscall.SIGUSR1 {
+		t.Fatalf("the engine got %v, want SIGUSR1", sig)
+	}
+	if err := c.Signal(0, 30*time.Second); err == nil || !strings.Contains(err.Error(), "no signal 0") {
+		t.Fatalf("Signal(0): %v, want it refused", err)
+	}
+	if _, err := c.call(Request{Op: "pause"}, 30*time.Second); err == nil || !strings.Contains(err.Error(), `unknown request "pause"`) {
+		t.Fatalf("an unknown request: %v, want it refused", err)
+	}
+	if err := c.Stop(3*time.Second, 30*time.Second); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if err := s.wait(t); err == nil || err.Error() != "signal: terminated" {
+		t.Fatalf("Serve returned %v, want the stopped engine's exit", err)
+	}
+	if g := time.Duration(s.eng.grace.Load()); g != 3*time.Second {
+		t.Fatalf("stopped with grace %s, want poold's 3s", g)
+	}
+
+	s2 := startShim(t, newFakeEngine(true), time.Minute)
+	c2 := s2.attach(t)
+	go func() {
+		for {
+			if _, err := c2.Next(); err != nil {
+				return
+			}
+		}
+	}()
+	if err := c2.Stop(-1, 30*time.Second); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	s2.wait(t)
+	if g := time.Duration(s2.eng.grace.Load()); g != 7*time.Second {
+		t.Fatalf("stopped with grace %s, want the shim's own 7s", g)
+	}
+}
+
+// A poold whose shim is gone gets an error from a request, not a hang.
+func TestRequestToAGoneShim(t *testing.T) {
+	s := startShim(t, newFakeEngine(false), time.Minute)
+	c := s.attach(t)
+	s.out.Close()
+	s.eng.exit <- nil
+	if m := next(t, c); m.Kind != KindExit {
+		t.Fatalf("got %+v, want the exit", m)
+	}
+	s.wait(t)
+	if _, err := c.State(30 * time.Second); err == nil {
+		t.Fatal("State answered by a shim that ended")
 	}
 }

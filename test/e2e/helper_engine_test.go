@@ -56,6 +56,9 @@ func helperSim(tag, id, mode string, args ...string) sim {
 //   - "drip": a POST is answered with an event stream that sends a byte
 //     every 100 ms and never completes an event, until the client leaves
 //     (ten minutes at most);
+//   - "flood-die" FILE: once FILE exists, removes it (the next engine
+//     serves on), prints 64 Ki lines of 200 bytes, far beyond what a
+//     shim queues and a socket holds, and exits 3;
 //
 // and otherwise a POST is answered {"served_by":"engine"}.
 func runHelperEngine(mode string, args []string) int {
@@ -80,6 +83,13 @@ func runHelperEngine(mode string, args []string) int {
 			}
 		}
 		lc.Control = reusePort
+	}
+	if mode == "flood-die" {
+		if len(args) < 3 {
+			fmt.Fprintln(os.Stderr, "helper engine: flood-die wants a FILE")
+			return 2
+		}
+		go floodDie(args[2])
 	}
 	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:"+port)
 	if err != nil {
@@ -169,6 +179,18 @@ func runHelperEngine(mode string, args []string) int {
 		return context.WithValue(ctx, connRequests{}, new(int))
 	}}
 	return exitCode(srv.Serve(ln))
+}
+
+// floodDie waits for file, removes it, floods the engine's output and exits 3.
+func floodDie(file string) {
+	for os.Remove(file) != nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	line := strings.Repeat("x", 200)
+	for i := range 64 << 10 {
+		fmt.Fprintf(os.Stderr, "flood %d %s\n", i, line)
+	}
+	os.Exit(3)
 }
 
 // connRequests keys the count of a connection's requests in its context.
