@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // In cgroup mode, every process an engine starts ends with it, one that
@@ -25,15 +26,22 @@ func TestEscapedProcessesEndCgroupMode(t *testing.T) {
 		t.Skipf("no writable cgroup v2 group to delegate to poold here (%v); cgroup mode is untested", err)
 	}
 	checkEscapesEnd(t, true, "cgroup", func(tag string, profiles []byte, args ...string) *daemon {
-		return launchWith(t, tag, profiles, func(cmd *exec.Cmd) {
-			cg, err := os.Open(parent)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { cg.Close() })
-			cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
-		}, append([]string{"--containment", "cgroup"}, args...)...)
+		return launchInCgroup(t, parent, tag, profiles, append([]string{"--containment", "cgroup"}, args...)...)
 	})
+}
+
+// launchInCgroup launches poold in the cgroup at parent, as systemd starts
+// it in the group it delegates.
+func launchInCgroup(t *testing.T, parent, tag string, profiles []byte, args ...string) *daemon {
+	t.Helper()
+	return launchWith(t, tag, profiles, func(cmd *exec.Cmd) {
+		cg, err := os.Open(parent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cg.Close() })
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	}, args...)
 }
 
 // delegatedTestCgroup creates a cgroup v2 group under the test's own, as
@@ -97,4 +105,42 @@ func cgroup2MountPoint() (string, error) {
 		}
 	}
 	return "", errors.New("no cgroup2 mount")
+}
+
+// In cgroup mode with keep-engines-on-restart, the shim starts its engine
+// in the engine's cgroup and stays out of it, so that a stop, which ends
+// the whole group, never ends the shim before it reports: a swap stops the
+// engine through its shim, and the shim ends once it has.
+func TestShimOutsideEngineCgroup(t *testing.T) {
+	parent, err := delegatedTestCgroup(t)
+	if err != nil {
+		t.Skipf("no writable cgroup v2 group to delegate to poold here (%v); cgroup mode is untested", err)
+	}
+	tag := t.Name()
+	state := t.TempDir()
+	d := launchInCgroup(t, parent, tag, profilesJSON(tag, []pool{{Name: "p0", GPUs: []int{0}, Default: "a"}}, []sim{{ID: "a"}, {ID: "b"}}, nil),
+		append([]string{"--containment", "cgroup"}, keepArgs(state, time.Minute)...)...)
+	d.waitHealthy()
+	if mode, reason := d.containmentMode(); mode != "cgroup" {
+		t.Fatalf("containment %q (%s), want cgroup", mode, reason)
+	}
+	engine := d.serving("p0", "a")
+	shim := shimOf(t, tag)
+	eg, sg := procCgroup(t, engine), procCgroup(t, shim)
+	if !strings.Contains(filepath.Base(eg), "engine-p0-") || sg == eg || strings.HasPrefix(sg, eg+"/") {
+		t.Fatalf("the engine is in %s, its shim in %s: want the engine alone in its engine group", eg, sg)
+	}
+	d.chat("b") // a swap: a is stopped through its shim
+	deadline := time.Now().Add(time.Minute)
+	for alive(shim) || alive(engine) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the swap, a's engine (alive: %v) or its shim (alive: %v) runs on", alive(engine), alive(shim))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := len(d.logLines("the engine's supervisor did not stop it")); n != 0 {
+		t.Errorf("%d log lines say a shim did not stop its engine", n)
+	}
+	d.stop()
+	stopEngines(t, state, tag)
 }
