@@ -59,17 +59,17 @@ type Metrics struct {
 func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revision string) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_requests_total", Help: "Requests answered, by pool, model (canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, client_stalled, shutdown_cut, rate_limited).",
-		}, []string{"pool", "model", "code_class", "stream", "client", "outcome"}),
+			Name: "poold_requests_total", Help: "Requests answered, by pool, profile (the canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, client_stalled, shutdown_cut, rate_limited).",
+		}, []string{"pool", "profile", "code_class", "stream", "client", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_request_duration_seconds", Help: "Request duration from arrival to the last byte, queueing included.", Buckets: latencyBuckets,
-		}, []string{"pool", "model", "stream"}),
+		}, []string{"pool", "profile", "stream"}),
 		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_time_to_first_byte_seconds", Help: "Time from arrival to the first response byte sent to the client.", Buckets: latencyBuckets,
-		}, []string{"pool", "model"}),
+		}, []string{"pool", "profile"}),
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "poold_queue_wait_seconds", Help: "Time a request waited for its model to be ready and admitted.", Buckets: latencyBuckets,
-		}, []string{"pool", "model"}),
+			Name: "poold_queue_wait_seconds", Help: "Time a request waited for its profile to be ready and admitted.", Buckets: latencyBuckets,
+		}, []string{"pool", "profile"}),
 		tenantWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "poold_client_queue_wait_seconds", Help: "Time a request waited for its lease, by client (the tenant): its model's load and its turn in the fair share.", Buckets: latencyBuckets,
 		}, []string{"client"}),
@@ -80,11 +80,11 @@ func New(reg prometheus.Registerer, pools func() []statusapi.Pool, version, revi
 			Name: "poold_inter_token_latency_seconds", Help: "Gaps between the chunks of generated text of a stream, as sent to the client.", Buckets: itlBuckets,
 		}, []string{"pool", "profile", "client"}),
 		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_prompt_tokens_total", Help: "Prompt tokens reported by the engines, by pool, model and client (the tenant).",
-		}, []string{"pool", "model", "client"}),
+			Name: "poold_prompt_tokens_total", Help: "Prompt tokens reported by the engines, by pool, profile and client (the tenant).",
+		}, []string{"pool", "profile", "client"}),
 		completionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poold_completion_tokens_total", Help: "Completion tokens reported by the engines (or estimated, for a cut stream), by pool, model and client (the tenant).",
-		}, []string{"pool", "model", "client"}),
+			Name: "poold_completion_tokens_total", Help: "Completion tokens reported by the engines (or estimated, for a cut stream), by pool, profile and client (the tenant).",
+		}, []string{"pool", "profile", "client"}),
 		swaps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poold_swaps_total", Help: "Swap attempts, by pool, from and to profile, and result.",
 		}, []string{"pool", "from", "to", "result"}),
@@ -246,34 +246,34 @@ func (m *Metrics) EngineScrapeFailed(pool string) {
 }
 
 // Observe adds a finished request to the metrics. Requests that reached no
-// profile are counted under pool and model "none", so that request input never
+// profile are counted under pool and profile "none", so that request input never
 // creates label values; those that reached no pool (queue full, load failed),
 // under pool "none".
 func (m *Metrics) Observe(r *record.Request) {
-	pl, model := r.Pool, r.Profile
-	if model == "" {
-		model = "none"
+	pl, prof := r.Pool, r.Profile
+	if prof == "" {
+		prof = "none"
 	}
 	if pl == "" {
 		pl = "none"
 	}
 	stream := strconv.FormatBool(r.Stream)
-	m.requests.WithLabelValues(pl, model, codeClass(r.Status), stream, r.Client, cmp.Or(r.Outcome, record.OutcomeCompleted)).Inc()
-	m.duration.WithLabelValues(pl, model, stream).Observe(r.Duration.Seconds())
+	m.requests.WithLabelValues(pl, prof, codeClass(r.Status), stream, r.Client, cmp.Or(r.Outcome, record.OutcomeCompleted)).Inc()
+	m.duration.WithLabelValues(pl, prof, stream).Observe(r.Duration.Seconds())
 	if r.Pool == "" {
 		return
 	}
-	m.queueWait.WithLabelValues(pl, model).Observe(r.QueueWait.Seconds())
+	m.queueWait.WithLabelValues(pl, prof).Observe(r.QueueWait.Seconds())
 	m.tenantWait.WithLabelValues(r.Client).Observe(r.QueueWait.Seconds())
 	if r.TTFB > 0 {
-		m.ttfb.WithLabelValues(pl, model).Observe(r.TTFB.Seconds())
+		m.ttfb.WithLabelValues(pl, prof).Observe(r.TTFB.Seconds())
 	}
 	if r.TTFT > 0 {
-		m.ttft.WithLabelValues(pl, model, r.Client).Observe(r.TTFT.Seconds())
+		m.ttft.WithLabelValues(pl, prof, r.Client).Observe(r.TTFT.Seconds())
 	}
 	if r.Counted || r.TokensEstimated {
-		m.promptTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.PromptTokens))
-		m.completionTokens.WithLabelValues(pl, model, r.Client).Add(float64(r.CompletionTokens))
+		m.promptTokens.WithLabelValues(pl, prof, r.Client).Add(float64(r.PromptTokens))
+		m.completionTokens.WithLabelValues(pl, prof, r.Client).Add(float64(r.CompletionTokens))
 	}
 }
 
@@ -298,8 +298,8 @@ type poolCollector struct {
 }
 
 var (
-	inFlightDesc = prometheus.NewDesc("poold_in_flight_requests", "Requests holding a lease, by pool and model.", []string{"pool", "model"}, nil)
-	waitingDesc  = prometheus.NewDesc("poold_waiting_requests", "Requests queued, by pool and the model they wait for.", []string{"pool", "model"}, nil)
+	inFlightDesc = prometheus.NewDesc("poold_in_flight_requests", "Requests holding a lease, by pool and profile.", []string{"pool", "profile"}, nil)
+	waitingDesc  = prometheus.NewDesc("poold_waiting_requests", "Requests queued, by pool and the profile they wait for.", []string{"pool", "profile"}, nil)
 	loadedDesc   = prometheus.NewDesc("poold_pool_loaded_profile", "1 for the profile loaded in each pool.", []string{"pool", "profile"}, nil)
 	stateDesc    = prometheus.NewDesc("poold_pool_state", "1 for each pool's current state.", []string{"pool", "state"}, nil)
 	sleepingDesc = prometheus.NewDesc("poold_sleeping_engines", "Engines asleep in each pool (sleep mode).", []string{"pool"}, nil)
@@ -329,8 +329,8 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, g := range st.GPUs {
 			ch <- prometheus.MustNewConstMetric(poolGPUDesc, prometheus.GaugeValue, 1, st.Name, strconv.Itoa(g))
 		}
-		for model, n := range st.Waiting {
-			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), st.Name, model)
+		for prof, n := range st.Waiting {
+			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), st.Name, prof)
 		}
 		for _, s := range poolStates {
 			v := 0.0

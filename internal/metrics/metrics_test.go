@@ -68,21 +68,74 @@ func TestRegistryLintsClean(t *testing.T) {
 	}
 }
 
+// A profile id is labelled profile on every series that carries one (a
+// swap's two, from and to), so that one matcher or join selects a profile
+// across the request, engine and pool series.
+func TestProfileIDsAreLabelledProfile(t *testing.T) {
+	reg, _ := newLoaded(t, twoGPUs)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byProfile := map[string]bool{
+		"poold_requests_total": true, "poold_request_duration_seconds": true, "poold_time_to_first_byte_seconds": true,
+		"poold_queue_wait_seconds": true, "poold_time_to_first_token_seconds": true, "poold_inter_token_latency_seconds": true,
+		"poold_prompt_tokens_total": true, "poold_completion_tokens_total": true,
+		"poold_in_flight_requests": true, "poold_waiting_requests": true, "poold_pool_loaded_profile": true,
+		"poold_engine_requests_running": true, "poold_engine_requests_waiting": true,
+		"poold_engine_kv_cache_usage_ratio": true, "poold_engine_prefix_cache_hit_ratio": true,
+		"poold_engine_starts_total": true, "poold_engine_exits_total": true, "poold_idle_releases_total": true,
+	}
+	seen := map[string]bool{}
+	for _, mf := range mfs {
+		name := mf.GetName()
+		for _, s := range mf.GetMetric() {
+			has := false
+			for _, l := range s.GetLabel() {
+				switch n, v := l.GetName(), l.GetValue(); {
+				case n == "profile":
+					has = true
+				case v == "qwen" || v == "llama": // newLoaded's profile ids
+					if name != "poold_swaps_total" || n != "from" && n != "to" {
+						t.Errorf("%s: profile id %q labelled %s, want profile", name, v, n)
+					}
+				case n == "model":
+					t.Errorf("%s: a model label (%q); poold labels profile ids profile", name, v)
+				}
+			}
+			if byProfile[name] && !has {
+				t.Errorf("%s: series without a profile label: %v", name, s.GetLabel())
+			}
+			if has && !byProfile[name] {
+				t.Errorf("%s has a profile label: add it to this test and to docs/observability.md", name)
+			}
+		}
+		if len(mf.GetMetric()) > 0 {
+			seen[name] = true
+		}
+	}
+	for name := range byProfile {
+		if !seen[name] {
+			t.Errorf("%s: no series exported; newLoaded should give it one", name)
+		}
+	}
+}
+
 func TestObserveCountsTokensPerClient(t *testing.T) {
 	reg, m := newLoaded(t, twoGPUs)
 	m.Observe(&record.Request{Pool: "gpu0", Profile: "qwen", Client: "team-a", Status: 200, Counted: true, PromptTokens: 1, CompletionTokens: 2, QueueWait: 2 * time.Second})
 	m.Observe(&record.Request{Model: "nope", Client: record.NoTenant, Status: 404})                              // never reached a pool
 	m.Observe(&record.Request{Model: "chat", Client: "team-b", Status: 429, Outcome: record.OutcomeRateLimited}) // refused by its limits
 	want := `
-# HELP poold_completion_tokens_total Completion tokens reported by the engines (or estimated, for a cut stream), by pool, model and client (the tenant).
+# HELP poold_completion_tokens_total Completion tokens reported by the engines (or estimated, for a cut stream), by pool, profile and client (the tenant).
 # TYPE poold_completion_tokens_total counter
-poold_completion_tokens_total{client="team-a",model="qwen",pool="gpu0"} 36
-# HELP poold_requests_total Requests answered, by pool, model (canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, client_stalled, shutdown_cut, rate_limited).
+poold_completion_tokens_total{client="team-a",pool="gpu0",profile="qwen"} 36
+# HELP poold_requests_total Requests answered, by pool, profile (the canonical profile id), status class, streaming, client (the tenant) and outcome (completed, upstream_aborted, client_aborted, client_stalled, shutdown_cut, rate_limited).
 # TYPE poold_requests_total counter
-poold_requests_total{client="none",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"} 1
-poold_requests_total{client="team-a",code_class="2xx",model="qwen",outcome="completed",pool="gpu0",stream="false"} 1
-poold_requests_total{client="team-a",code_class="2xx",model="qwen",outcome="completed",pool="gpu0",stream="true"} 1
-poold_requests_total{client="team-b",code_class="4xx",model="none",outcome="rate_limited",pool="none",stream="false"} 1
+poold_requests_total{client="none",code_class="4xx",outcome="completed",pool="none",profile="none",stream="false"} 1
+poold_requests_total{client="team-a",code_class="2xx",outcome="completed",pool="gpu0",profile="qwen",stream="false"} 1
+poold_requests_total{client="team-a",code_class="2xx",outcome="completed",pool="gpu0",profile="qwen",stream="true"} 1
+poold_requests_total{client="team-b",code_class="4xx",outcome="rate_limited",pool="none",profile="none",stream="false"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "poold_requests_total", "poold_completion_tokens_total"); err != nil {
 		t.Fatal(err)

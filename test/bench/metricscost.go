@@ -84,7 +84,7 @@ func (b *bench) checkMetricsSetting(on, off *proc) error {
 	if err != nil {
 		return err
 	}
-	if n := sumMatching(onReqs, `model="`+mFast+`"`); n == 0 {
+	if n := sumMatching(onReqs, `profile="`+mFast+`"`); n == 0 {
 		b.rep.problem("2m: the poold with metrics on counted no request")
 	}
 	if len(offReqs) > 0 {

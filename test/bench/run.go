@@ -430,7 +430,7 @@ func (b *bench) w3(ctx context.Context) error {
 		if err != nil {
 			return result{}, err
 		}
-		sel := `model="` + mFast + `"`
+		sel := `profile="` + mFast + `"`
 		counted += sumMatching(after, sel) - sumMatching(before, sel)
 		streams += res.n - res.errs
 		return res, nil

@@ -127,7 +127,7 @@ func TestUnknownModelFlood(t *testing.T) {
 	if strings.Contains(metrics, "unknown-") {
 		t.Fatalf("an unknown model name became a label value")
 	}
-	if v := d.metricValue(`poold_requests_total{client="none",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"}`); v != n {
+	if v := d.metricValue(`poold_requests_total{client="none",code_class="4xx",outcome="completed",pool="none",profile="none",stream="false"}`); v != n {
 		t.Fatalf("unknown-model requests counted %v times under model \"none\", want %d", v, n)
 	}
 	// 3000 names of 200+ bytes are 600 KB; retaining them, or anything per

@@ -296,26 +296,26 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 		estimate, promptEstimate = int(l["completion_tokens"].(float64)), int(l["prompt_tokens"].(float64))
 	}
 	checkSeries(t, mfs, "poold_requests_total",
-		`{client="team-a",code_class="2xx",model="a",outcome="completed",pool="p0",stream="false"} 2`,
-		`{client="batch",code_class="2xx",model="a",outcome="completed",pool="p0",stream="true"} 1`,
-		`{client="rest",code_class="2xx",model="a",outcome="completed",pool="p0",stream="true"} 1`,
-		`{client="rest",code_class="2xx",model="a",outcome="completed",pool="p0",stream="false"} 1`,
-		`{client="rest",code_class="4xx",model="none",outcome="completed",pool="none",stream="false"} 1`,
-		`{client="rest",code_class="2xx",model="b",outcome="completed",pool="p0",stream="false"} 1`,
-		`{client="rest",code_class="2xx",model="b",outcome="client_aborted",pool="p0",stream="true"} 1`,
-		`{client="rest",code_class="5xx",model="broken",outcome="completed",pool="none",stream="false"} 1`,
+		`{client="team-a",code_class="2xx",outcome="completed",pool="p0",profile="a",stream="false"} 2`,
+		`{client="batch",code_class="2xx",outcome="completed",pool="p0",profile="a",stream="true"} 1`,
+		`{client="rest",code_class="2xx",outcome="completed",pool="p0",profile="a",stream="true"} 1`,
+		`{client="rest",code_class="2xx",outcome="completed",pool="p0",profile="a",stream="false"} 1`,
+		`{client="rest",code_class="4xx",outcome="completed",pool="none",profile="none",stream="false"} 1`,
+		`{client="rest",code_class="2xx",outcome="completed",pool="p0",profile="b",stream="false"} 1`,
+		`{client="rest",code_class="2xx",outcome="client_aborted",pool="p0",profile="b",stream="true"} 1`,
+		`{client="rest",code_class="5xx",outcome="completed",pool="none",profile="broken",stream="false"} 1`,
 	)
 	checkSeries(t, mfs, "poold_prompt_tokens_total",
-		fmt.Sprintf(`{client="team-a",model="a",pool="p0"} %d`, r1.prompt+r2.prompt),
-		fmt.Sprintf(`{client="batch",model="a",pool="p0"} %d`, r3.prompt),
-		fmt.Sprintf(`{client="rest",model="a",pool="p0"} %d`, r4.prompt+r5.prompt),
-		fmt.Sprintf(`{client="rest",model="b",pool="p0"} %d`, r6.prompt+promptEstimate),
+		fmt.Sprintf(`{client="team-a",pool="p0",profile="a"} %d`, r1.prompt+r2.prompt),
+		fmt.Sprintf(`{client="batch",pool="p0",profile="a"} %d`, r3.prompt),
+		fmt.Sprintf(`{client="rest",pool="p0",profile="a"} %d`, r4.prompt+r5.prompt),
+		fmt.Sprintf(`{client="rest",pool="p0",profile="b"} %d`, r6.prompt+promptEstimate),
 	)
 	checkSeries(t, mfs, "poold_completion_tokens_total",
-		`{client="team-a",model="a",pool="p0"} 7`,
-		`{client="batch",model="a",pool="p0"} 5`,
-		`{client="rest",model="a",pool="p0"} 13`,
-		fmt.Sprintf(`{client="rest",model="b",pool="p0"} %d`, 2+estimate),
+		`{client="team-a",pool="p0",profile="a"} 7`,
+		`{client="batch",pool="p0",profile="a"} 5`,
+		`{client="rest",pool="p0",profile="a"} 13`,
+		fmt.Sprintf(`{client="rest",pool="p0",profile="b"} %d`, 2+estimate),
 	)
 	checkSeries(t, mfs, "poold_swaps_total",
 		`{from="",pool="p0",result="ok",to="a"} 1`,
@@ -345,10 +345,10 @@ func TestMetricsAfterKnownSequence(t *testing.T) {
 		`{pool="p1",profile="broken",reason="load_failed"} 1`,
 		`{pool="p1",profile="broken",reason="first_request_failed"} 0`,
 	)
-	checkSeries(t, mfs, "poold_queue_wait_seconds", `{model="a",pool="p0"} 5`, `{model="b",pool="p0"} 2`)
-	checkSeries(t, mfs, "poold_time_to_first_byte_seconds", `{model="a",pool="p0"} 5`, `{model="b",pool="p0"} 2`)
+	checkSeries(t, mfs, "poold_queue_wait_seconds", `{pool="p0",profile="a"} 5`, `{pool="p0",profile="b"} 2`)
+	checkSeries(t, mfs, "poold_time_to_first_byte_seconds", `{pool="p0",profile="a"} 5`, `{pool="p0",profile="b"} 2`)
 	checkSeries(t, mfs, "poold_pool_loaded_profile", `{pool="p0",profile="b"} 1`)
-	checkSeries(t, mfs, "poold_in_flight_requests", `{model="b",pool="p0"} 0`, `{model="",pool="p1"} 0`)
+	checkSeries(t, mfs, "poold_in_flight_requests", `{pool="p0",profile="b"} 0`, `{pool="p1",profile=""} 0`)
 	checkSeries(t, mfs, "poold_gpu_telemetry_available", `{} 0`)
 	checkSeries(t, mfs, "poold_config_last_reload_successful", `{} 1`)
 	// Swap phases: p0 stopped a once and started a and b; p1 started broken,

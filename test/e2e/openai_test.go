@@ -38,8 +38,8 @@ func TestOpenAIClient(t *testing.T) {
 	defer cancel()
 	msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("one two three four")}
 	tokens := func() (float64, float64) {
-		return d.metricValue(`poold_prompt_tokens_total{client="none",model="qwen",pool="chat"}`),
-			d.metricValue(`poold_completion_tokens_total{client="none",model="qwen",pool="chat"}`)
+		return d.metricValue(`poold_prompt_tokens_total{client="none",pool="chat",profile="qwen"}`),
+			d.metricValue(`poold_completion_tokens_total{client="none",pool="chat",profile="qwen"}`)
 	}
 
 	t.Run("chat non-streaming", func(t *testing.T) {
@@ -210,7 +210,7 @@ func TestOpenAIClient(t *testing.T) {
 			t.Fatalf("unexpected embeddings: %+v", resp)
 		}
 		waitMetric(t, func() bool {
-			return d.metricValue(`poold_prompt_tokens_total{client="none",model="bge",pool="embed"}`) == 3
+			return d.metricValue(`poold_prompt_tokens_total{client="none",pool="embed",profile="bge"}`) == 3
 		})
 	})
 }

@@ -52,7 +52,7 @@ func TestEngineCutIsUpstreamAborted(t *testing.T) {
 		t.Fatalf("access log of the cut stream: %v; want upstream_aborted with 1 to 5 estimated tokens", l)
 	}
 	t.Logf("cut stream: %v estimated completion tokens", l["completion_tokens"])
-	if v := d.metricValue(`poold_requests_total{client="none",code_class="2xx",model="fragile",outcome="upstream_aborted",pool="p0",stream="true"}`); v != 1 {
+	if v := d.metricValue(`poold_requests_total{client="none",code_class="2xx",outcome="upstream_aborted",pool="p0",profile="fragile",stream="true"}`); v != 1 {
 		t.Fatalf(`poold_requests_total{outcome="upstream_aborted"} = %v, want 1`, v)
 	}
 }
@@ -83,7 +83,7 @@ func TestShortBodyIsUpstreamAborted(t *testing.T) {
 	if l["outcome"] != "upstream_aborted" {
 		t.Fatalf("access log of the cut answer: %v", l)
 	}
-	if v := d.metricValue(`poold_requests_total{client="none",code_class="2xx",model="m",outcome="upstream_aborted",pool="p0",stream="false"}`); v != 1 {
+	if v := d.metricValue(`poold_requests_total{client="none",code_class="2xx",outcome="upstream_aborted",pool="p0",profile="m",stream="false"}`); v != 1 {
 		t.Fatalf(`poold_requests_total{outcome="upstream_aborted"} = %v, want 1`, v)
 	}
 }

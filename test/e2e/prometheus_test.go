@@ -172,12 +172,15 @@ scrape_configs:
 	classes := map[string]bool{}
 	for _, s := range r.Data.Result {
 		classes[s.Metric["client"]] = true
+		if s.Metric["profile"] != "m" {
+			t.Errorf("poold_requests_total series %v: want profile m", s.Metric)
+		}
 	}
 	if !classes["team-a"] || !classes["rest"] {
 		t.Errorf("clients in Prometheus: %v, want the tenants team-a and rest", classes)
 	}
 	for _, q := range []string{
-		"model:poold_completion_tokens:rate5m", "model:poold_prompt_tokens:rate5m",
+		`profile:poold_completion_tokens:rate5m{profile="m"}`, `profile:poold_prompt_tokens:rate5m{profile="m"}`,
 		"client:poold_completion_tokens:rate5m", "client:poold_prompt_tokens:rate5m",
 		`vllm:prompt_tokens_total{job="vllm",pool="p0"}`,
 	} {

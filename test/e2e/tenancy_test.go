@@ -152,8 +152,8 @@ func TestTenantLimits(t *testing.T) {
 	// The refusals are counted per tenant, as rate_limited.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		a := d.metricValue(`poold_requests_total{client="team-a",code_class="4xx",model="none",outcome="rate_limited",pool="none",stream="false"}`)
-		c := d.metricValue(`poold_requests_total{client="team-c",code_class="4xx",model="none",outcome="rate_limited",pool="none",stream="false"}`)
+		a := d.metricValue(`poold_requests_total{client="team-a",code_class="4xx",outcome="rate_limited",pool="none",profile="none",stream="false"}`)
+		c := d.metricValue(`poold_requests_total{client="team-c",code_class="4xx",outcome="rate_limited",pool="none",profile="none",stream="false"}`)
 		if a == float64(byStatus[429]) && c == 1 {
 			break
 		}
