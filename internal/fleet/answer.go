@@ -134,7 +134,7 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	} else {
 		h.fleet.forwarded(a.host, err)
 	}
-	h.log.Warn("host request failed", "host", a.host.name, "requestId", a.id, "err", err)
+	h.log.Warn("host request failed", "host", a.host.name, "request_id", a.id, "err", err)
 	// Another host gets the request only if this one cannot have run it: not
 	// a byte of it was written (a refused dial, a closed connection), or the
 	// host went silent and was ejected for it (the retry of silent hosts,
@@ -182,13 +182,13 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	switch {
 	case err == nil || err == io.EOF:
 	case errors.Is(err, upstream.ErrBodyIdle):
-		b.h.log.Warn("host stalled while answering", "host", b.a.host.name, "requestId", b.a.id, "err", err)
+		b.h.log.Warn("host stalled while answering", "host", b.a.host.name, "request_id", b.a.id, "err", err)
 		err = &openai.StreamError{Status: http.StatusGatewayTimeout, Code: "host_timeout",
 			Message: fmt.Sprintf("host %q stalled: %v", b.a.host.name, err)}
 	case b.a.client.Err() == nil:
 		// The host broke the answer off (it died, or its connection did):
 		// the stream's error event says so, in fleetd's words.
-		b.h.log.Warn("host failed while answering", "host", b.a.host.name, "requestId", b.a.id, "err", err)
+		b.h.log.Warn("host failed while answering", "host", b.a.host.name, "request_id", b.a.id, "err", err)
 		err = &openai.StreamError{Status: http.StatusBadGateway, Code: "host_failed",
 			Message: fmt.Sprintf("host %q failed while answering: %v", b.a.host.name, err)}
 	}

@@ -300,7 +300,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		if openai.ClientStalled(w) {
 			// Cut by openai.WriteDeadline: the host's request is cancelled.
 			log = append(log, slog.Bool(record.FieldClientStalled, true))
-			h.log.Info("client stopped reading: answer cut", "requestId", id, "host", hostName, "setting", openai.ClientWriteTimeoutSetting)
+			h.log.Info("client stopped reading: answer cut", "request_id", id, "host", hostName, "setting", openai.ClientWriteTimeoutSetting)
 		}
 		if h.opts.AccessLog != nil {
 			if cut {
@@ -407,7 +407,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 		}
 		warmOnly = warmOnly || a.retry == "full"
 		h.fleet.metrics.retry(c.Host, a.retry)
-		h.log.Info("retrying on the next host", "requestId", id, "host", c.Host, "cause", a.retry)
+		h.log.Info("retrying on the next host", "request_id", id, "host", c.Host, "reason", a.retry)
 	}
 	if len(tried) > 1 {
 		log = append(log, slog.Any(record.FieldTried, tried))

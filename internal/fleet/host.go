@@ -276,7 +276,7 @@ func (f *Fleet) ejectLocked(h *host, cause string, err error, now time.Time) {
 	h.eject.eject(now, f.opts.PollInterval, f.opts.MaxBackoff, cause, false)
 	f.metrics.setUp(h.name, false)
 	f.metrics.eject(h.name, cause)
-	f.log.Warn("host ejected", "host", h.name, "cause", cause, "for", h.eject.length,
+	f.log.Warn("host ejected", "host", h.name, "reason", cause, "for", h.eject.length,
 		"pollFailures", h.pollFails, "forwardFailures", h.fwdFails, "err", err)
 	if cause == "silent" && !f.opts.KeepSilent {
 		for a := range h.pending {

@@ -360,7 +360,7 @@ func (h *Handler) serveAPI(w http.ResponseWriter, r *http.Request) {
 			// Cut by openai.WriteDeadline: the lease is released and the
 			// engine's request cancelled as the handler returns.
 			rec.Outcome = record.OutcomeClientStalled
-			h.log.Info("client stopped reading: answer cut", "requestId", rec.RequestID, "pool", rec.Pool, "profile", rec.Profile,
+			h.log.Info("client stopped reading: answer cut", "request_id", rec.RequestID, "pool", rec.Pool, "profile", rec.Profile,
 				"setting", openai.ClientWriteTimeoutSetting)
 		}
 		// Cut by a shutdown: an answer under way, or none yet from the engine.

@@ -100,7 +100,7 @@ func Serve(ctx context.Context, ln net.Listener, pid int, eng Engine, out io.Rea
 		}
 		stopping = true
 		ln.Close() // no poold attaches to an engine being stopped
-		s.log.Warn("stopping the engine", "why", why, "grace", grace)
+		s.log.Warn("stopping the engine", "reason", why, "grace", grace)
 		stopped = make(chan error, 1)
 		go func() { stopped <- eng.Stop(grace) }()
 	}
