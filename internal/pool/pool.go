@@ -294,19 +294,6 @@ func (p *Pool) ClearBackoff() string {
 	return p.backoff.clear()
 }
 
-// setStateLocked moves the pool to s; p.mu must be held.
-func (p *Pool) setStateLocked(s State) {
-	if p.state == s {
-		return
-	}
-	if s == StateDraining {
-		p.drainedAt = p.opts.Now()
-	}
-	p.state = s
-	p.since = p.opts.Now()
-	p.noteActivityLocked()
-}
-
 func (p *Pool) observeSwap(from, to, kind, result string, phases map[string]time.Duration) {
 	if p.opts.Observer != nil {
 		p.opts.Observer.Swap(p.name, from, to, kind, result, phases)
