@@ -91,56 +91,23 @@ type engine struct {
 	unwatch context.CancelFunc
 }
 
-// startEngine starts prof's engine for the pool on a free loopback port, in
-// a cgroup of its own in contain's cgroup mode, as poold's own child or,
-// with shims, under a supervisor of its own (shimmed.go). launch is how:
-// poold's own executable (substituted for {poold} in commands, and the
-// shim) and the launcher of profiles without a command; hc are the clients of
-// poold's calls to it; hurry, once closed, cuts its stop's grace short;
-// output is where its output lines, and poold's about it, are logged.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, spawn spawner, contain *Containment, shims *Shims, hc clients, hurry <-chan struct{}, output outputLog) (*engine, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, fmt.Errorf("choosing a port: %w", err)
-	}
-	argv := prof.Argv(port, spec, launch)
-	env, given := engineEnv(prof, spec), givenEnv(prof, spec)
-	token := rand.Text()
-	var cmd *exec.Cmd
-	var shimPath string
-	if shims == nil {
-		cmd = exec.Command(argv[0], argv[1:]...)
-		cmd.Env = append(slices.Clip(env), tokenEnv+"="+token)
-		if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
-			return nil, err
-		}
-	} else {
-		shimPath = shims.socket(token)
-		cmd = shims.command(launch.Self, shimPath, token, shim.Fingerprint(argv, given), prof.StopTimeout.Duration, argv)
-		cmd.Env = env
-	}
-	var cgroup string
-	if contain.Mode() == ModeCgroup {
-		dir, fd, err := newEngineGroup(contain.base, spec.Name, token)
-		if err != nil {
-			return nil, err
-		}
-		defer fd.Close()
-		cgroup = dir
-		cgroupAttr(cmd.SysProcAttr, fd)
-	}
-	e := &engine{
+// newEngine is the engine of prof on the pool spec, as launch runs it on
+// port, marked with token, before it has a process: its pid, startTicks,
+// cgroup, shimPath and conn are the caller's to set, and run starts
+// following it. hc are the clients of poold's calls to it; hurry, once
+// closed, cuts its stop's grace short (nil: never).
+func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, port int, token string, hc clients, hurry <-chan struct{}) *engine {
+	env := engineEnv(prof, spec)
+	return &engine{
 		profile:   prof,
 		port:      port,
 		gpus:      slices.Clone(spec.GPUs),
 		target:    loopbackURL(port),
 		startedAt: time.Now(),
-		argv:      argv,
+		argv:      prof.Argv(port, spec, launch),
 		env:       env,
-		given:     given,
+		given:     givenEnv(prof, spec),
 		token:     token,
-		cgroup:    cgroup,
-		shimPath:  shimPath,
 		http:      hc,
 		idle:      idleTimeout(env),
 		hurry:     hurry,
@@ -148,29 +115,82 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.L
 		pumped:    make(chan struct{}),
 		logs:      &ring{max: logLines},
 	}
+}
+
+// engineStart is what startEngine starts an engine from. Launch is how:
+// poold's own executable (substituted for {poold} in commands, and the
+// shim) and the launcher of profiles without a command. Spawn starts its
+// process (nil: on the calling thread); Containment in cgroup mode puts it
+// in a cgroup of its own (nil: process-group mode); Shims, when set, starts
+// it under a supervisor of its own (shimmed.go), else it is poold's own
+// child. HTTP are the clients of poold's calls to it; Hurry, once closed,
+// cuts its stop's grace short (nil: never); Output is where its output
+// lines, and poold's about it, are logged.
+type engineStart struct {
+	Profile     *profile.Profile
+	Spec        *profile.PoolSpec
+	Launch      profile.Launch
+	Spawn       spawner
+	Containment *Containment
+	Shims       *Shims
+	HTTP        clients
+	Hurry       <-chan struct{}
+	Output      outputLog
+}
+
+// startEngine starts the engine that o describes on a free loopback port.
+func startEngine(o engineStart) (*engine, error) {
+	prof, spec, shims := o.Profile, o.Spec, o.Shims
+	port, err := freePort()
+	if err != nil {
+		return nil, fmt.Errorf("choosing a port: %w", err)
+	}
+	e := newEngine(prof, spec, o.Launch, port, rand.Text(), o.HTTP, o.Hurry)
+	argv := e.argv
+	var cmd *exec.Cmd
+	if shims == nil {
+		cmd = exec.Command(argv[0], argv[1:]...)
+		cmd.Env = append(slices.Clip(e.env), tokenEnv+"="+e.token)
+		if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
+			return nil, err
+		}
+	} else {
+		e.shimPath = shims.socket(e.token)
+		cmd = shims.command(o.Launch.Self, e.shimPath, e.token, shim.Fingerprint(argv, e.given), prof.StopTimeout.Duration, argv)
+		cmd.Env = e.env
+	}
+	if o.Containment.Mode() == ModeCgroup {
+		dir, fd, err := newEngineGroup(o.Containment.base, spec.Name, e.token)
+		if err != nil {
+			return nil, err
+		}
+		defer fd.Close()
+		e.cgroup = dir
+		cgroupAttr(cmd.SysProcAttr, fd)
+	}
 	var out io.ReadCloser
 	var wait func() error
 	if shims == nil {
-		out, wait, err = startChild(cmd, spawn)
+		out, wait, err = startChild(cmd, o.Spawn)
 		if err == nil {
 			e.pid = cmd.Process.Pid
 		}
-	} else if e.conn, err = shims.start(cmd, shimPath, spawn); err == nil {
+	} else if e.conn, err = shims.start(cmd, e.shimPath, o.Spawn); err == nil {
 		e.pid = e.conn.Hello.PID
 		out, wait = e.follow()
 	}
 	if err != nil {
-		if cgroup != "" {
-			_ = removeCgroup(cgroup)
+		if e.cgroup != "" {
+			_ = removeCgroup(e.cgroup)
 		}
-		removeShimFiles(shimPath)
+		removeShimFiles(e.shimPath)
 		return nil, fmt.Errorf("running %q: %w", argv[0], err)
 	}
 	if st, err := procStat(e.pid); err == nil {
 		e.startTicks = st.start
 	}
-	output = output.with("profile", prof.ID, "pid", e.pid)
-	output.log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", cgroup, "shim", shimPath)
+	output := o.Output.with("profile", prof.ID, "pid", e.pid)
+	output.log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", e.cgroup, "shim", e.shimPath)
 	e.run(out, wait, output)
 	return e, nil
 }
