@@ -4,8 +4,6 @@ package pool
 
 import (
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"syscall"
@@ -68,12 +66,6 @@ type ShimConfig struct {
 	Socket, Token, Fingerprint string
 	AdoptTimeout, Grace        time.Duration
 	Argv                       []string
-}
-
-// ShimMain refuses: see errNotLinux.
-func ShimMain(_ []string, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "poold engine-shim:", errNotLinux)
-	return 1
 }
 
 // RunShim refuses: see errNotLinux.

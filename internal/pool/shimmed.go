@@ -15,7 +15,7 @@ import (
 )
 
 // Engines under a supervisor: with Options.Shims, each engine is started by
-// a `poold engine-shim` of its own (ShimMain), in a session of its own and
+// a `poold engine-shim` of its own (RunShim), in a session of its own and
 // without a parent-death signal, so that it outlives poold; the shim is the
 // engine's parent, and the engine dies with it. poold attaches to the shim
 // over a Unix socket in the state directory and gets the engine's output

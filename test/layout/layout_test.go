@@ -32,7 +32,7 @@ var allowed = map[string][]string{
 	"internal/tenant":       {"internal/openai"},
 	"internal/gpu":          {"internal/statusapi", "internal/simgpu"},
 	"internal/shim":         nil,
-	"internal/pool":         {"internal/profile", "internal/placement", "internal/statusapi", "internal/shim", "internal/cli"},
+	"internal/pool":         {"internal/profile", "internal/placement", "internal/statusapi", "internal/shim"},
 	"internal/metrics":      {"internal/pool", "internal/gpu", "internal/statusapi", "internal/profile"},
 	"internal/proxy":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics", "internal/tenant"},
 	"internal/fleet":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement", "internal/tenant"},
@@ -91,6 +91,22 @@ func TestFleetdDependencies(t *testing.T) {
 		for _, banned := range []string{module + "internal/pool", module + "internal/metrics", module + "internal/gpu", module + "internal/proxy", "github.com/NVIDIA/go-nvml"} {
 			if dep == banned || strings.HasPrefix(dep, banned+"/") {
 				t.Errorf("fleetd depends on %s", dep)
+			}
+		}
+	}
+}
+
+// The pool package links no command-line or settings parsing (cmd/poold
+// parses the engine shim's flags, and its own settings).
+func TestPoolDependencies(t *testing.T) {
+	pkgs := list(t, "../../internal/pool")
+	if len(pkgs) != 1 {
+		t.Fatalf("go list gave %d packages", len(pkgs))
+	}
+	for _, dep := range pkgs[0].Deps {
+		for _, banned := range []string{"github.com/spf13/viper", "github.com/spf13/pflag", "go.yaml.in/yaml", "gopkg.in/yaml", module + "internal/cli"} {
+			if dep == banned || strings.HasPrefix(dep, banned+"/") {
+				t.Errorf("internal/pool depends on %s", dep)
 			}
 		}
 	}
