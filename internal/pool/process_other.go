@@ -55,12 +55,6 @@ func removeCgroup(string) error { return nil }
 // engineGroups finds none: there are no cgroups here.
 func engineGroups(string) []string { return nil }
 
-// tcpListeners cannot read sockets here.
-func tcpListeners() ([]listener, error) { return nil, errNotLinux }
-
-// socketInodes finds none: no engine ran here.
-func socketInodes([]int) map[uint64]bool { return nil }
-
 // ShimConfig is Linux's; see errNotLinux.
 type ShimConfig struct {
 	Socket, Token, Fingerprint string
