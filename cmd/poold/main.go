@@ -21,7 +21,6 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/enginesim"
-	"github.com/poold/poold/internal/pool"
 )
 
 func main() {
@@ -51,7 +50,7 @@ func program() *cli.Program {
 			{Name: "engine-sim", Args: "[MODEL] [flags]", Summary: "run the bundled vLLM simulator (the engine of the demo and the tests)",
 				Run: enginesim.Main},
 			{Name: "engine-shim", Args: "[flags] -- COMMAND", Summary: "an engine's supervisor, which poold runs itself", Hidden: true,
-				Run: func(args []string) int { return pool.ShimMain(args, os.Stdout, os.Stderr) }},
+				Run: func(args []string) int { return engineShim(args, os.Stdout, os.Stderr) }},
 		},
 		More: func(w io.Writer) {
 			fmt.Fprintf(w, "Flags of serve (each also POOLD_<FLAG> in the environment, FLAG: in the settings file):\n%s", serveFlags().FlagUsages())

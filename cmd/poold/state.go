@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poold/poold/internal/engine"
 	"github.com/poold/poold/internal/pool"
 )
 
@@ -37,14 +38,14 @@ func containment(mode string, log *slog.Logger) (*pool.Containment, error) {
 
 // openState opens the state directory's engine ledger. A directory that
 // another poold holds is an error, and so is one that others could have
-// written (pool.ErrUntrusted: the error names the path and the fix); one
+// written (engine.ErrUntrusted: the error names the path and the fix); one
 // that cannot be created (poold run by a user outside systemd) only
 // disables the ledger, with a warning: no crash clean-up, and no engine
 // kept across a restart.
 func openState(dir string, contain *pool.Containment, log *slog.Logger) (*pool.Ledger, error) {
 	ledger, err := pool.OpenLedger(dir, contain, log)
 	switch {
-	case errors.Is(err, syscall.EWOULDBLOCK), errors.Is(err, pool.ErrUntrusted):
+	case errors.Is(err, syscall.EWOULDBLOCK), errors.Is(err, engine.ErrUntrusted):
 		return nil, fmt.Errorf("state-dir: %w", err)
 	case err != nil:
 		log.Warn("no state directory: engines left by a crash will not be cleaned up at the next start, nor kept across a restart", "state-dir", dir, "err", err)

@@ -113,29 +113,8 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 		c.Close()
 		return nil, fmt.Errorf("its supervisor runs pid %d, not the recorded %d", c.Hello.PID, rec.PID)
 	}
-	env, given := engineEnv(prof, spec), givenEnv(prof, spec)
-	e := &engine{
-		profile:    prof,
-		port:       rec.Port,
-		gpus:       slices.Clone(spec.GPUs),
-		target:     loopbackURL(rec.Port),
-		pid:        rec.PID,
-		startedAt:  time.Now(),
-		argv:       prof.Argv(rec.Port, spec, p.opts.Launch),
-		env:        env,
-		given:      given,
-		token:      rec.Token,
-		startTicks: rec.StartTicks,
-		cgroup:     rec.Cgroup,
-		shimPath:   rec.Shim,
-		conn:       c,
-		http:       p.http,
-		idle:       idleTimeout(env),
-		hurry:      p.opts.hurry,
-		exited:     make(chan struct{}),
-		pumped:     make(chan struct{}),
-		logs:       &ring{max: logLines},
-	}
+	e := newEngine(prof, spec, p.opts.Launch, rec.Port, rec.Token, p.http, p.opts.hurry)
+	e.pid, e.startTicks, e.cgroup, e.shimPath, e.conn = rec.PID, rec.StartTicks, rec.Cgroup, rec.Shim, c
 	out, wait := e.follow(p.log.With("profile", prof.ID, "pid", e.pid))
 	e.run(out, wait, p.outputLog().with("profile", prof.ID, "pid", e.pid))
 	return e, nil

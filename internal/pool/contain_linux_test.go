@@ -28,7 +28,7 @@ func startEscaper(t *testing.T, contain *Containment) (*Pool, *engine, []int) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, Options{Containment: contain})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), profile.Launch{}, nil, contain, nil, p.http, nil, p.outputLog())
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: contain, HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}

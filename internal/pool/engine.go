@@ -94,37 +94,76 @@ type engine struct {
 	unwatch context.CancelFunc
 }
 
-// startEngine starts prof's engine for the pool on a free loopback port, in
-// a cgroup of its own in contain's cgroup mode, as poold's own child or,
-// with shims, under a supervisor of its own (shimmed.go). launch is how:
+// newEngine is the engine of prof on the pool spec, as launch runs it on
+// port, marked with token, before it has a process: its pid, startTicks,
+// cgroup, shimPath and conn are the caller's to set, and run starts
+// following it. hc are the clients of poold's calls to it; hurry, once
+// closed, cuts its stop's grace short (nil: never).
+func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, port int, token string, hc clients, hurry <-chan struct{}) *engine {
+	env := engineEnv(prof, spec)
+	return &engine{
+		profile:   prof,
+		port:      port,
+		gpus:      slices.Clone(spec.GPUs),
+		target:    loopbackURL(port),
+		startedAt: time.Now(),
+		argv:      prof.Argv(port, spec, launch),
+		env:       env,
+		given:     givenEnv(prof, spec),
+		token:     token,
+		http:      hc,
+		idle:      idleTimeout(env),
+		hurry:     hurry,
+		exited:    make(chan struct{}),
+		pumped:    make(chan struct{}),
+		logs:      &ring{max: logLines},
+	}
+}
+
+// engineStart is what startEngine starts an engine from. Launch is how:
 // poold's own executable (substituted for {poold} in commands, and the
-// shim) and the launcher of profiles without a command; hc are the clients of
-// poold's calls to it; hurry, once closed, cuts its stop's grace short;
-// output is where its output lines, and poold's about it, are logged.
-func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, spawn spawner, contain *Containment, shims *Shims, hc clients, hurry <-chan struct{}, output outputLog) (*engine, error) {
+// shim) and the launcher of profiles without a command. Spawn starts its
+// process (nil: on the calling thread); Containment in cgroup mode puts it
+// in a cgroup of its own (nil: process-group mode); Shims, when set, starts
+// it under a supervisor of its own (shimmed.go), else it is poold's own
+// child. HTTP are the clients of poold's calls to it; Hurry, once closed,
+// cuts its stop's grace short (nil: never); Output is where its output
+// lines, and poold's about it, are logged.
+type engineStart struct {
+	Profile     *profile.Profile
+	Spec        *profile.PoolSpec
+	Launch      profile.Launch
+	Spawn       spawner
+	Containment *Containment
+	Shims       *Shims
+	HTTP        clients
+	Hurry       <-chan struct{}
+	Output      outputLog
+}
+
+// startEngine starts the engine that o describes on a free loopback port.
+func startEngine(o engineStart) (*engine, error) {
+	prof, spec, shims := o.Profile, o.Spec, o.Shims
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
 	}
-	argv := prof.Argv(port, spec, launch)
-	env, given := engineEnv(prof, spec), givenEnv(prof, spec)
-	token := rand.Text()
-	var cgroup string
+	e := newEngine(prof, spec, o.Launch, port, rand.Text(), o.HTTP, o.Hurry)
+	argv := e.argv
 	var cgroupFD *os.File
-	if contain.Mode() == ModeCgroup {
-		if cgroup, cgroupFD, err = newEngineGroup(contain.base, spec.Name, token); err != nil {
+	if o.Containment.Mode() == ModeCgroup {
+		if e.cgroup, cgroupFD, err = newEngineGroup(o.Containment.base, spec.Name, e.token); err != nil {
 			return nil, err
 		}
 		defer cgroupFD.Close()
 	}
 	var cmd *exec.Cmd
-	var shimPath string
 	if shims == nil {
 		cmd = exec.Command(argv[0], argv[1:]...)
-		cmd.Env = append(slices.Clip(env), tokenEnv+"="+token)
+		cmd.Env = append(slices.Clip(e.env), tokenEnv+"="+e.token)
 		if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
-			if cgroup != "" {
-				_ = removeCgroup(cgroup)
+			if e.cgroup != "" {
+				_ = removeCgroup(e.cgroup)
 			}
 			return nil, err
 		}
@@ -134,52 +173,33 @@ func startEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.L
 	} else {
 		// The shim starts the engine into its cgroup and stays out of it:
 		// a stop that ends the group never ends the shim.
-		shimPath = shims.socket(token)
-		cmd = shims.command(launch.Self, shimPath, token, shim.Fingerprint(argv, given), cgroup, prof.StopTimeout.Duration, argv)
-		cmd.Env = env
-	}
-	e := &engine{
-		profile:   prof,
-		port:      port,
-		gpus:      slices.Clone(spec.GPUs),
-		target:    loopbackURL(port),
-		startedAt: time.Now(),
-		argv:      argv,
-		env:       env,
-		given:     given,
-		token:     token,
-		cgroup:    cgroup,
-		shimPath:  shimPath,
-		http:      hc,
-		idle:      idleTimeout(env),
-		hurry:     hurry,
-		exited:    make(chan struct{}),
-		pumped:    make(chan struct{}),
-		logs:      &ring{max: logLines},
+		e.shimPath = shims.socket(e.token)
+		cmd = shims.command(o.Launch.Self, e.shimPath, e.token, shim.Fingerprint(argv, e.given), e.cgroup, prof.StopTimeout.Duration, argv)
+		cmd.Env = e.env
 	}
 	var out io.ReadCloser
 	var wait func() error
 	if shims == nil {
-		out, wait, err = startChild(cmd, spawn)
+		out, wait, err = startChild(cmd, o.Spawn)
 		if err == nil {
 			e.pid = cmd.Process.Pid
 		}
-	} else if e.conn, err = shims.start(cmd, shimPath, spawn); err == nil {
+	} else if e.conn, err = shims.start(cmd, e.shimPath, o.Spawn); err == nil {
 		e.pid = e.conn.Hello.PID
-		out, wait = e.follow(output.log.With("profile", prof.ID, "pid", e.pid))
+		out, wait = e.follow(o.Output.log.With("profile", prof.ID, "pid", e.pid))
 	}
 	if err != nil {
-		if cgroup != "" {
-			_ = removeCgroup(cgroup)
+		if e.cgroup != "" {
+			_ = removeCgroup(e.cgroup)
 		}
-		removeShimFiles(shimPath)
+		removeShimFiles(e.shimPath)
 		return nil, fmt.Errorf("running %q: %w", argv[0], err)
 	}
 	if st, err := procStat(e.pid); err == nil {
 		e.startTicks = st.start
 	}
-	output = output.with("profile", prof.ID, "pid", e.pid)
-	output.log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", cgroup, "shim", shimPath)
+	output := o.Output.with("profile", prof.ID, "pid", e.pid)
+	output.log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", e.cgroup, "shim", e.shimPath)
 	e.run(out, wait, output)
 	return e, nil
 }

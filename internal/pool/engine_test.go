@@ -28,7 +28,7 @@ func exitedEngine(t *testing.T, script string) *engine {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, Options{})
-	e, err := startEngine(cfg.Lookup("s"), cfg.Pool("g"), profile.Launch{}, nil, p.opts.Containment, nil, p.http, nil, p.outputLog())
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestWaitReadySaysWhatWasListed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := startEngine(cfg.Lookup("x"), cfg.Pool("a"), profile.Launch{Self: self}, nil, p.opts.Containment, nil, p.http, nil, p.outputLog())
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("x"), Spec: cfg.Pool("a"), Launch: profile.Launch{Self: self}, Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}

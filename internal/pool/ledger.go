@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 )
 
 // tokenEnv names the environment variable that marks an engine's processes.
@@ -30,7 +32,7 @@ const engineGroupPrefix = "engine-"
 // could have written (statedir.go), and acts only on the records that check
 // out (check). A nil *Ledger records nothing.
 type Ledger struct {
-	dir  string // the state directory, symbolic links resolved (checkStateDir)
+	dir  string // the state directory, symbolic links resolved (proc.CheckStateDir)
 	path string
 	lock *os.File // holds the flock; closed by Close
 	boot string   // this boot's id
@@ -81,7 +83,8 @@ type ledgerFile struct {
 }
 
 // OpenLedger creates dir if needed, checks that it can be trusted
-// (statedir.go: an error wrapping ErrUntrusted names the path and the fix),
+// (proc.CheckStateDir: an error wrapping proc.ErrUntrusted names the path
+// and the fix),
 // and locks it for this process. contain is the engines' containment: only
 // its delegated cgroup's engine groups are acted on (nil: none).
 func OpenLedger(dir string, contain *Containment, log *slog.Logger) (*Ledger, error) {
@@ -89,13 +92,13 @@ func OpenLedger(dir string, contain *Containment, log *slog.Logger) (*Ledger, er
 		return nil, fmt.Errorf("creating state directory: %w", err)
 	}
 	uid := os.Geteuid()
-	dir, err := checkStateDir(dir, uid)
+	dir, err := proc.CheckStateDir(dir, uid)
 	if err != nil {
 		return nil, err
 	}
 	lockPath, path := filepath.Join(dir, "lock"), filepath.Join(dir, "engines.json")
 	for _, p := range []string{lockPath, path} {
-		if _, err := checkFile(p, uid); err != nil {
+		if _, err := proc.CheckFile(p, uid); err != nil {
 			return nil, err
 		}
 	}
@@ -149,7 +152,7 @@ func (l *Ledger) Recorded() ([]LedgerEngine, error) {
 	if l == nil || l.boot == "" {
 		return nil, nil
 	}
-	if exists, err := checkFile(l.path, l.uid); !exists || err != nil {
+	if exists, err := proc.CheckFile(l.path, l.uid); !exists || err != nil {
 		return nil, err
 	}
 	data, err := os.ReadFile(l.path)
@@ -226,7 +229,7 @@ func (l *Ledger) checkShim(path string) error {
 		return fmt.Errorf("its supervisor's socket %s is not a socket (%s)", path, fi.Mode().Type())
 	}
 	for _, p := range []string{path, path + ".log"} {
-		if _, err := checkFile(p, l.uid); err != nil {
+		if _, err := proc.CheckFile(p, l.uid); err != nil {
 			return err
 		}
 	}

@@ -136,16 +136,10 @@ func (p *Pool) stopFailed() {
 	f := e.failedServing(err)
 	wait := p.backoff.failed(e.profile, f, p.opts.Now())
 	p.mu.Unlock()
-	if _, stopErr := p.stopGroup(e, e.profile.StopTimeout.Duration); stopErr != nil {
+	if _, stopErr := p.stopAndForget(e, e.profile.StopTimeout.Duration, f.exit); stopErr != nil {
 		p.log.Error("stopping the failed engine", "profile", e.profile.ID, "err", stopErr)
 	}
-	p.mu.Lock()
-	if p.eng == e {
-		p.eng = nil
-	}
-	p.mu.Unlock()
 	p.log.Info("failed engine stopped", "profile", e.profile.ID, "exit", f.exit, "restart_backoff", wait)
-	p.observeExit(e.profile.ID, f.exit)
 }
 
 // engineExited handles an engine that ended on its own while serving.
@@ -163,10 +157,9 @@ func (p *Pool) engineExited() {
 	p.mu.Unlock()
 	p.log.Error("engine exited", "profile", e.profile.ID, "exit", f.exit, "err", f.err, "restart_backoff", wait)
 	// Reap what is left of its group (grandchildren may survive their parent).
-	if _, stopErr := p.stopGroup(e, 0); stopErr != nil {
+	if _, stopErr := p.stopAndForget(e, 0, f.exit); stopErr != nil {
 		p.log.Error("cleaning up engine", "profile", e.profile.ID, "err", stopErr)
 	}
-	p.observeExit(e.profile.ID, f.exit)
 }
 
 // beginLocked records that a swap to id ("" for an unload) starts, and
@@ -257,7 +250,10 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 	for attempt := 1; kind == KindCold; attempt++ {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
-		e, err := startEngine(prof, spec, p.opts.Launch, p.opts.spawn, p.opts.Containment, p.opts.Shims, p.http, p.opts.hurry, p.outputLog())
+		e, err := startEngine(engineStart{
+			Profile: prof, Spec: spec, Launch: p.opts.Launch, Spawn: p.opts.spawn, Containment: p.opts.Containment,
+			Shims: p.opts.Shims, HTTP: p.http, Hurry: p.opts.hurry, Output: p.outputLog(),
+		})
 		if err != nil {
 			p.failSwap(ctx, prof, from, phases, nil, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
@@ -285,13 +281,9 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			e.served.Store(true)
 			break
 		}
-		if _, stopErr := p.stopGroup(e, prof.StopTimeout.Duration); stopErr != nil {
+		if _, stopErr := p.stopAndForget(e, prof.StopTimeout.Duration, statusapi.ExitLoadFailed); stopErr != nil {
 			p.log.Error("stopping failed engine", "profile", prof.ID, "err", stopErr)
 		}
-		p.mu.Lock()
-		p.eng = nil
-		p.mu.Unlock()
-		p.observeExit(prof.ID, statusapi.ExitLoadFailed)
 		if errors.Is(err, errPortShared) || e.portTaken() {
 			if attempt < portAttempts {
 				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt, "err", err)
@@ -390,15 +382,9 @@ func (p *Pool) release(ctx context.Context, retired bool) {
 // stopUnready stops an engine that did not become ready, once its waiters
 // have been answered, and forgets it.
 func (p *Pool) stopUnready(e *engine) {
-	if _, err := p.stopGroup(e, e.profile.StopTimeout.Duration); err != nil {
+	if _, err := p.stopAndForget(e, e.profile.StopTimeout.Duration, statusapi.ExitLoadFailed); err != nil {
 		p.log.Error("stopping the engine that was not ready", "profile", e.profile.ID, "err", err)
 	}
-	p.mu.Lock()
-	if p.eng == e {
-		p.eng = nil
-	}
-	p.mu.Unlock()
-	p.observeExit(e.profile.ID, statusapi.ExitLoadFailed)
 }
 
 // failSwap records a failed swap and answers the profile's waiters at once.
@@ -432,17 +418,34 @@ func (p *Pool) failSwap(ctx context.Context, prof *profile.Profile, from string,
 // long the VRAM check took, zero when it did not run or gave up.
 func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
 	p.log.Info("stopping engine", "profile", e.profile.ID, "pid", e.pid)
-	release, err = p.stopGroup(e, e.profile.StopTimeout.Duration)
+	release, err = p.stopAndForget(e, e.profile.StopTimeout.Duration, exitStopped)
+	if err != nil {
+		return 0, fmt.Errorf("stopping engine %q: %w", e.profile.ID, err)
+	}
+	return release, nil
+}
+
+// exitStopped is the exit reason (Observer.EngineExit) of an engine that
+// poold stopped.
+const exitStopped = "stopped"
+
+// stopAndForget is the one way the pool ends an engine: it stops all of e's
+// processes (stopGroup, with grace: zero reaps what is left of one that
+// exited), forgets e as the pool's engine, and reports its exit as reason.
+// A stop that fails is returned, and an engine that was only to be stopped
+// (reason exitStopped) is then not reported as stopped: its processes live
+// on; one that failed or exited is reported all the same.
+func (p *Pool) stopAndForget(e *engine, grace time.Duration, reason string) (release time.Duration, err error) {
+	release, err = p.stopGroup(e, grace)
 	p.mu.Lock()
 	if p.eng == e {
 		p.eng = nil
 	}
 	p.mu.Unlock()
-	if err != nil {
-		return 0, fmt.Errorf("stopping engine %q: %w", e.profile.ID, err)
+	if err == nil || reason != exitStopped {
+		p.observeExit(e.profile.ID, reason)
 	}
-	p.observeExit(e.profile.ID, "stopped")
-	return release, nil
+	return release, err
 }
 
 // stopGroup stops all of e's processes (SIGTERM, grace, SIGKILL) and then,

@@ -47,8 +47,14 @@ var wireStates = [...]string{
 	StateFailed:   statusapi.StateFailed,
 }
 
-// String is s as /status shows it.
-func (s State) String() string { return wireStates[s] }
+// String is s as /status shows it; a value outside the constants is
+// State(N).
+func (s State) String() string {
+	if int(s) < len(wireStates) {
+		return wireStates[s]
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
 
 // ErrShutdown answers requests still waiting when poold shuts down.
 var ErrShutdown = errors.New("poold is shutting down")
@@ -310,19 +316,6 @@ func (p *Pool) ClearBackoff() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.backoff.clear()
-}
-
-// setStateLocked moves the pool to s; p.mu must be held.
-func (p *Pool) setStateLocked(s State) {
-	if p.state == s {
-		return
-	}
-	if s == StateDraining {
-		p.drainedAt = p.opts.Now()
-	}
-	p.state = s
-	p.since = p.opts.Now()
-	p.noteActivityLocked()
 }
 
 func (p *Pool) observeSwap(from, to, kind, result string, phases map[string]time.Duration) {

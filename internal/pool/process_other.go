@@ -4,12 +4,9 @@ package pool
 
 import (
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"syscall"
-	"time"
 )
 
 // errNotLinux is why engines cannot run here.
@@ -56,25 +53,6 @@ func removeCgroup(string) error { return nil }
 
 // engineGroups finds none: there are no cgroups here.
 func engineGroups(string) []string { return nil }
-
-// tcpListeners cannot read sockets here.
-func tcpListeners() ([]listener, error) { return nil, errNotLinux }
-
-// socketInodes finds none: no engine ran here.
-func socketInodes([]int) map[uint64]bool { return nil }
-
-// ShimConfig is Linux's; see errNotLinux.
-type ShimConfig struct {
-	Socket, Token, Fingerprint string
-	AdoptTimeout, Grace        time.Duration
-	Argv                       []string
-}
-
-// ShimMain refuses: see errNotLinux.
-func ShimMain(_ []string, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "poold engine-shim:", errNotLinux)
-	return 1
-}
 
 // RunShim refuses: see errNotLinux.
 func RunShim(ShimConfig, *slog.Logger) error { return errNotLinux }

@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 		os.Exit(enginesim.Main(os.Args[2:]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "engine-shim" {
-		os.Exit(ShimMain(os.Args[2:], os.Stdout, os.Stderr))
+		os.Exit(shimMain(os.Args[2:], os.Stderr))
 	}
 	os.Exit(m.Run())
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // Engines under a supervisor: with Options.Shims, each engine is started by
-// a `poold engine-shim` of its own (ShimMain), in a session of its own and
+// a `poold engine-shim` of its own (RunShim), in a session of its own and
 // without a parent-death signal, so that it outlives poold; the shim is the
 // engine's parent, and the engine dies with it. poold attaches to the shim
 // over a Unix socket in the state directory and gets the engine's output
@@ -280,4 +280,25 @@ func removeShimFiles(path string) {
 		_ = os.Remove(path)
 		_ = os.Remove(path + ".log")
 	}
+}
+
+// ShimConfig is what `poold engine-shim` is given by the poold that starts
+// it (Shims.command).
+type ShimConfig struct {
+	// Socket is the Unix socket it serves.
+	Socket string
+	// Token marks the engine's processes (POOLD_ENGINE_TOKEN), as for an
+	// engine that is poold's own child.
+	Token string
+	// Fingerprint is sent in the hello (shim.Message).
+	Fingerprint string
+	// Cgroup is the engine's own cgroup in cgroup mode, which the engine
+	// starts in and the shim stays out of; "" in process-group mode.
+	Cgroup string
+	// AdoptTimeout is shim.Options'; Grace is the stop's wait between
+	// SIGTERM and SIGKILL.
+	AdoptTimeout, Grace time.Duration
+	// Argv is the engine's command line; its environment is the shim's,
+	// and the token.
+	Argv []string
 }

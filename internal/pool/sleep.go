@@ -216,7 +216,7 @@ func (p *Pool) staleSleeperLocked() (*sleeper, string) {
 // (group checked empty); one that exited has its group reaped.
 func (p *Pool) stopSleeper(sl *sleeper, why string) {
 	e := sl.eng
-	reason, grace := "stopped", e.profile.StopTimeout.Duration
+	reason, grace := exitStopped, e.profile.StopTimeout.Duration
 	select {
 	case <-e.exited:
 		reason, grace = statusapi.ExitCrashed, 0
@@ -224,11 +224,9 @@ func (p *Pool) stopSleeper(sl *sleeper, why string) {
 	default:
 		p.log.Info("stopping sleeping engine", "profile", e.profile.ID, "pid", e.pid, "why", why)
 	}
-	if _, err := p.stopGroup(e, grace); err != nil {
+	if _, err := p.stopAndForget(e, grace, reason); err != nil {
 		p.log.Error("stopping sleeping engine", "profile", e.profile.ID, "err", err)
-		return
 	}
-	p.observeExit(e.profile.ID, reason)
 }
 
 // stopSleepers stops every sleeper, for shutdown.
@@ -266,19 +264,16 @@ func (p *Pool) wakeSleeper(ctx context.Context, sl *sleeper, from string, phases
 	} else {
 		p.log.Warn("wake failed; starting cold instead", "profile", e.profile.ID, "err", err)
 	}
-	if _, stopErr := p.stopGroup(e, e.profile.StopTimeout.Duration); stopErr != nil {
+	reason := statusapi.ExitLoadFailed
+	if abandoned {
+		reason = exitStopped
+	}
+	if _, stopErr := p.stopAndForget(e, e.profile.StopTimeout.Duration, reason); stopErr != nil {
 		p.log.Error("stopping engine that failed to wake", "profile", e.profile.ID, "err", stopErr)
 	}
-	p.mu.Lock()
-	if p.eng == e {
-		p.eng = nil
-	}
-	p.mu.Unlock()
 	if abandoned {
-		p.observeExit(e.profile.ID, "stopped")
 		return false
 	}
-	p.observeExit(e.profile.ID, statusapi.ExitLoadFailed)
 	p.observeSwap(from, e.profile.ID, KindWake, "wake_failed", phases)
 	return false
 }

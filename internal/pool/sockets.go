@@ -3,18 +3,13 @@ package pool
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"regexp"
+
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 )
 
-// Who listens where, checked once an engine is ready: that the engine itself
-// answers on its port, and where else it listens.
-
-// listener is one listening TCP socket, from /proc/net/tcp{,6}.
-type listener struct {
-	addr  netip.AddrPort
-	inode uint64
-}
+// Who listens where, checked once an engine is ready (proc.InspectSockets):
+// that the engine itself answers on its port, and where else it listens.
 
 // errPortShared fails the start of an engine whose port another process
 // listens on too: with SO_REUSEPORT two servers share a port and the kernel
@@ -27,43 +22,6 @@ var errPortShared = errors.New("another process listens on the engine's port")
 // use", in any case.
 var portInUse = regexp.MustCompile(`(?i)address already in use|port \d+ is already in use`)
 
-// socketReport is what the listening sockets say of a ready engine on port.
-type socketReport struct {
-	// foreign are other processes' listeners that take connections to
-	// 127.0.0.1:port.
-	foreign []netip.AddrPort
-	// served reports that the engine itself has such a listener.
-	served bool
-	// exposedPort and exposedOther are the engine's listeners beyond
-	// loopback, on its port and on others.
-	exposedPort, exposedOther []netip.AddrPort
-}
-
-// inspectSockets reads ls, every listening socket of the host's namespace,
-// for the engine holding the socket inodes own and serving port.
-func inspectSockets(ls []listener, own map[uint64]bool, port int) socketReport {
-	var r socketReport
-	for _, l := range ls {
-		a := l.addr.Addr().Unmap()
-		onPort := int(l.addr.Port()) == port
-		takesLoopback := onPort && (a.IsUnspecified() || a == netip.AddrFrom4([4]byte{127, 0, 0, 1}))
-		switch {
-		case !own[l.inode]:
-			if takesLoopback {
-				r.foreign = append(r.foreign, l.addr)
-			}
-		case a.IsLoopback():
-			r.served = r.served || takesLoopback
-		case onPort:
-			r.served = r.served || takesLoopback
-			r.exposedPort = append(r.exposedPort, l.addr)
-		default:
-			r.exposedOther = append(r.exposedOther, l.addr)
-		}
-	}
-	return r
-}
-
 // checkSockets checks a ready engine's listening sockets: no other process
 // listens on its port, it listens there itself, and nowhere beyond loopback.
 // It returns the error that fails the start (errPortShared, or a listener
@@ -73,28 +31,28 @@ func inspectSockets(ls []listener, own map[uint64]bool, port int) socketReport {
 // rendezvous of a multi-GPU engine's torch.distributed). Sockets that cannot
 // be read are logged and pass.
 func (p *Pool) checkSockets(e *engine, allowExposed bool) (warning, err error) {
-	ls, err := tcpListeners()
+	ls, err := proc.Listeners()
 	if err != nil {
 		p.log.Warn("cannot read the listening sockets; the engine's port and exposure are not checked", "profile", e.profile.ID, "err", err)
 		return nil, nil
 	}
-	r := inspectSockets(ls, socketInodes(e.members()), e.port)
+	r := proc.InspectSockets(ls, proc.SocketInodes(e.members()), e.port)
 	switch {
-	case len(r.foreign) > 0:
-		return nil, fmt.Errorf("%w %d (listening on %v): the start is refused, since requests could reach the other", errPortShared, e.port, r.foreign)
-	case !r.served:
+	case len(r.Foreign) > 0:
+		return nil, fmt.Errorf("%w %d (listening on %v): the start is refused, since requests could reach the other", errPortShared, e.port, r.Foreign)
+	case !r.Served:
 		return nil, fmt.Errorf("%w %d: the engine does not listen on 127.0.0.1:%d itself", errPortShared, e.port, e.port)
 	}
 	var warnings []error
-	if len(r.exposedPort) > 0 {
-		exposed := fmt.Errorf("engine %q listens beyond loopback on %v, where anyone who reaches the host can use it without poold", e.profile.ID, r.exposedPort)
+	if len(r.ExposedPort) > 0 {
+		exposed := fmt.Errorf("engine %q listens beyond loopback on %v, where anyone who reaches the host can use it without poold", e.profile.ID, r.ExposedPort)
 		if !allowExposed {
 			return nil, fmt.Errorf("%w; refused (the pool's allowNonLoopback is false)", exposed)
 		}
 		warnings = append(warnings, exposed)
 	}
-	if len(r.exposedOther) > 0 {
-		warnings = append(warnings, fmt.Errorf("engine %q listens beyond loopback on %v besides its port %d", e.profile.ID, r.exposedOther, e.port))
+	if len(r.ExposedOther) > 0 {
+		warnings = append(warnings, fmt.Errorf("engine %q listens beyond loopback on %v besides its port %d", e.profile.ID, r.ExposedOther, e.port))
 	}
 	if len(warnings) == 0 {
 		return nil, nil

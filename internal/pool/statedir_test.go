@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 )
 
 // nobody is the uid (and gid) of the tests' processes and files of another
@@ -121,7 +123,7 @@ func TestStateDirRefusedUnlessSafe(t *testing.T) {
 				l.Close()
 				t.Fatalf("opened an unsafe state directory; want an error saying %q", want)
 			}
-			if !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), want) {
+			if !errors.Is(err, proc.ErrUntrusted) || !strings.Contains(err.Error(), want) {
 				t.Fatalf("error %q, want ErrUntrusted saying %q", err, want)
 			}
 		})

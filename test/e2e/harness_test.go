@@ -192,6 +192,11 @@ func launchWith(t *testing.T, tag string, profiles []byte, setup func(*exec.Cmd)
 	}()
 	t.Cleanup(func() {
 		d.stop()
+		// The pools refuse, and log, a state change their state machine does
+		// not allow: in a test, a bug.
+		if strings.Contains(d.stderr.String(), "invalid pool state transition") {
+			t.Errorf("poold logged an invalid pool state transition")
+		}
 		if t.Failed() {
 			t.Logf("poold stderr:\n%s", tail(d.stderr.String(), 60))
 		}

@@ -34,7 +34,8 @@ var allowed = map[string][]string{
 	"internal/shim":         nil,
 	"internal/record":       nil,
 	"internal/activity":     nil,
-	"internal/pool":         {"internal/profile", "internal/placement", "internal/statusapi", "internal/shim", "internal/cli", "internal/activity"},
+	"internal/engine":       nil,
+	"internal/pool":         {"internal/profile", "internal/placement", "internal/statusapi", "internal/shim", "internal/engine", "internal/activity"},
 	"internal/metrics":      {"internal/pool", "internal/statusapi", "internal/profile", "internal/record"},
 	"internal/proxy":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics", "internal/tenant", "internal/record", "internal/pipeline"},
 	"internal/fleet":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/placement", "internal/tenant", "internal/pipeline", "internal/record"},
@@ -97,6 +98,22 @@ func TestFleetdDependencies(t *testing.T) {
 			module + "internal/usage", module + "internal/activity", "github.com/NVIDIA/go-nvml"} {
 			if dep == banned || strings.HasPrefix(dep, banned+"/") {
 				t.Errorf("fleetd depends on %s", dep)
+			}
+		}
+	}
+}
+
+// The pool package links no command-line or settings parsing (cmd/poold
+// parses the engine shim's flags, and its own settings).
+func TestPoolDependencies(t *testing.T) {
+	pkgs := list(t, "../../internal/pool")
+	if len(pkgs) != 1 {
+		t.Fatalf("go list gave %d packages", len(pkgs))
+	}
+	for _, dep := range pkgs[0].Deps {
+		for _, banned := range []string{"github.com/spf13/viper", "github.com/spf13/pflag", "go.yaml.in/yaml", "gopkg.in/yaml", module + "internal/cli"} {
+			if dep == banned || strings.HasPrefix(dep, banned+"/") {
+				t.Errorf("internal/pool depends on %s", dep)
 			}
 		}
 	}

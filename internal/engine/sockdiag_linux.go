@@ -1,4 +1,4 @@
-package pool
+package engine
 
 import (
 	"encoding/binary"
@@ -26,7 +26,7 @@ const sockDiagTimeout = 2 * time.Second
 // listening TCP sockets of each family. Unlike /proc/net/tcp, which lists
 // every socket of the namespace (thousands in TIME_WAIT on a busy host,
 // tens of milliseconds to read), the dump walks the listening sockets only.
-func diagListeners() ([]listener, error) {
+func diagListeners() ([]Listener, error) {
 	fd, err := syscall.Socket(syscall.AF_NETLINK, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, syscall.NETLINK_INET_DIAG)
 	if err != nil {
 		return nil, fmt.Errorf("netlink socket: %w", err)
@@ -37,7 +37,7 @@ func diagListeners() ([]listener, error) {
 	if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv); err != nil {
 		return nil, fmt.Errorf("netlink socket: %w", err)
 	}
-	var all []listener
+	var all []Listener
 	for seq, family := range []uint8{syscall.AF_INET, syscall.AF_INET6} {
 		ls, err := diagDump(fd, uint32(seq+1), family)
 		if err != nil {
@@ -50,7 +50,7 @@ func diagListeners() ([]listener, error) {
 
 // diagDump sends one dump request for family's listening TCP sockets on fd
 // and reads the answer to its end.
-func diagDump(fd int, seq uint32, family uint8) ([]listener, error) {
+func diagDump(fd int, seq uint32, family uint8) ([]Listener, error) {
 	req := make([]byte, nlmsgHdrLen+inetDiagReqLen)
 	ne := binary.NativeEndian
 	ne.PutUint32(req[0:], uint32(len(req)))
@@ -62,7 +62,7 @@ func diagDump(fd int, seq uint32, family uint8) ([]listener, error) {
 	if err := syscall.Sendto(fd, req, 0, &syscall.SockaddrNetlink{Family: syscall.AF_NETLINK}); err != nil {
 		return nil, fmt.Errorf("netlink sock_diag request: %w", err)
 	}
-	var ls []listener
+	var ls []Listener
 	buf := make([]byte, sockDiagBufLen)
 	for {
 		n, _, err := syscall.Recvfrom(fd, buf, 0)
@@ -96,9 +96,9 @@ func diagDump(fd int, seq uint32, family uint8) ([]listener, error) {
 
 // parseDiagMsg reads the listener in one struct inet_diag_msg: its family,
 // its source address and port (network order) and its inode.
-func parseDiagMsg(b []byte) (listener, bool) {
+func parseDiagMsg(b []byte) (Listener, bool) {
 	if len(b) < inetDiagMsgLen {
-		return listener{}, false
+		return Listener{}, false
 	}
 	port := binary.BigEndian.Uint16(b[4:6])
 	var addr netip.Addr
@@ -108,7 +108,7 @@ func parseDiagMsg(b []byte) (listener, bool) {
 	case syscall.AF_INET6:
 		addr = netip.AddrFrom16([16]byte(b[8:24]))
 	default:
-		return listener{}, false
+		return Listener{}, false
 	}
-	return listener{addr: netip.AddrPortFrom(addr, port), inode: uint64(binary.NativeEndian.Uint32(b[68:72]))}, true
+	return Listener{Addr: netip.AddrPortFrom(addr, port), Inode: uint64(binary.NativeEndian.Uint32(b[68:72]))}, true
 }

@@ -1,4 +1,4 @@
-package pool
+package engine
 
 import (
 	"bufio"
@@ -11,11 +11,11 @@ import (
 	"strings"
 )
 
-// tcpListeners lists every listening TCP socket of poold's network
+// Listeners lists every listening TCP socket of poold's network
 // namespace (which its engines share): from the kernel's socket
 // diagnostics (diagListeners), or where they cannot be asked, from
 // /proc/net/tcp and /proc/net/tcp6 (a host without IPv6 has no tcp6).
-func tcpListeners() ([]listener, error) {
+func Listeners() ([]Listener, error) {
 	if ls, err := diagListeners(); err == nil {
 		return ls, nil
 	}
@@ -24,8 +24,8 @@ func tcpListeners() ([]listener, error) {
 
 // procListeners reads the listening TCP sockets from /proc/net/tcp and
 // /proc/net/tcp6.
-func procListeners() ([]listener, error) {
-	var all []listener
+func procListeners() ([]Listener, error) {
+	var all []Listener
 	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		ls, err := readListeners(name)
 		if err != nil {
@@ -43,13 +43,13 @@ func procListeners() ([]listener, error) {
 // "sl local_address rem_address st … uid timeout inode …", the address in
 // hex as the kernel holds it (32-bit words in host byte order), the state
 // 0A for LISTEN.
-func readListeners(name string) ([]listener, error) {
+func readListeners(name string) ([]Listener, error) {
 	f, err := os.Open(name)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var ls []listener
+	var ls []Listener
 	sc := bufio.NewScanner(f)
 	sc.Scan() // the header
 	for sc.Scan() {
@@ -65,7 +65,7 @@ func readListeners(name string) ([]listener, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: inode %q: %w", name, fields[9], err)
 		}
-		ls = append(ls, listener{addr: addr, inode: inode})
+		ls = append(ls, Listener{Addr: addr, Inode: inode})
 	}
 	return ls, sc.Err()
 }
@@ -86,9 +86,9 @@ func parseProcAddr(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(addr, uint16(p)), nil
 }
 
-// socketInodes lists the inodes of the sockets that the processes pids hold
+// SocketInodes lists the inodes of the sockets that the processes pids hold
 // open, from their /proc/PID/fd links ("socket:[INODE]").
-func socketInodes(pids []int) map[uint64]bool {
+func SocketInodes(pids []int) map[uint64]bool {
 	inodes := make(map[uint64]bool)
 	for _, pid := range pids {
 		dir := "/proc/" + strconv.Itoa(pid) + "/fd/"

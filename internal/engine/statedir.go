@@ -1,4 +1,4 @@
-package pool
+package engine
 
 import (
 	"errors"
@@ -32,10 +32,11 @@ func untrusted(path, why, fix string) error {
 	return fmt.Errorf("%w: %s %s: %s", ErrUntrusted, path, why, fix)
 }
 
-// checkStateDir checks dir by the rule above and returns it with symbolic
-// links resolved: poold works in that path from then on, so that a link
-// changed later does not move it.
-func checkStateDir(dir string, uid int) (string, error) {
+// CheckStateDir checks dir, for the effective uid uid, by the rule above and
+// returns it with symbolic links resolved: poold works in that path from then
+// on, so that a link changed later does not move it. A refusal wraps
+// ErrUntrusted and names the fix.
+func CheckStateDir(dir string, uid int) (string, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return "", fmt.Errorf("state directory %s: %w", dir, err)
@@ -88,10 +89,10 @@ func checkOwned(path string, fi fs.FileInfo, uid int) error {
 	return nil
 }
 
-// checkFile checks the file at path in the state directory, if there is
-// one: not a symbolic link, owned by uid and writable by nobody else. A
-// missing file is no error (exists is false).
-func checkFile(path string, uid int) (exists bool, err error) {
+// CheckFile checks the file at path in the state directory, if there is
+// one: not a symbolic link, owned by uid and writable by nobody else (a
+// refusal wraps ErrUntrusted). A missing file is no error (exists is false).
+func CheckFile(path string, uid int) (exists bool, err error) {
 	fi, err := os.Lstat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

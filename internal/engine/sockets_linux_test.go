@@ -1,4 +1,4 @@
-package pool
+package engine
 
 import (
 	"net"
@@ -48,15 +48,15 @@ func TestTCPListenersFindsOwnSocket(t *testing.T) {
 		defer c.Close()
 		want = append(want, netip.MustParseAddrPort(c.LocalAddr().String())) // must not be listed
 	}
-	own := socketInodes([]int{os.Getpid()})
-	for name, list := range map[string]func() ([]listener, error){"sock_diag": diagListeners, "/proc": procListeners} {
+	own := SocketInodes([]int{os.Getpid()})
+	for name, list := range map[string]func() ([]Listener, error){"sock_diag": diagListeners, "/proc": procListeners} {
 		ls, err := list()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		for i, w := range want {
 			listening := i%2 == 0
-			if found := slices.ContainsFunc(ls, func(l listener) bool { return l.addr == w && own[l.inode] }); found != listening {
+			if found := slices.ContainsFunc(ls, func(l Listener) bool { return l.Addr == w && own[l.Inode] }); found != listening {
 				t.Errorf("%s: %s among this process's listeners: %v, want %v (%v)", name, w, found, listening, ls)
 			}
 		}
@@ -65,7 +65,7 @@ func TestTCPListenersFindsOwnSocket(t *testing.T) {
 
 // BenchmarkTCPListeners lists the listening sockets both ways on a host
 // with 6,000 sockets in TIME_WAIT, as after a busy spell:
-// go test -run '^$' -bench TCPListeners ./internal/pool/
+// go test -run '^$' -bench TCPListeners ./internal/engine/
 func BenchmarkTCPListeners(b *testing.B) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -88,7 +88,7 @@ func BenchmarkTCPListeners(b *testing.B) {
 		}
 		c.Close()
 	}
-	for name, list := range map[string]func() ([]listener, error){"sock_diag": diagListeners, "proc": procListeners} {
+	for name, list := range map[string]func() ([]Listener, error){"sock_diag": diagListeners, "proc": procListeners} {
 		b.Run(name, func(b *testing.B) {
 			for b.Loop() {
 				if _, err := list(); err != nil {

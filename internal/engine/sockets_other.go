@@ -1,0 +1,14 @@
+//go:build !linux
+
+package engine
+
+import "errors"
+
+// errNotLinux is why sockets cannot be read here.
+var errNotLinux = errors.New("listening sockets are read only on Linux (/proc, NETLINK_SOCK_DIAG)")
+
+// Listeners cannot read sockets here.
+func Listeners() ([]Listener, error) { return nil, errNotLinux }
+
+// SocketInodes finds none: no engine ran here.
+func SocketInodes([]int) map[uint64]bool { return nil }
