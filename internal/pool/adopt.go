@@ -199,7 +199,7 @@ func (p *Pool) noteAdoption(rec LedgerEngine, err error) {
 	a := statusapi.Adoption{Profile: rec.Profile, PID: rec.PID, Adopted: err == nil, Sleeping: rec.Sleeping}
 	if err != nil {
 		a.Reason = err.Error()
-		p.log.Warn("an engine left running by the previous poold is not adopted; it is stopped, and the pool loads afresh", "profile", rec.Profile, "pid", rec.PID, "port", rec.Port, "why", err)
+		p.log.Warn("an engine left running by the previous poold is not adopted; it is stopped, and the pool loads afresh", "profile", rec.Profile, "pid", rec.PID, "port", rec.Port, "err", err)
 	} else {
 		p.log.Info("adopted an engine left running by the previous poold", "profile", rec.Profile, "pid", rec.PID, "port", rec.Port, "sleeping", rec.Sleeping)
 	}

@@ -174,7 +174,7 @@ func (l *Ledger) Recorded() ([]LedgerEngine, error) {
 	for _, e := range f.Engines {
 		checked, err := l.check(e)
 		if err != nil {
-			l.log.Error("not acting on an engine that the engines file records: it is not one poold could have recorded", "path", l.path, "pool", e.Pool, "profile", e.Profile, "pid", e.PID, "why", err)
+			l.log.Error("not acting on an engine that the engines file records: it is not one poold could have recorded", "path", l.path, "pool", e.Pool, "profile", e.Profile, "pid", e.PID, "err", err)
 			continue
 		}
 		engines = append(engines, checked)

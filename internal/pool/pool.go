@@ -173,7 +173,7 @@ type Options struct {
 	// client.
 	ProbeClient, ControlClient *http.Client
 	// HealthInterval is how often a serving engine's /health is polled
-	// (liveness.go); zero means DefaultHealthInterval, negative none.
+	// (healthpoll.go); zero means DefaultHealthInterval, negative none.
 	HealthInterval time.Duration
 	// LogPolls logs the access-log lines that engines print for poold's own
 	// polls of them (GET /v1/models, /health, /is_sleeping, /metrics) like

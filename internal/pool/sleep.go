@@ -222,7 +222,7 @@ func (p *Pool) stopSleeper(sl *sleeper, why string) {
 		reason, grace = statusapi.ExitCrashed, 0
 		p.log.Error("sleeping engine exited", "profile", e.profile.ID, "err", e.failure())
 	default:
-		p.log.Info("stopping sleeping engine", "profile", e.profile.ID, "pid", e.pid, "why", why)
+		p.log.Info("stopping sleeping engine", "profile", e.profile.ID, "pid", e.pid, "reason", why)
 	}
 	if _, err := p.stopAndForget(e, grace, reason); err != nil {
 		p.log.Error("stopping sleeping engine", "profile", e.profile.ID, "err", err)
