@@ -276,3 +276,34 @@ func TestCheckerParts(t *testing.T) {
 		}
 	}
 }
+
+// codeName is a Go file or a package folder named in code spans:
+// `loop.go`, `internal/pool/sockets.go`, `cmd/poold/shim.go`, `internal/engine`.
+var codeName = regexp.MustCompile("`((?:internal|cmd|test)/[a-z0-9_/]+(?:\\.go)?|[a-z][a-z0-9_]*\\.go)`")
+
+// Every Go file and package the architecture names is in the tree: a file
+// moved or renamed takes its description with it.
+func TestArchitectureNamesExist(t *testing.T) {
+	files := tracked(t)
+	bases := map[string]bool{}
+	paths := map[string]bool{}
+	for _, f := range files {
+		bases[filepath.Base(f)] = true
+		for d := f; d != "."; d = filepath.Dir(d) {
+			paths[d] = true
+		}
+	}
+	named := 0
+	for i, line := range prose(t, "docs/architecture.md") {
+		for _, m := range codeName.FindAllStringSubmatch(line, -1) {
+			name := m[1]
+			named++
+			if strings.Contains(name, "/") && !paths[name] || !strings.Contains(name, "/") && !bases[name] {
+				t.Errorf("docs/architecture.md:%d: `%s` is not in the tree", i+1, name)
+			}
+		}
+	}
+	if named < 20 {
+		t.Fatalf("only %d Go files and packages named in docs/architecture.md: the pattern no longer finds them", named)
+	}
+}
