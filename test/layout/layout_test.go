@@ -3,8 +3,11 @@
 package layout
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -47,6 +50,8 @@ var allowed = map[string][]string{
 
 type pkg struct {
 	ImportPath string
+	Dir        string
+	GoFiles    []string
 	Imports    []string
 	Deps       []string
 }
@@ -116,5 +121,32 @@ func TestPoolDependencies(t *testing.T) {
 				t.Errorf("internal/pool depends on %s", dep)
 			}
 		}
+	}
+}
+
+// maxLines bounds a source file of the product (tests and the simulator,
+// which mirrors vLLM's own sprawl, aside): past it, a file holds more than
+// one thing, and its parts get files named for them.
+const maxLines = 600
+
+func TestFileSizes(t *testing.T) {
+	checked := 0
+	for _, p := range list(t, module+"...") {
+		if strings.HasPrefix(p.ImportPath, module+"internal/enginesim") {
+			continue
+		}
+		for _, f := range p.GoFiles {
+			b, err := os.ReadFile(filepath.Join(p.Dir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checked++
+			if n := bytes.Count(b, []byte("\n")); n > maxLines {
+				t.Errorf("%s/%s: %d lines, over %d", strings.TrimPrefix(p.ImportPath, module), f, n, maxLines)
+			}
+		}
+	}
+	if checked < 50 {
+		t.Fatalf("only %d files checked: the listing lost them", checked)
 	}
 }
