@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,7 +70,7 @@ type engine struct {
 	exited  chan struct{}
 	exitErr error         // valid once exited is closed
 	pumped  chan struct{} // closed once every writer closed the log pipe
-	logs    *ring
+	logs    *proc.Output
 	// noted has a bit set for each kind of output line (noteLines) the log
 	// pump has seen.
 	noted atomic.Uint32
@@ -117,7 +116,7 @@ func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Lau
 		hurry:     hurry,
 		exited:    make(chan struct{}),
 		pumped:    make(chan struct{}),
-		logs:      &ring{max: logLines},
+		logs:      proc.NewOutput(logLines),
 	}
 }
 
@@ -355,34 +354,6 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// ring keeps the last max lines written to it.
-type ring struct {
-	max   int
-	mu    sync.Mutex // guards lines
-	lines []string
-}
-
-func (r *ring) add(line string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.lines) == r.max {
-		copy(r.lines, r.lines[1:])
-		r.lines = r.lines[:r.max-1]
-	}
-	r.lines = append(r.lines, line)
-}
-
-// tail returns the last n lines joined by " | ", or "(none)".
-func (r *ring) tail(n int) string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	l := r.lines[max(0, len(r.lines)-n):]
-	if len(l) == 0 {
-		return "(none)"
-	}
-	return strings.Join(l, " | ")
 }
 
 // isClosed reports whether c is closed; a nil c never is.

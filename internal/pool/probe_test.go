@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
 )
 
@@ -60,7 +61,7 @@ func newFakeEngine(t *testing.T, id string, answer func(call string) (int, strin
 		profile: &profile.Profile{ID: id},
 		http:    defaultClients(Options{}),
 		exited:  make(chan struct{}),
-		logs:    &ring{max: logLines},
+		logs:    proc.NewOutput(logLines),
 	}
 	f.port, _ = strconv.Atoi(port)
 	return f

@@ -129,9 +129,9 @@ func (e *engine) follow(log *slog.Logger) (out io.ReadCloser, wait func() error)
 	h := e.conn.Hello
 	seen := max(0, len(h.Backlog)-h.Unseen)
 	for _, line := range h.Backlog[:seen] {
-		if !ownPoll(line) {
+		if !proc.OwnPoll(line) {
 			e.noteReason(line)
-			e.logs.add(line)
+			e.logs.Add(line)
 		}
 	}
 	wait = func() error {

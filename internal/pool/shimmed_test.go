@@ -111,7 +111,7 @@ func (f *fakeShim) engine(t *testing.T) *engine {
 		conn:     c,
 		exited:   make(chan struct{}),
 		pumped:   make(chan struct{}),
-		logs:     &ring{max: logLines},
+		logs:     proc.NewOutput(logLines),
 	}
 	out, wait := e.follow(slog.New(slog.DiscardHandler))
 	go func() { _, _ = io.Copy(io.Discard, out) }()
