@@ -3,7 +3,8 @@
 // cgroup v2 group or a process group each (Containment), and the stop of an
 // engine's process tree (Tree); the one thread engines are forked from
 // (Spawner), their process attributes and the /proc scans that find their
-// processes (ProcStat); the engines ledger in the state directory, which a
+// processes (ProcStat); what poold keeps of an engine's output as it reads
+// it (Output, OwnPoll); the engines ledger in the state directory, which a
 // crash's successor reaps (Ledger), and that directory's trust rule
 // (CheckStateDir, CheckFile, ErrUntrusted); and the listening sockets of
 // the host's network namespace and the ones a set of processes holds
