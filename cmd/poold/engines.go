@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/poold/poold/internal/cli"
+	"github.com/poold/poold/internal/engine"
 	"github.com/poold/poold/internal/pool"
 )
 
@@ -15,7 +16,7 @@ import (
 // state directory's ledger records (those a stopped poold left running for
 // its successor), under the stop contract, and clears the ledger. poold must
 // not run: it holds the directory. The directory and each record are
-// checked as poold checks them (pool.OpenLedger); stop-engines runs outside
+// checked as poold checks them (engine.OpenLedger); stop-engines runs outside
 // poold's delegated cgroup, so it acts on no recorded cgroup: it finds each
 // engine by its process group and token, and the next poold removes the
 // empty groups.
@@ -31,7 +32,7 @@ func stopEngines(args []string, stdout, stderr io.Writer) int {
 		return cli.UsageError(stderr, fl, usage, fmt.Errorf("unexpected arguments %q", fl.Args()))
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	ledger, err := pool.OpenLedger(*dir, nil, log)
+	ledger, err := engine.OpenLedger(*dir, nil, pool.StopOrphan, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "poold stop-engines: %v\n", err)
 		return cli.ExitFailure

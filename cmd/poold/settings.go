@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/poold/poold/internal/cli"
+	"github.com/poold/poold/internal/engine"
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/headerbudget"
 	"github.com/poold/poold/internal/logqueue"
@@ -164,7 +165,7 @@ func serveFlags() *pflag.FlagSet {
 	fl.String("state-dir", "/var/lib/poold", "directory for poold's state: the engines it runs, so that a restart after a crash stops their leftovers")
 	fl.Bool("keep-engines-on-restart", true, "keep the engines running across a restart of poold, under supervisors that the next poold adopts them from (docs/operations.md, Upgrades); off, a shutdown stops them")
 	fl.Duration("adopt-timeout", time.Minute, "with keep-engines-on-restart, how long an engine runs on with no poold in front of it (after a crash, or a shutdown with no restart) before its supervisor stops it")
-	fl.String("containment", pool.ModeAuto, "how engines' processes are contained: auto (a cgroup per engine when poold's cgroup is delegated to it, else process groups), cgroup or process-group")
+	fl.String("containment", engine.ModeAuto, "how engines' processes are contained: auto (a cgroup per engine when poold's cgroup is delegated to it, else process groups), cgroup or process-group")
 	fl.Bool("watch", true, "reload the profiles file when it changes (SIGHUP reloads either way)")
 	fl.Duration("reload-debounce", 200*time.Millisecond, "quiet time after a change to the profiles file before it is reloaded")
 	fl.Duration("upstream-header-timeout", 10*time.Minute, "how long an engine may take to start answering a request (504 after); 0 waits as long as the client")
@@ -260,7 +261,7 @@ func loadSettings(args []string) (settings, error) {
 		errs = append(errs, errVLLMCommandEmpty)
 	}
 	switch s.Containment {
-	case pool.ModeAuto, pool.ModeCgroup, pool.ModeProcessGroup:
+	case engine.ModeAuto, engine.ModeCgroup, engine.ModeProcessGroup:
 	default:
 		errs = append(errs, fmt.Errorf("containment: %q is not auto, cgroup or process-group", s.Containment))
 	}

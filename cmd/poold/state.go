@@ -19,16 +19,16 @@ const leftoverGrace = 5 * time.Second
 // containment sets up how engines' processes are contained (mode is the
 // containment setting) and says which it is, once: process-group mode, where
 // a cgroup was possible but not found, is logged as a degraded mode.
-func containment(mode string, log *slog.Logger) (*pool.Containment, error) {
-	c, err := pool.NewContainment(mode)
+func containment(mode string, log *slog.Logger) (*engine.Containment, error) {
+	c, err := engine.NewContainment(mode)
 	if err != nil {
 		return nil, err
 	}
 	st := c.Status()
 	switch {
-	case st.Mode == pool.ModeCgroup:
+	case st.Mode == engine.ModeCgroup:
 		log.Info("engines run in cgroups of their own", "containment", st.Mode, "cgroup", st.Cgroup)
-	case mode == pool.ModeAuto:
+	case mode == engine.ModeAuto:
 		log.Warn("degraded containment: engines run in process groups, and a process that leaves its group and clears its environment can outlive its engine", "containment", st.Mode, "reason", st.Reason)
 	default:
 		log.Info("engines run in process groups", "containment", st.Mode, "reason", st.Reason)
@@ -42,8 +42,8 @@ func containment(mode string, log *slog.Logger) (*pool.Containment, error) {
 // that cannot be created (poold run by a user outside systemd) only
 // disables the ledger, with a warning: no crash clean-up, and no engine
 // kept across a restart.
-func openState(dir string, contain *pool.Containment, log *slog.Logger) (*pool.Ledger, error) {
-	ledger, err := pool.OpenLedger(dir, contain, log)
+func openState(dir string, contain *engine.Containment, log *slog.Logger) (*engine.Ledger, error) {
+	ledger, err := engine.OpenLedger(dir, contain, pool.StopOrphan, log)
 	switch {
 	case errors.Is(err, syscall.EWOULDBLOCK), errors.Is(err, engine.ErrUntrusted):
 		return nil, fmt.Errorf("state-dir: %w", err)
@@ -58,7 +58,7 @@ func openState(dir string, contain *pool.Containment, log *slog.Logger) (*pool.L
 // engine starts: with adopt, the pools adopt those that pass verification
 // (Set.Adopt); the ledger then stops what is left of the others, and (cgroup
 // mode) any engine group left under the delegated cgroup but the adopted.
-func takeOver(ctx context.Context, ledger *pool.Ledger, pools *pool.Set, adopt bool, contain *pool.Containment, log *slog.Logger) {
+func takeOver(ctx context.Context, ledger *engine.Ledger, pools *pool.Set, adopt bool, contain *engine.Containment, log *slog.Logger) {
 	left, err := ledger.Recorded()
 	if err != nil {
 		log.Error("reading the engines left by a previous run", "err", err)

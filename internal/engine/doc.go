@@ -1,8 +1,13 @@
 // Package engine is the process side of poold's engines, what the pool
-// package needs of the operating system to run them. For now: the listening
-// sockets of the host's network namespace and the ones a set of processes
-// holds (InspectSockets, Listeners, SocketInodes), by which a ready engine is
-// checked to answer on its port alone and nowhere beyond loopback; and the
-// trust rule of the state directory, where the engine ledger lives
-// (CheckStateDir, CheckFile, ErrUntrusted).
+// package needs of the operating system to run them: their containment, a
+// cgroup v2 group or a process group each (Containment), and the stop of an
+// engine's process tree (Tree); the one thread engines are forked from
+// (Spawner), their process attributes and the /proc scans that find their
+// processes (ProcStat); what poold keeps of an engine's output as it reads
+// it (Output, OwnPoll); the engines ledger in the state directory, which a
+// crash's successor reaps (Ledger), and that directory's trust rule
+// (CheckStateDir, CheckFile, ErrUntrusted); and the listening sockets of
+// the host's network namespace and the ones a set of processes holds
+// (InspectSockets, Listeners, SocketInodes), by which a ready engine is
+// checked to answer on its port alone and nowhere beyond loopback.
 package engine

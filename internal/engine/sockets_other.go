@@ -4,11 +4,11 @@ package engine
 
 import "errors"
 
-// errNotLinux is why sockets cannot be read here.
-var errNotLinux = errors.New("listening sockets are read only on Linux (/proc, NETLINK_SOCK_DIAG)")
+// errNoSockets is why sockets cannot be read here.
+var errNoSockets = errors.New("listening sockets are read only on Linux (/proc, NETLINK_SOCK_DIAG)")
 
 // Listeners cannot read sockets here.
-func Listeners() ([]Listener, error) { return nil, errNotLinux }
+func Listeners() ([]Listener, error) { return nil, errNoSockets }
 
 // SocketInodes finds none: no engine ran here.
 func SocketInodes([]int) map[uint64]bool { return nil }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/shim"
 	"github.com/poold/poold/internal/statusapi"
 )
@@ -44,7 +45,7 @@ const adoptTimeout = 5 * time.Second
 // answered for (an engine started without one, a shim gone, a pool
 // removed): the caller reaps them (Ledger.ReapEngines), through the shims
 // that still answer (a pool or a profile removed).
-func (s *Set) Adopt(ctx context.Context, recorded []LedgerEngine) (rest []LedgerEngine) {
+func (s *Set) Adopt(ctx context.Context, recorded []proc.LedgerEngine) (rest []proc.LedgerEngine) {
 	for _, rec := range recorded {
 		p := s.Pool(rec.Pool)
 		if p == nil {
@@ -62,7 +63,7 @@ func (s *Set) Adopt(ctx context.Context, recorded []LedgerEngine) (rest []Ledger
 // adopt verifies the engine that rec records and takes it into the pool,
 // or stops it. It reports whether it dealt with it: false when it could not
 // attach to its shim, and the engine's processes are the caller's to reap.
-func (p *Pool) adopt(ctx context.Context, rec LedgerEngine) bool {
+func (p *Pool) adopt(ctx context.Context, rec proc.LedgerEngine) bool {
 	e, err := p.attach(rec)
 	if err != nil {
 		p.noteAdoption(rec, err)
@@ -80,7 +81,7 @@ func (p *Pool) adopt(ctx context.Context, rec LedgerEngine) bool {
 		if stopErr := stop(e.profile.StopTimeout.Duration, p.log); stopErr != nil {
 			p.log.Error("stopping the engine not adopted", "profile", rec.Profile, "pid", rec.PID, "err", stopErr)
 		}
-		removeShimFiles(rec.Shim)
+		proc.RemoveShimFiles(rec.Shim)
 		return true
 	}
 	p.take(e, rec.Sleeping)
@@ -90,7 +91,7 @@ func (p *Pool) adopt(ctx context.Context, rec LedgerEngine) bool {
 
 // attach attaches to the shim of the engine that rec records and returns
 // the engine, followed as one that poold started, or why it cannot.
-func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
+func (p *Pool) attach(rec proc.LedgerEngine) (*engine, error) {
 	p.mu.Lock()
 	prof, spec := p.cfg.Lookup(rec.Profile), p.spec
 	served := prof != nil && p.servesLocked(prof.ID)
@@ -122,8 +123,8 @@ func (p *Pool) attach(rec LedgerEngine) (*engine, error) {
 
 // verify checks that e, attached, is the engine that rec records, as the
 // profile in force would run it, and that it answers as recorded.
-func (p *Pool) verify(ctx context.Context, e *engine, rec LedgerEngine) error {
-	if st, err := procStat(rec.PID); err != nil || st.start != rec.StartTicks || st.state == 'Z' || isClosed(e.exited) {
+func (p *Pool) verify(ctx context.Context, e *engine, rec proc.LedgerEngine) error {
+	if st, err := proc.ProcStat(rec.PID); err != nil || st.Start != rec.StartTicks || st.State == 'Z' || isClosed(e.exited) {
 		return fmt.Errorf("its process %d %w", rec.PID, errNotRecorded)
 	}
 	if st, err := e.conn.State(adoptTimeout); err != nil || !st.Running || st.Stopping {
@@ -166,8 +167,8 @@ func (p *Pool) verify(ctx context.Context, e *engine, rec LedgerEngine) error {
 // of its sleepers.
 func (p *Pool) take(e *engine, level int) {
 	e.served.Store(true)
-	p.opts.Ledger.add(p.name, e)
-	p.opts.Ledger.asleep(e, level)
+	p.opts.Ledger.Add(e.record(p.name))
+	p.opts.Ledger.Asleep(e.pid, level)
 	now := p.opts.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -195,7 +196,7 @@ func (p *Pool) take(e *engine, level int) {
 
 // noteAdoption logs what became of the engine that rec records, and keeps
 // it for /status; err is why it was not adopted, nil when it was.
-func (p *Pool) noteAdoption(rec LedgerEngine, err error) {
+func (p *Pool) noteAdoption(rec proc.LedgerEngine, err error) {
 	a := statusapi.Adoption{Profile: rec.Profile, PID: rec.PID, Adopted: err == nil, Sleeping: rec.Sleeping}
 	if err != nil {
 		a.Reason = err.Error()
@@ -218,6 +219,12 @@ func (e *engine) stopThroughShim(grace time.Duration, log *slog.Logger) error {
 	return e.stopShimmed(grace, log)
 }
 
+// record is e as the ledger records it, running on pool.
+func (e *engine) record(pool string) proc.LedgerEngine {
+	return proc.LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token, Cgroup: e.cgroup, Shim: e.shimPath,
+		Argv: e.argv, EnvSums: envSums(e.given)}
+}
+
 // envSums is a digest of each variable of env by name: the first 16 hex
 // digits of the sha256 of its value, enough to tell a change, without
 // keeping a value that may be a secret.
@@ -235,7 +242,7 @@ func envSums(env []string) map[string]string {
 // profile in force would start with argv and given: the flags of the
 // command line added, removed or changed, and the variables, by name only
 // (a value may be a secret). A ledger of an older poold records neither.
-func changes(rec LedgerEngine, argv, given []string) string {
+func changes(rec proc.LedgerEngine, argv, given []string) string {
 	if rec.Argv == nil {
 		return "another command line or environment"
 	}

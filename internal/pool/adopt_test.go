@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/shim"
 	"github.com/poold/poold/internal/statusapi"
@@ -26,20 +27,20 @@ import (
 // poold that stops with keep-engines-on-restart; without, it stops them.
 // Before Run, it adopts what the ledger recorded and returns what it did
 // not attach to.
-func keptSet(t *testing.T, dir string, cfg *profile.Config) (s *Set, rest []LedgerEngine, stop func(detach bool)) {
+func keptSet(t *testing.T, dir string, cfg *profile.Config) (s *Set, rest []proc.LedgerEngine, stop func(detach bool)) {
 	t.Helper()
 	return keptSetWith(t, dir, cfg, nil)
 }
 
 // keptSetWith is keptSet with vllm, the launcher of the profiles without a
 // command, followed by --model and the rest (Launch.VLLM).
-func keptSetWith(t *testing.T, dir string, cfg *profile.Config, vllm []string) (s *Set, rest []LedgerEngine, stop func(detach bool)) {
+func keptSetWith(t *testing.T, dir string, cfg *profile.Config, vllm []string) (s *Set, rest []proc.LedgerEngine, stop func(detach bool)) {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ledger, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler))
+	ledger, err := proc.OpenLedger(dir, nil, StopOrphan, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,10 @@ func TestAdoptKeepsTheEngine(t *testing.T) {
 		t.Fatalf("status after the adoption: %+v, want engine %d ready and adopted", st, pid)
 	}
 	stop2(false)
-	if !waitGone([]int{pid}, 10*time.Second) {
+	for deadline := time.Now().Add(10 * time.Second); alive(pid) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	if alive(pid) {
 		t.Fatalf("the adopted engine %d outlived the Set that stopped", pid)
 	}
 }
@@ -103,12 +107,12 @@ func TestAdoptRefuses(t *testing.T) {
 		flags []string
 		// between changes what the next Set finds: the profile it runs
 		// (flags of the engine after the restart), the record, the host.
-		between func(t *testing.T, port int, rec *LedgerEngine) (after []string)
+		between func(t *testing.T, port int, rec *proc.LedgerEngine) (after []string)
 		want    string
 	}{
 		{
 			name: "changed profile",
-			between: func(*testing.T, int, *LedgerEngine) []string {
+			between: func(*testing.T, int, *proc.LedgerEngine) []string {
 				return []string{"--sim-ttft", "1ms"}
 			},
 			want: "profile changed while poold was down, or the vllm-command setting did: argument --sim-ttft added",
@@ -116,7 +120,7 @@ func TestAdoptRefuses(t *testing.T) {
 		{
 			name:  "port shared",
 			flags: []string{"--sim-reuseport"},
-			between: func(t *testing.T, port int, _ *LedgerEngine) []string {
+			between: func(t *testing.T, port int, _ *proc.LedgerEngine) []string {
 				lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 					var err error
 					if cerr := c.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) }); cerr != nil {
@@ -135,7 +139,7 @@ func TestAdoptRefuses(t *testing.T) {
 		},
 		{
 			name: "recorded asleep",
-			between: func(_ *testing.T, _ int, rec *LedgerEngine) []string {
+			between: func(_ *testing.T, _ int, rec *proc.LedgerEngine) []string {
 				rec.Sleeping = 1
 				return nil
 			},
@@ -143,7 +147,7 @@ func TestAdoptRefuses(t *testing.T) {
 		},
 		{
 			name: "other process",
-			between: func(_ *testing.T, _ int, rec *LedgerEngine) []string {
+			between: func(_ *testing.T, _ int, rec *proc.LedgerEngine) []string {
 				rec.StartTicks++
 				return nil
 			},
@@ -163,7 +167,7 @@ func TestAdoptRefuses(t *testing.T) {
 			eng := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady.String() && p.Engine != nil }).Engine
 			stop1(true)
 
-			l, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler))
+			l, err := proc.OpenLedger(dir, nil, StopOrphan, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -172,13 +176,8 @@ func TestAdoptRefuses(t *testing.T) {
 				t.Fatalf("recorded: %+v, %v", recs, err)
 			}
 			after := tt.between(t, eng.Port, &recs[0])
-			for _, r := range recs {
-				l.engines[r.PID] = r
-			}
-			if err := l.write(); err != nil {
-				t.Fatal(err)
-			}
 			l.Close()
+			writeRecords(t, dir, recs...)
 
 			cfg2 := reloadConfig(t, `{"name": "g", "gpus": [0], "default": "a"}`, sleepy(prof(after)))
 			s2, rest, _ := keptSet(t, dir, cfg2)
@@ -280,7 +279,7 @@ func TestAdoptSignalsOnlyPooldsShims(t *testing.T) {
 			}
 		}
 	}()
-	writeRecords(t, dir, LedgerEngine{Pool: "g", Profile: "a", PID: gone, PGID: gone, StartTicks: 1, Shim: sock})
+	writeRecords(t, dir, proc.LedgerEngine{Pool: "g", Profile: "a", PID: gone, PGID: gone, StartTicks: 1, Shim: sock})
 
 	s, rest, _ := keptSet(t, dir, reloadConfig(t, `{"name": "g", "gpus": [0]}`, simProfile("a", []string{"g"})))
 	if len(rest) != 0 {
@@ -296,7 +295,7 @@ func TestAdoptSignalsOnlyPooldsShims(t *testing.T) {
 
 func TestChanges(t *testing.T) {
 	base := []string{"vllm", "serve", "--model", "m", "--port", "41000", "--max-model-len", "4096"}
-	rec := LedgerEngine{Argv: base, EnvSums: envSums([]string{"A=1", "B=2", "HF_TOKEN=secret"})}
+	rec := proc.LedgerEngine{Argv: base, EnvSums: envSums([]string{"A=1", "B=2", "HF_TOKEN=secret"})}
 	for _, tt := range []struct {
 		name        string
 		argv, given []string
@@ -319,7 +318,7 @@ func TestChanges(t *testing.T) {
 			t.Errorf("%s: a value shown: %q", tt.name, got)
 		}
 	}
-	if got := changes(LedgerEngine{}, base, nil); got != "another command line or environment" {
+	if got := changes(proc.LedgerEngine{}, base, nil); got != "another command line or environment" {
 		t.Errorf("an older ledger's record: %q", got)
 	}
 }

@@ -13,10 +13,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/shim"
 	"github.com/poold/poold/internal/statusapi"
@@ -44,10 +44,10 @@ type engine struct {
 	// token is POOLD_ENGINE_TOKEN in the environment of the engine and its
 	// descendants, which tells them from unrelated processes after a crash.
 	token string
-	// startTicks is the leader's start time (see procStat); 0 if unknown.
+	// startTicks is the leader's start time (proc.Stat.Start); 0 if unknown.
 	startTicks uint64
 	// cgroup is the directory of the engine's own cgroup in cgroup mode
-	// (Containment); "" in process-group mode.
+	// (proc.Containment); "" in process-group mode.
 	cgroup string
 	// shimPath is the socket of the engine's supervisor and conn poold's
 	// attachment to it (shimmed.go); "" and nil for an engine that is
@@ -70,7 +70,7 @@ type engine struct {
 	exited  chan struct{}
 	exitErr error         // valid once exited is closed
 	pumped  chan struct{} // closed once every writer closed the log pipe
-	logs    *ring
+	logs    *proc.Output
 	// noted has a bit set for each kind of output line (noteLines) the log
 	// pump has seen.
 	noted atomic.Uint32
@@ -116,7 +116,7 @@ func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Lau
 		hurry:     hurry,
 		exited:    make(chan struct{}),
 		pumped:    make(chan struct{}),
-		logs:      &ring{max: logLines},
+		logs:      proc.NewOutput(logLines),
 	}
 }
 
@@ -133,8 +133,8 @@ type engineStart struct {
 	Profile     *profile.Profile
 	Spec        *profile.PoolSpec
 	Launch      profile.Launch
-	Spawn       spawner
-	Containment *Containment
+	Spawn       proc.Spawner
+	Containment *proc.Containment
 	Shims       *Shims
 	HTTP        clients
 	Hurry       <-chan struct{}
@@ -151,24 +151,24 @@ func startEngine(o engineStart) (*engine, error) {
 	e := newEngine(prof, spec, o.Launch, port, rand.Text(), o.HTTP, o.Hurry)
 	argv := e.argv
 	var cgroupFD *os.File
-	if o.Containment.Mode() == ModeCgroup {
-		if e.cgroup, cgroupFD, err = newEngineGroup(o.Containment.base, spec.Name, e.token); err != nil {
-			return nil, err
-		}
+	if e.cgroup, cgroupFD, err = o.Containment.NewEngineGroup(spec.Name, e.token); err != nil {
+		return nil, err
+	}
+	if cgroupFD != nil {
 		defer cgroupFD.Close()
 	}
 	var cmd *exec.Cmd
 	if shims == nil {
 		cmd = exec.Command(argv[0], argv[1:]...)
-		cmd.Env = append(slices.Clip(e.env), tokenEnv+"="+e.token)
-		if cmd.SysProcAttr, err = engineProcAttr(); err != nil {
+		cmd.Env = append(slices.Clip(e.env), proc.TokenEnv+"="+e.token)
+		if cmd.SysProcAttr, err = proc.ProcAttr(); err != nil {
 			if e.cgroup != "" {
-				_ = removeCgroup(e.cgroup)
+				_ = proc.RemoveCgroup(e.cgroup)
 			}
 			return nil, err
 		}
 		if cgroupFD != nil {
-			cgroupAttr(cmd.SysProcAttr, cgroupFD)
+			proc.UseCgroup(cmd.SysProcAttr, cgroupFD)
 		}
 	} else {
 		// The shim starts the engine into its cgroup and stays out of it:
@@ -180,7 +180,7 @@ func startEngine(o engineStart) (*engine, error) {
 	var out io.ReadCloser
 	var wait func() error
 	if shims == nil {
-		out, wait, err = startChild(cmd, o.Spawn)
+		out, wait, err = proc.StartChild(cmd, o.Spawn)
 		if err == nil {
 			e.pid = cmd.Process.Pid
 		}
@@ -190,36 +190,18 @@ func startEngine(o engineStart) (*engine, error) {
 	}
 	if err != nil {
 		if e.cgroup != "" {
-			_ = removeCgroup(e.cgroup)
+			_ = proc.RemoveCgroup(e.cgroup)
 		}
-		removeShimFiles(e.shimPath)
+		proc.RemoveShimFiles(e.shimPath)
 		return nil, fmt.Errorf("running %q: %w", argv[0], err)
 	}
-	if st, err := procStat(e.pid); err == nil {
-		e.startTicks = st.start
+	if st, err := proc.ProcStat(e.pid); err == nil {
+		e.startTicks = st.Start
 	}
 	output := o.Output.with("profile", prof.ID, "pid", e.pid)
 	output.log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", e.cgroup, "shim", e.shimPath)
 	e.run(out, wait, output)
 	return e, nil
-}
-
-// startChild starts cmd as poold's own child, its output into a pipe that
-// poold reads itself (so that waiting for it does not wait for grandchildren
-// that inherited the pipe); wait waits for it to exit.
-func startChild(cmd *exec.Cmd, spawn spawner) (out io.ReadCloser, wait func() error, err error) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, nil, fmt.Errorf("creating log pipe: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	err = spawn.start(cmd)
-	w.Close()
-	if err != nil {
-		r.Close()
-		return nil, nil, err
-	}
-	return r, cmd.Wait, nil
 }
 
 // run reads the engine's output from r into output and records its exit,
@@ -324,33 +306,8 @@ func (e *engine) failedServing(err error) failure {
 	return f
 }
 
-// spawner starts engine processes from one OS thread that never ends. The
-// kernel sends Pdeathsig when the *thread* that forked a child ends, not the
-// process (go.dev/issue/27505), and the Go runtime ends a thread whose locked
-// goroutine exits (code that calls LockOSThread, as cgo loaders such as NVML's
-// do, may leave one); an engine forked on such a thread would be SIGKILLed in
-// the middle of its life. A nil spawner starts on the calling thread.
-type spawner chan spawnRequest
-
-type spawnRequest struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-func (s spawner) start(cmd *exec.Cmd) error {
-	if s == nil {
-		return cmd.Start()
-	}
-	done := make(chan error, 1)
-	s <- spawnRequest{cmd, done}
-	return <-done
-}
-
-// killWait bounds the wait for a SIGKILLed engine's processes to vanish.
-const killWait = 10 * time.Second
-
 // stop ends all of the engine's processes (its cgroup, or its process group
-// and what left it: see Containment): SIGTERM, up to grace for them to end,
+// and what left it: see proc.Containment): SIGTERM, up to grace for them to end,
 // then SIGKILL. An engine under a shim is stopped by its shim
 // (stopShimmed); poold ends itself only what is left once the shim reported
 // the exit or is gone, or when the shim failed to stop it. It returns only
@@ -363,12 +320,12 @@ func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
 			log.Error("the engine's supervisor did not stop it; poold ends its processes itself", "err", err)
 		}
 	}
-	if err := e.tree().end(grace, e.hurry, log); err != nil {
+	if err := e.tree().End(grace, e.hurry, log); err != nil {
 		return err
 	}
 	<-e.exited
 	if e.cgroup != "" {
-		if err := removeCgroup(e.cgroup); err != nil {
+		if err := proc.RemoveCgroup(e.cgroup); err != nil {
 			log.Warn("removing the engine's cgroup", "profile", e.profile.ID, "cgroup", e.cgroup, "err", err)
 		}
 	}
@@ -376,30 +333,15 @@ func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
 }
 
 // tree is what stopping the engine ends.
-func (e *engine) tree() tree {
+func (e *engine) tree() proc.Tree {
 	if e.cgroup != "" {
-		t := cgroupTree(e.cgroup)
-		t.pgid = e.pid
-		return t
+		return proc.CgroupTree(e.cgroup, e.pid)
 	}
-	return groupTree(e.pid, e.token, e.startTicks)
-}
-
-// groupTree is the tree of an engine in process-group mode whose leader is
-// pid, started at start, marked with token (treeMembers).
-func groupTree(pid int, token string, start uint64) tree {
-	// What one scan found stays the engine's while it runs: a process whose
-	// parent died meanwhile (SIGTERMed first, say) is still known.
-	known := make(map[int]uint64)
-	return tree{
-		what:    fmt.Sprintf("process group %d", pid),
-		pgid:    pid,
-		members: func() []int { return treeMembers(pid, token, start, true, known) },
-	}
+	return proc.GroupTree(e.pid, e.token, e.startTicks)
 }
 
 // members lists the engine's live processes.
-func (e *engine) members() []int { return e.tree().members() }
+func (e *engine) members() []int { return e.tree().Members() }
 
 // portAttempts bounds the starts of one engine whose port was taken.
 const portAttempts = 3
@@ -412,34 +354,6 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// ring keeps the last max lines written to it.
-type ring struct {
-	max   int
-	mu    sync.Mutex // guards lines
-	lines []string
-}
-
-func (r *ring) add(line string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.lines) == r.max {
-		copy(r.lines, r.lines[1:])
-		r.lines = r.lines[:r.max-1]
-	}
-	r.lines = append(r.lines, line)
-}
-
-// tail returns the last n lines joined by " | ", or "(none)".
-func (r *ring) tail(n int) string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	l := r.lines[max(0, len(r.lines)-n):]
-	if len(l) == 0 {
-		return "(none)"
-	}
-	return strings.Join(l, " | ")
 }
 
 // isClosed reports whether c is closed; a nil c never is.

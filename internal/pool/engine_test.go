@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
 )
 
@@ -114,7 +115,7 @@ func TestWaitReadyKeepsWhatWasListedAtTheDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := reloadConfig(t, `{"name": "a", "gpus": [0]}`, simProfile("x", []string{"a"}))
-	e := &engine{profile: cfg.Lookup("x"), port: port, http: defaultClients(Options{}), exited: make(chan struct{}), logs: &ring{max: logLines}}
+	e := &engine{profile: cfg.Lookup("x"), port: port, http: defaultClients(Options{}), exited: make(chan struct{}), logs: proc.NewOutput(logLines)}
 	err = e.waitReady(context.Background(), 500*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), `it lists ["other-name"], not "x"`) {
 		t.Fatalf("waitReady: %v; want it to say what /v1/models listed before the deadline", err)

@@ -1,14 +1,10 @@
 package pool
 
 import (
-	"bufio"
 	"io"
 	"log/slog"
 	"regexp"
-	"slices"
 	"strings"
-
-	"github.com/poold/poold/internal/shim"
 )
 
 // An engine's output reaches poold's log one line per record: the message
@@ -81,7 +77,7 @@ func (e *engine) said() string {
 // lastOutput is what an error message says of the engine's output: the
 // reason it gave (noteReason), if any, and its last lines.
 func (e *engine) lastOutput() string {
-	out := "last output: " + e.logs.tail(5)
+	out := "last output: " + e.logs.Tail(5)
 	if r := e.said(); r != "" {
 		out = "reason: " + r + "; " + out
 	}
@@ -103,37 +99,8 @@ func (e *engine) printed(bit uint32) bool {
 
 // DropOwnPoll is why an engine output line is left out of the log
 // (Observer.EngineLogDropped): it is the access-log line of one of poold's
-// own polls of the engine.
+// own polls of the engine (proc.OwnPoll).
 const DropOwnPoll = "own_poll"
-
-// ownPolls are the paths poold itself GETs from its engines: /v1/models
-// (readiness, and a model's max_model_len), /health (liveness),
-// /is_sleeping (sleep mode) and /metrics (their load, and
-// GET /pools/{pool}/metrics).
-var ownPolls = []string{"/v1/models", "/health", "/is_sleeping", "/metrics"}
-
-// accessLine matches the access-log line of a GET as vLLM's HTTP server
-// (uvicorn) prints it, colours taken out: the prefix vLLM gives its
-// processes' lines, if any ("(APIServer pid=1234) "), "INFO:", the client's
-// address, the request line and the status. The path, without its query,
-// is the first group.
-var accessLine = regexp.MustCompile(`^(?:\([^)]*\) )?INFO: +\S+ - "GET ([^ ?"]*)(?:\?[^ "]*)? HTTP/[0-9.]+" [0-9]{3}\b`)
-
-// colours matches the ANSI colour codes of a line printed in colour.
-var colours = regexp.MustCompile(`\x1b\[[0-9;]*m`)
-
-// ownPoll reports whether line is the access-log line of a GET of one of
-// ownPolls, whatever its query and status.
-func ownPoll(line string) bool {
-	if !strings.Contains(line, "GET /") {
-		return false // most lines, cheaply
-	}
-	if strings.IndexByte(line, 0x1b) >= 0 {
-		line = colours.ReplaceAllString(line, "")
-	}
-	m := accessLine.FindStringSubmatch(line)
-	return m != nil && slices.Contains(ownPolls, m[1])
-}
 
 // outputLog is where an engine's output lines go: poold's log, at info
 // level, but for the access-log lines of poold's own polls, a line a second
@@ -163,33 +130,22 @@ func (o outputLog) line(line string, poll bool) {
 	o.log.Info(EngineOutput, EngineLine, line)
 }
 
-// pump copies the engine's output lines into the log and the ring, noting
-// the kinds poold acts on and the engine's reason, until every writer (the engine and its
-// descendants) has closed the pipe. It never stops reading before: an
-// engine writing into a pipe nobody reads would block, and one whose pipe
-// was closed would die of SIGPIPE. A line longer than shim.MaxLine is cut
-// there and says how much was dropped. The ring, whose lines say why the
-// engine failed, never holds poold's own polls: they would push those out.
+// pump copies the engine's output lines into the log and its kept lines
+// (proc.Output.Pump), noting the kinds poold acts on and the engine's
+// reason, until every writer (the engine and its descendants) has closed
+// the pipe. The kept lines, which say why the engine failed, never hold
+// poold's own polls, nor are those a reason.
 func (e *engine) pump(r io.ReadCloser, out outputLog) {
 	defer close(e.pumped)
 	defer r.Close()
-	br := bufio.NewReaderSize(r, shim.MaxLine)
-	for {
-		line, err := shim.ReadLine(br)
-		if line != "" || err == nil {
-			e.note(line)
-			poll := ownPoll(line)
-			if !poll {
-				e.noteReason(line)
-				e.logs.add(line)
-			}
-			out.line(line, poll)
+	err := e.logs.Pump(r, func(line string, poll bool) {
+		e.note(line)
+		if !poll {
+			e.noteReason(line)
 		}
-		if err != nil {
-			if err != io.EOF {
-				out.log.Warn("reading the engine's output", "err", err)
-			}
-			return
-		}
+		out.line(line, poll)
+	})
+	if err != nil {
+		out.log.Warn("reading the engine's output", "err", err)
 	}
 }

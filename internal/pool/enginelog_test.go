@@ -35,40 +35,6 @@ func TestNoteLines(t *testing.T) {
 	}
 }
 
-// The access-log lines of poold's own polls are told from the rest as
-// vLLM prints them: uvicorn's line, behind vLLM's process prefix or not, in
-// colour or not; a GET of exactly a polled path, with or without a query,
-// any status.
-func TestOwnPoll(t *testing.T) {
-	const colour = "\x1b[1;36m(APIServer pid=1234)\x1b[0;0m \x1b[32mINFO\x1b[0m:     127.0.0.1:56790 - \"\x1b[1mGET /metrics HTTP/1.1\x1b[0m\" \x1b[32m200 OK\x1b[0m"
-	for _, tt := range []struct {
-		line string
-		want bool
-	}{
-		{`INFO:     127.0.0.1:56790 - "GET /metrics HTTP/1.1" 200 OK`, true},
-		{`(APIServer pid=1234) INFO:     127.0.0.1:56790 - "GET /health HTTP/1.1" 200 OK`, true},
-		{`(APIServer pid=1234) INFO:     127.0.0.1:56790 - "GET /v1/models HTTP/1.1" 200 OK`, true},
-		{`(APIServer pid=1234) INFO:     127.0.0.1:56790 - "GET /is_sleeping HTTP/1.1" 200 OK`, true},
-		{`(APIServer pid=1234) INFO:     127.0.0.1:56790 - "GET /health HTTP/1.1" 503 Service Unavailable`, true},
-		{`(APIServer pid=1234) INFO:     127.0.0.1:56790 - "GET /metrics?name[]=vllm:num_requests_running HTTP/1.1" 200 OK`, true},
-		{`INFO:     ::1:56790 - "GET /health HTTP/1.0" 200 OK`, true},
-		{colour, true},
-		{strings.ReplaceAll(colour, "/metrics", "/v1/chat/completions"), false},
-		{`(APIServer pid=1234) INFO:     127.0.0.1:56790 - "POST /v1/chat/completions HTTP/1.1" 200 OK`, false},
-		{`(APIServer pid=1234) INFO:     127.0.0.1:56790 - "POST /health HTTP/1.1" 200 OK`, false},
-		{`(APIServer pid=1234) INFO:     127.0.0.1:56790 - "GET /v1/models/m HTTP/1.1" 200 OK`, false},
-		{`(APIServer pid=1234) INFO:     127.0.0.1:56790 - "GET /healthz HTTP/1.1" 404 Not Found`, false},
-		{`(APIServer pid=1234) INFO 12-01 10:00:00 [loggers.py:127] Engine 000: Avg prompt throughput: 0.0 tokens/s`, false},
-		{`(APIServer pid=1234) INFO 12-01 10:00:00 [logger.py:40] Received request x: prompt: 'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK'`, false},
-		{`(APIServer pid=1234) WARNING:  Invalid HTTP request received.`, false},
-		{"", false},
-	} {
-		if got := ownPoll(tt.line); got != tt.want {
-			t.Errorf("%q: own poll %t, want %t", tt.line, got, tt.want)
-		}
-	}
-}
-
 func TestNoteReason(t *testing.T) {
 	for _, tt := range []struct{ line, want string }{
 		{"(EngineCore pid=7) ERROR 04-07 10:00:00 [core.py:1120] RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=1",

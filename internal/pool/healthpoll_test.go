@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
 )
 
@@ -77,7 +78,7 @@ func TestHealthPollerFailsAnEngineThatRefuses(t *testing.T) {
 		port:    ln.Addr().(*net.TCPAddr).Port,
 		http:    defaultClients(Options{}),
 		exited:  make(chan struct{}),
-		logs:    &ring{max: logLines},
+		logs:    proc.NewOutput(logLines),
 	}
 	ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -6,15 +6,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"syscall"
+	"strings"
 	"testing"
-	"time"
+
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 )
 
-func openLedger(t *testing.T, dir string) *Ledger {
+func openLedger(t *testing.T, dir string) *proc.Ledger {
 	t.Helper()
-	l, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler))
+	l, err := proc.OpenLedger(dir, nil, StopOrphan, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,104 +22,86 @@ func openLedger(t *testing.T, dir string) *Ledger {
 	return l
 }
 
-func readLedger(t *testing.T, dir string) ledgerFile {
+// A stopped engine is forgotten: the ledger records none after its stop.
+func TestLedgerForgetsStoppedEngines(t *testing.T) {
+	dir := t.TempDir()
+	l := openLedger(t, dir)
+	p, e := startSleeper(t, Options{Ledger: l})
+	l.Add(e.record("g"))
+	if f := readRecords(t, dir); len(f.Engines) != 1 {
+		t.Fatalf("engines file after the start: %+v, want the engine", f)
+	}
+	if _, err := p.stopEngine(e); err != nil {
+		t.Fatal(err)
+	}
+	if f := readRecords(t, dir); len(f.Engines) != 0 {
+		t.Fatalf("engines file after a stop: %+v, want none", f)
+	}
+}
+
+// enginesFile is engines.json as the ledger writes it.
+type enginesFile struct {
+	BootID  string              `json:"bootId"`
+	Engines []proc.LedgerEngine `json:"engines"`
+}
+
+// readRecords reads the engines file of dir.
+func readRecords(t *testing.T, dir string) enginesFile {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, "engines.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f ledgerFile
+	var f enginesFile
 	if err := json.Unmarshal(data, &f); err != nil {
 		t.Fatal(err)
 	}
 	return f
 }
 
-// TestLedgerReapsWhatACrashLeft records a real engine (a shell with a
-// sleeping child), kills its leader as Pdeathsig does when poold dies,
-// and checks that the next ledger on the directory stops the orphaned child.
-func TestLedgerReapsWhatACrashLeft(t *testing.T) {
-	dir := t.TempDir()
-	first := openLedger(t, dir)
-	p, e := startSleeper(t, Options{Ledger: first})
-	p.opts.Ledger.add("g", e)
-	f := readLedger(t, dir)
-	if len(f.Engines) != 1 || f.Engines[0].PGID != e.pid || f.Engines[0].Token == "" || f.Engines[0].StartTicks == 0 {
-		t.Fatalf("engines file: %+v", f)
+// writeRecords writes an engines file of this boot recording engines, as a
+// previous poold would have.
+func writeRecords(t *testing.T, dir string, engines ...proc.LedgerEngine) {
+	t.Helper()
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Skipf("no boot id: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(groupMembers(e.pid)) < 2 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	var child int
-	for _, pid := range groupMembers(e.pid) {
-		if pid != e.pid {
-			child = pid
-		}
-	}
-	if child == 0 {
-		t.Fatalf("no child in the engine's group: %v", groupMembers(e.pid))
-	}
-	// An unrelated process in a group of its own is never touched, even when
-	// a (forged) record names its group.
-	bystander := exec.Command("sleep", "60")
-	bystander.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := bystander.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bystander.Process.Kill(); _ = bystander.Wait() })
-	first.mu.Lock()
-	first.engines[bystander.Process.Pid] = LedgerEngine{Pool: "g", Profile: "other", PID: bystander.Process.Pid, PGID: bystander.Process.Pid, Token: "not-its-token"}
-	if err := first.writeLocked(); err != nil {
-		t.Fatal(err)
-	}
-	first.mu.Unlock()
-
-	// The crash: the daemon's lock goes with it, and its engine's leader dies.
-	first.Close()
-	_ = syscall.Kill(e.pid, syscall.SIGKILL)
-	<-e.exited
-	if !alive(child) {
-		t.Fatal("the child died with its leader; nothing left to reap")
-	}
-
-	second := openLedger(t, dir)
-	reaped, err := second.Reap(100 * time.Millisecond)
+	data, err := json.Marshal(enginesFile{BootID: strings.TrimSpace(string(boot)), Engines: engines})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(reaped, []int{child}) {
-		t.Fatalf("reaped %v, want the child %d", reaped, child)
-	}
-	if alive(child) {
-		t.Fatalf("leftover child %d still runs", child)
-	}
-	if !alive(bystander.Process.Pid) {
-		t.Fatal("Reap killed an unrelated process")
-	}
-	if f := readLedger(t, dir); len(f.Engines) != 0 {
-		t.Fatalf("engines file after Reap: %+v, want none", f)
-	}
-}
-
-func TestLedgerLocksItsDirectory(t *testing.T) {
-	dir := t.TempDir()
-	openLedger(t, dir)
-	if l, err := OpenLedger(dir, nil, slog.New(slog.DiscardHandler)); err == nil {
-		l.Close()
-		t.Fatal("a second ledger opened the same directory")
-	}
-}
-
-func TestLedgerForgetsStoppedEngines(t *testing.T) {
-	dir := t.TempDir()
-	l := openLedger(t, dir)
-	p, e := startSleeper(t, Options{Ledger: l})
-	l.add("g", e)
-	if _, err := p.stopEngine(e); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "engines.json"), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if f := readLedger(t, dir); len(f.Engines) != 0 {
-		t.Fatalf("engines file after a stop: %+v, want none", f)
+}
+
+// nobody is the uid (and gid) of the tests' processes of another user.
+const nobody = 65534
+
+// needRoot skips a test that must create files or processes of another
+// user.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to create files and processes of another user (uid 65534)")
 	}
+}
+
+// exitedPID is the pid of a process that has exited.
+func exitedPID(t *testing.T) int {
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd.Process.Pid
+}
+
+func realTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

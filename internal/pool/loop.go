@@ -258,7 +258,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 			p.failSwap(ctx, prof, from, phases, nil, fmt.Errorf("starting engine %q: %w", prof.ID, err))
 			return
 		}
-		p.opts.Ledger.add(p.name, e)
+		p.opts.Ledger.Add(e.record(p.name))
 		p.mu.Lock()
 		p.eng = e
 		p.mu.Unlock()
@@ -462,7 +462,7 @@ func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration,
 	if err := e.stop(grace, p.log); err != nil {
 		return 0, err
 	}
-	p.opts.Ledger.remove(e)
+	p.opts.Ledger.Remove(e.pid, e.shimPath)
 	if released == nil {
 		return 0, nil
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/activity"
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
 )
@@ -139,17 +140,17 @@ type Options struct {
 	// (activity.go); nil means none.
 	Activity activity.Observer
 	// Ledger records the engines started, for crash clean-up; nil records none.
-	Ledger *Ledger
+	Ledger *proc.Ledger
 	// Containment is how engines' processes are kept account of; nil is
 	// process-group mode.
-	Containment *Containment
+	Containment *proc.Containment
 	Now         func() time.Time
 	// host counts the host RAM held by the sleepers of all pools of a Set;
 	// set by NewSet (nil, outside a Set, is a fresh count per pool).
 	host *hostSleep
 	// spawn starts the engines of all pools of a Set from one long-lived
-	// thread (see spawner); set by NewSet (nil, outside a Set, starts directly).
-	spawn spawner
+	// thread (see proc.Spawner); set by NewSet (nil, outside a Set, starts directly).
+	spawn proc.Spawner
 	// hurry is closed by Set.Hurry; set by NewSet (nil, outside a Set: never).
 	hurry chan struct{}
 	// detach is set by Set.Detach: at shutdown, the pools let go of their

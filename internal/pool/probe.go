@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 )
 
 // The HTTP calls poold makes to an engine: the readiness probe, and the
@@ -36,16 +38,8 @@ func defaultClients(o Options) clients {
 	return c
 }
 
-// pollInterval is the wait before the next look at something that has
-// taken elapsed so far: a tenth of it, within [lo, hi]. A wait polled so
-// ends at most about a tenth (or lo) after what it waits for, where
-// intervals that double could add as much again.
-func pollInterval(elapsed, lo, hi time.Duration) time.Duration {
-	return min(max(elapsed/10, lo), hi)
-}
-
 // waitReady polls /v1/models until the profile's id is listed: every
-// pollInterval, 2 ms at first and at most 100 ms. It fails at once if the
+// proc.PollInterval, 2 ms at first and at most 100 ms. It fails at once if the
 // engine exits, and after timeout.
 func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -72,7 +66,7 @@ func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
 		if ctx.Err() == nil { // a probe cut by the deadline found nothing: keep what the last one did
 			seen = found
 		}
-		t.Reset(pollInterval(time.Since(start), 2*time.Millisecond, 100*time.Millisecond))
+		t.Reset(proc.PollInterval(time.Since(start), 2*time.Millisecond, 100*time.Millisecond))
 	}
 }
 

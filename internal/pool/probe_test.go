@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
 )
 
@@ -60,7 +61,7 @@ func newFakeEngine(t *testing.T, id string, answer func(call string) (int, strin
 		profile: &profile.Profile{ID: id},
 		http:    defaultClients(Options{}),
 		exited:  make(chan struct{}),
-		logs:    &ring{max: logLines},
+		logs:    proc.NewOutput(logLines),
 	}
 	f.port, _ = strconv.Atoi(port)
 	return f
@@ -157,24 +158,6 @@ func TestWarmUpPoolingModel(t *testing.T) {
 		want := []string{`POST /v1/completions {"model":"e","prompt":"warm-up","max_tokens":1}`, `POST /v1/embeddings {"model":"e","input":"warm-up"}`}
 		if got := f.recorded(); !slices.Equal(got, want) {
 			t.Errorf("%s: calls %q, want %q", tt.name, got, want)
-		}
-	}
-}
-
-// A poll waits a tenth of the time taken so far, within its bounds: a wait
-// ends at most a tenth late (or the floor, early on), never twice as long.
-func TestPollInterval(t *testing.T) {
-	const ms = time.Millisecond
-	for _, tt := range []struct{ elapsed, want time.Duration }{
-		{0, 2 * ms},
-		{15 * ms, 2 * ms},
-		{30 * ms, 3 * ms},
-		{500 * ms, 50 * ms},
-		{time.Second, 100 * ms},
-		{10 * time.Minute, 100 * ms},
-	} {
-		if got := pollInterval(tt.elapsed, 2*ms, 100*ms); got != tt.want {
-			t.Errorf("pollInterval(%v, 2ms, 100ms) = %v, want %v", tt.elapsed, got, tt.want)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/enginesim"
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
@@ -273,8 +274,8 @@ func TestApplyAddsAndRemovesPools(t *testing.T) {
 
 // alive reports whether pid is a live process (not a zombie).
 func alive(pid int) bool {
-	st, err := procStat(pid)
-	return err == nil && st.state != 'Z' && st.state != 'X'
+	st, err := proc.ProcStat(pid)
+	return err == nil && st.State != 'Z' && st.State != 'X'
 }
 
 func TestHealthyDetectsAStuckPool(t *testing.T) {

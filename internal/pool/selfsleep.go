@@ -98,7 +98,7 @@ func (p *Pool) adoptSelfSleeper() {
 		need = weightBytes(e.profile)
 	}
 	p.opts.host.reserve(need, 0)
-	p.opts.Ledger.asleep(e, level)
+	p.opts.Ledger.Asleep(e.pid, level)
 	sl := &sleeper{eng: e, level: level, since: p.opts.Now(), hostBytes: need, self: true, gone: make(chan struct{})}
 	p.mu.Lock()
 	p.sleepers = append(p.sleepers, sl)

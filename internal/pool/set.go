@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/placement"
 	"github.com/poold/poold/internal/profile"
 )
@@ -42,7 +43,7 @@ type poolList struct {
 // NewSet builds one Pool per pool of cfg. Call Run to start them.
 func NewSet(cfg *profile.Config, opts Options) *Set {
 	opts.host = new(hostSleep)
-	opts.spawn = processSpawner()
+	opts.spawn = proc.ProcessSpawner()
 	opts.hurry = make(chan struct{})
 	opts.detach = new(atomic.Bool)
 	hc := defaultClients(opts) // shared by every pool of the set

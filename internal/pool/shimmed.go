@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/shim"
 )
 
@@ -70,14 +71,14 @@ func (s *Shims) command(self, path, token, fingerprint, cgroup string, grace tim
 
 // start starts the shim cmd, serving at path, and attaches to it. The
 // shim's own log goes to path+".log".
-func (s *Shims) start(cmd *exec.Cmd, path string, spawn spawner) (*shim.Conn, error) {
+func (s *Shims) start(cmd *exec.Cmd, path string, spawn proc.Spawner) (*shim.Conn, error) {
 	logPath := path + ".log"
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
 	if err != nil {
 		return nil, fmt.Errorf("opening the shim's log: %w", err)
 	}
 	cmd.Stdout, cmd.Stderr = f, f
-	err = spawn.start(cmd)
+	err = spawn.Start(cmd)
 	f.Close()
 	if err != nil {
 		return nil, fmt.Errorf("starting poold engine-shim: %w", err)
@@ -128,9 +129,9 @@ func (e *engine) follow(log *slog.Logger) (out io.ReadCloser, wait func() error)
 	h := e.conn.Hello
 	seen := max(0, len(h.Backlog)-h.Unseen)
 	for _, line := range h.Backlog[:seen] {
-		if !ownPoll(line) {
+		if !proc.OwnPoll(line) {
 			e.noteReason(line)
-			e.logs.add(line)
+			e.logs.Add(line)
 		}
 	}
 	wait = func() error {
@@ -220,7 +221,7 @@ func stopVia(c *shim.Conn, exited <-chan struct{}, grace time.Duration, hurry <-
 	if grace < 0 {
 		grace = c.Hello.Grace
 	}
-	wait := grace + killWait + outputWait
+	wait := grace + proc.KillWait + outputWait
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
@@ -240,12 +241,13 @@ func stopVia(c *shim.Conn, exited <-chan struct{}, grace time.Duration, hurry <-
 	}
 }
 
-// stopOrphan stops, through its shim and with grace, the engine that rec
+// StopOrphan stops, through its shim and with grace, the engine that rec
 // records when no pool took it (its pool or profile is gone, say, or poold
-// stop-engines stops it), so that the reap (Ledger.ReapEngines) finds at
-// most what the engine left, held by no shim. A shim that does not answer
-// is left to that reap.
-func stopOrphan(rec LedgerEngine, grace time.Duration, log *slog.Logger) {
+// stop-engines stops it), so that the reap (proc.Ledger.ReapEngines) finds
+// at most what the engine left, held by no shim; it logs to log. A shim
+// that does not answer is left to that reap. It is what proc.OpenLedger
+// takes as its stopShim.
+func StopOrphan(rec proc.LedgerEngine, grace time.Duration, log *slog.Logger) {
 	if rec.Shim == "" {
 		return
 	}
@@ -271,15 +273,6 @@ func (e *engine) detach() bool {
 	e.detached.Store(true)
 	e.conn.Close()
 	return true
-}
-
-// removeShimFiles removes the socket and the log of a shim whose engine is
-// gone; "" is none.
-func removeShimFiles(path string) {
-	if path != "" {
-		_ = os.Remove(path)
-		_ = os.Remove(path + ".log")
-	}
 }
 
 // ShimConfig is what `poold engine-shim` is given by the poold that starts

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/shim"
 )
@@ -110,7 +111,7 @@ func (f *fakeShim) engine(t *testing.T) *engine {
 		conn:     c,
 		exited:   make(chan struct{}),
 		pumped:   make(chan struct{}),
-		logs:     &ring{max: logLines},
+		logs:     proc.NewOutput(logLines),
 	}
 	out, wait := e.follow(slog.New(slog.DiscardHandler))
 	go func() { _, _ = io.Copy(io.Discard, out) }()
@@ -180,17 +181,17 @@ func TestStopAfterTheShimConnectionDropped(t *testing.T) {
 // runs, with the reap's grace.
 func TestReapGoesThroughTheShim(t *testing.T) {
 	f := startFakeShim(t, false)
-	ledger, err := OpenLedger(filepath.Dir(f.path), nil, slog.New(slog.DiscardHandler))
+	ledger, err := proc.OpenLedger(filepath.Dir(f.path), nil, StopOrphan, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ledger.Close()
 	pid := f.eng.Process.Pid
-	st, err := procStat(pid)
+	st, err := proc.ProcStat(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopped, err := ledger.ReapEngines([]LedgerEngine{{Pool: "gone", Profile: "m", PID: pid, PGID: pid, StartTicks: st.start, Token: "fake-token", Shim: f.path}}, 3*time.Second)
+	stopped, err := ledger.ReapEngines([]proc.LedgerEngine{{Pool: "gone", Profile: "m", PID: pid, PGID: pid, StartTicks: st.Start, Token: "fake-token", Shim: f.path}}, 3*time.Second)
 	if err != nil {
 		t.Fatalf("ReapEngines: %v", err)
 	}
@@ -244,11 +245,11 @@ func TestAdoptRefusesAnOlderShim(t *testing.T) {
 	f := startFakeShimWith(t, &fakeShim{protocol: 1})
 	dir := filepath.Dir(f.path)
 	pid := f.eng.Process.Pid
-	st, err := procStat(pid)
+	st, err := proc.ProcStat(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeRecords(t, dir, LedgerEngine{Pool: "g", Profile: "a", PID: pid, PGID: pid, StartTicks: st.start, Token: "fake-token", Shim: f.path})
+	writeRecords(t, dir, proc.LedgerEngine{Pool: "g", Profile: "a", PID: pid, PGID: pid, StartTicks: st.Start, Token: "fake-token", Shim: f.path})
 	s, rest, _ := keptSet(t, dir, reloadConfig(t, `{"name": "g", "gpus": [0]}`, simProfile("a", []string{"g"})))
 	if len(rest) != 1 || rest[0].PID != pid {
 		t.Fatalf("left to the reap: %+v, want the engine of the older shim", rest)

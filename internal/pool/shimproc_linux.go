@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/shim"
 )
 
@@ -27,7 +28,7 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 	}
 	defer os.Remove(c.Socket)
 	// Only poold's user may connect, whatever the umask (the next poold
-	// refuses a socket that others may write: statedir.go).
+	// refuses a socket that others may write: proc.CheckFile).
 	if err := os.Chmod(c.Socket, 0o600); err != nil {
 		ln.Close()
 		return fmt.Errorf("restricting %s: %w", c.Socket, err)
@@ -35,8 +36,8 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
-	cmd.Env = append(os.Environ(), tokenEnv+"="+c.Token)
-	cmd.SysProcAttr, _ = engineProcAttr()
+	cmd.Env = append(os.Environ(), proc.TokenEnv+"="+c.Token)
+	cmd.SysProcAttr, _ = proc.ProcAttr()
 	if c.Cgroup != "" {
 		fd, err := os.Open(c.Cgroup)
 		if err != nil {
@@ -45,9 +46,9 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 			return shim.Fail(ln, err, c.AdoptTimeout)
 		}
 		defer fd.Close()
-		cgroupAttr(cmd.SysProcAttr, fd)
+		proc.UseCgroup(cmd.SysProcAttr, fd)
 	}
-	out, wait, err := startChild(cmd, processSpawner())
+	out, wait, err := proc.StartChild(cmd, proc.ProcessSpawner())
 	if err != nil {
 		err = fmt.Errorf("running %q: %w", c.Argv[0], err)
 		log.Error("the engine could not start", "err", err)
@@ -55,13 +56,12 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 	}
 	pid := cmd.Process.Pid
 	var start uint64
-	if st, err := procStat(pid); err == nil {
-		start = st.start
+	if st, err := proc.ProcStat(pid); err == nil {
+		start = st.Start
 	}
-	t := groupTree(pid, c.Token, start)
+	t := proc.GroupTree(pid, c.Token, start)
 	if c.Cgroup != "" {
-		t = cgroupTree(c.Cgroup)
-		t.pgid = pid
+		t = proc.CgroupTree(c.Cgroup, pid)
 	}
 	eng := &shimmedEngine{wait: wait, log: log, tree: t}
 	log.Info("engine started", "pid", pid, "cgroup", c.Cgroup)
@@ -73,16 +73,16 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 // shimmedEngine is the engine as the shim sees it (shim.Engine).
 type shimmedEngine struct {
 	wait func() error
-	tree tree
+	tree proc.Tree
 	log  *slog.Logger
 }
 
 func (e *shimmedEngine) Wait() error { return e.wait() }
 
-func (e *shimmedEngine) Stop(grace time.Duration) error { return e.tree.end(grace, nil, e.log) }
+func (e *shimmedEngine) Stop(grace time.Duration) error { return e.tree.End(grace, nil, e.log) }
 
 func (e *shimmedEngine) Signal(sig syscall.Signal) error {
 	e.log.Info("signalling the engine", "signal", sig)
-	e.tree.signal(sig)
+	e.tree.Signal(sig)
 	return nil
 }

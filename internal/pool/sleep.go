@@ -75,7 +75,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 		}
 	}
 	sl := &sleeper{eng: old, level: level, since: p.opts.Now(), hostBytes: need, gone: make(chan struct{})}
-	p.opts.Ledger.asleep(old, level)
+	p.opts.Ledger.Asleep(old.pid, level)
 	p.mu.Lock()
 	p.sleepers = append(p.sleepers, sl)
 	if p.eng == old {
@@ -255,7 +255,7 @@ func (p *Pool) wakeSleeper(ctx context.Context, sl *sleeper, from string, phases
 	err := e.wakeUp(ctx, sl.level, e.profile.StartupTimeout.Duration)
 	if err == nil {
 		phases["wake"] = p.opts.Now().Sub(t)
-		p.opts.Ledger.asleep(e, 0)
+		p.opts.Ledger.Asleep(e.pid, 0)
 		return true
 	}
 	abandoned := ctx.Err() != nil // poold is stopping, or the pool was removed: not a failure

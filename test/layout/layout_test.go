@@ -37,7 +37,7 @@ var allowed = map[string][]string{
 	"internal/shim":         nil,
 	"internal/record":       nil,
 	"internal/activity":     nil,
-	"internal/engine":       nil,
+	"internal/engine":       {"internal/statusapi", "internal/shim"},
 	"internal/pool":         {"internal/profile", "internal/placement", "internal/statusapi", "internal/shim", "internal/engine", "internal/activity"},
 	"internal/metrics":      {"internal/pool", "internal/statusapi", "internal/profile", "internal/record"},
 	"internal/proxy":        {"internal/openai", "internal/upstream", "internal/statusapi", "internal/pool", "internal/profile", "internal/metrics", "internal/tenant", "internal/record", "internal/pipeline"},

@@ -1,10 +1,9 @@
 //go:build !linux
 
-package pool
+package engine
 
 import (
 	"errors"
-	"log/slog"
 	"os"
 	"syscall"
 )
@@ -12,17 +11,17 @@ import (
 // errNotLinux is why engines cannot run here.
 var errNotLinux = errors.New("poold runs engines only on Linux: it needs process groups with a parent-death signal and /proc")
 
-// engineProcAttr refuses: see errNotLinux.
-func engineProcAttr() (*syscall.SysProcAttr, error) { return nil, errNotLinux }
+// ProcAttr refuses: see errNotLinux.
+func ProcAttr() (*syscall.SysProcAttr, error) { return nil, errNotLinux }
 
-// processSpawner starts on the calling thread: no engine starts here anyway.
-func processSpawner() spawner { return nil }
+// ProcessSpawner starts on the calling thread: no engine starts here anyway.
+func ProcessSpawner() Spawner { return nil }
 
 // leftovers finds no process: no engine ran here.
 func leftovers(LedgerEngine) []int { return nil }
 
-// procStat cannot read processes here.
-func procStat(int) (stat, error) { return stat{}, errNotLinux }
+// ProcStat cannot read processes here.
+func ProcStat(int) (Stat, error) { return Stat{}, errNotLinux }
 
 // procOwner cannot read processes here.
 func procOwner(int) (int, int, error) { return 0, 0, errNotLinux }
@@ -39,8 +38,8 @@ func delegatedCgroup() (string, error) { return "", errNotLinux }
 // newEngineGroup is never called: there is no cgroup mode here.
 func newEngineGroup(string, string, string) (string, *os.File, error) { return "", nil, errNotLinux }
 
-// cgroupAttr is never called: there is no cgroup mode here.
-func cgroupAttr(*syscall.SysProcAttr, *os.File) {}
+// UseCgroup is never called: there is no cgroup mode here.
+func UseCgroup(*syscall.SysProcAttr, *os.File) {}
 
 // cgroupProcs finds no process: there are no cgroups here.
 func cgroupProcs(string) []int { return nil }
@@ -48,11 +47,8 @@ func cgroupProcs(string) []int { return nil }
 // killCgroup has nothing to kill: there are no cgroups here.
 func killCgroup(string) {}
 
-// removeCgroup has nothing to remove: there are no cgroups here.
-func removeCgroup(string) error { return nil }
+// RemoveCgroup has nothing to remove: there are no cgroups here.
+func RemoveCgroup(string) error { return nil }
 
 // engineGroups finds none: there are no cgroups here.
 func engineGroups(string) []string { return nil }
-
-// RunShim refuses: see errNotLinux.
-func RunShim(ShimConfig, *slog.Logger) error { return errNotLinux }

@@ -1,4 +1,4 @@
-package pool
+package engine
 
 import (
 	"encoding/json"
@@ -14,12 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 )
-
-// tokenEnv names the environment variable that marks an engine's processes.
-const tokenEnv = "POOLD_ENGINE_TOKEN"
 
 // engineGroupPrefix begins the name of every engine's cgroup.
 const engineGroupPrefix = "engine-"
@@ -29,10 +24,10 @@ const engineGroupPrefix = "engine-"
 // EngineCore grandchildren survive a SIGKILLed parent and keep the GPUs). It
 // holds an exclusive lock on the directory while open, so that two daemons
 // never share it. It opens only a directory that nobody but poold's user
-// could have written (statedir.go), and acts only on the records that check
-// out (check). A nil *Ledger records nothing.
+// could have written (CheckStateDir), and acts only on the records that check
+// out (check). A nil *Ledger records nothing and reaps nothing.
 type Ledger struct {
-	dir  string // the state directory, symbolic links resolved (proc.CheckStateDir)
+	dir  string // the state directory, symbolic links resolved (CheckStateDir)
 	path string
 	lock *os.File // holds the flock; closed by Close
 	boot string   // this boot's id
@@ -41,7 +36,10 @@ type Ledger struct {
 	// which alone a recorded engine group is acted on; "" in process-group
 	// mode, where no recorded group is.
 	base string
-	log  *slog.Logger
+	// stopShim stops a recorded engine through its shim before the reap
+	// signals what is left (OpenLedger); nil: none is.
+	stopShim func(LedgerEngine, time.Duration, *slog.Logger)
+	log      *slog.Logger
 
 	mu      sync.Mutex           // guards engines and writes of the file
 	engines map[int]LedgerEngine // by process group id
@@ -69,9 +67,9 @@ type LedgerEngine struct {
 	// Sleeping is the sleep level of an engine put to sleep; 0 when awake.
 	Sleeping int `json:"sleeping,omitempty"`
 	// Argv is the engine's command line, and EnvSums a digest of each
-	// variable poold gave it on purpose (givenEnv), by name, its value not
-	// kept: what an adoption refused for a changed profile compares to say
-	// what changed (changes). Both are nil in a ledger of an older poold.
+	// variable poold gave it on purpose, by name, its value not kept: what
+	// an adoption refused for a changed profile compares to say what
+	// changed. Both are nil in a ledger of an older poold.
 	Argv    []string          `json:"argv,omitempty"`
 	EnvSums map[string]string `json:"envSums,omitempty"`
 }
@@ -83,22 +81,25 @@ type ledgerFile struct {
 }
 
 // OpenLedger creates dir if needed, checks that it can be trusted
-// (proc.CheckStateDir: an error wrapping proc.ErrUntrusted names the path
-// and the fix),
-// and locks it for this process. contain is the engines' containment: only
-// its delegated cgroup's engine groups are acted on (nil: none).
-func OpenLedger(dir string, contain *Containment, log *slog.Logger) (*Ledger, error) {
+// (CheckStateDir: an error wrapping ErrUntrusted names the path and the
+// fix), and locks it for this process. contain is the engines' containment:
+// only its delegated cgroup's engine groups are acted on (nil: none).
+// stopShim, when not nil, is called by a reap, concurrently, for each
+// recorded engine with a shim, to stop it through its shim with the reap's
+// grace, logging to the ledger's log, before what it left is signalled
+// (ReapEngines).
+func OpenLedger(dir string, contain *Containment, stopShim func(rec LedgerEngine, grace time.Duration, log *slog.Logger), log *slog.Logger) (*Ledger, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("creating state directory: %w", err)
 	}
 	uid := os.Geteuid()
-	dir, err := proc.CheckStateDir(dir, uid)
+	dir, err := CheckStateDir(dir, uid)
 	if err != nil {
 		return nil, err
 	}
 	lockPath, path := filepath.Join(dir, "lock"), filepath.Join(dir, "engines.json")
 	for _, p := range []string{lockPath, path} {
-		if _, err := proc.CheckFile(p, uid); err != nil {
+		if _, err := CheckFile(p, uid); err != nil {
 			return nil, err
 		}
 	}
@@ -116,14 +117,15 @@ func OpenLedger(dir string, contain *Containment, log *slog.Logger) (*Ledger, er
 	}
 	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	return &Ledger{
-		dir:     dir,
-		path:    path,
-		lock:    lock,
-		boot:    strings.TrimSpace(string(boot)),
-		uid:     uid,
-		base:    base,
-		log:     log.With("component", "ledger"),
-		engines: make(map[int]LedgerEngine),
+		dir:      dir,
+		path:     path,
+		lock:     lock,
+		boot:     strings.TrimSpace(string(boot)),
+		uid:      uid,
+		base:     base,
+		stopShim: stopShim,
+		log:      log.With("component", "ledger"),
+		engines:  make(map[int]LedgerEngine),
 	}, nil
 }
 
@@ -152,7 +154,7 @@ func (l *Ledger) Recorded() ([]LedgerEngine, error) {
 	if l == nil || l.boot == "" {
 		return nil, nil
 	}
-	if exists, err := proc.CheckFile(l.path, l.uid); !exists || err != nil {
+	if exists, err := CheckFile(l.path, l.uid); !exists || err != nil {
 		return nil, err
 	}
 	data, err := os.ReadFile(l.path)
@@ -218,7 +220,7 @@ func (l *Ledger) check(e LedgerEngine) (LedgerEngine, error) {
 }
 
 // checkShim refuses path unless it is a shim's socket directly in the state
-// directory, as poold names them (Shims.socket), and, where it and its log
+// directory, as poold names them (engine-….sock), and, where it and its log
 // exist, they are poold's user's and no symbolic links.
 func (l *Ledger) checkShim(path string) error {
 	name := filepath.Base(path)
@@ -229,7 +231,7 @@ func (l *Ledger) checkShim(path string) error {
 		return fmt.Errorf("its supervisor's socket %s is not a socket (%s)", path, fi.Mode().Type())
 	}
 	for _, p := range []string{path, path + ".log"} {
-		if _, err := proc.CheckFile(p, l.uid); err != nil {
+		if _, err := CheckFile(p, l.uid); err != nil {
 			return err
 		}
 	}
@@ -284,8 +286,8 @@ func (l *Ledger) Reap(grace time.Duration) ([]int, error) {
 // removed), or else (process-group mode) as leftovers finds it, and a
 // process of poold's user: started no earlier than the engine, and in its
 // process group, or carrying its token, or descending from such a process. An
-// engine whose shim still answers is stopped by its shim first (stopOrphan):
-// only what is left once the shim let go is signalled. ReapEngines returns
+// engine with a shim is given to the ledger's stopShim first (OpenLedger):
+// only what is left once it returned is signalled. ReapEngines returns
 // the processes it stopped, or an error naming those that survived SIGKILL.
 // It then rewrites the file with the engines recorded by this poold alone.
 func (l *Ledger) ReapEngines(engines []LedgerEngine, grace time.Duration) ([]int, error) {
@@ -303,7 +305,9 @@ func (l *Ledger) ReapEngines(engines []LedgerEngine, grace time.Duration) ([]int
 		} else {
 			pids = append(pids, ownedBy(leftovers(e), l.uid)...)
 		}
-		wg.Go(func() { stopOrphan(e, grace, l.log) })
+		if l.stopShim != nil {
+			wg.Go(func() { l.stopShim(e, grace, l.log) })
+		}
 	}
 	wg.Wait()
 	var groups []string
@@ -324,13 +328,13 @@ func (l *Ledger) ReapEngines(engines []LedgerEngine, grace time.Duration) ([]int
 				pids = append(pids, pid)
 			}
 		}
-		removeShimFiles(e.Shim)
+		RemoveShimFiles(e.Shim)
 	}
 	for _, dir := range groups {
-		if err := cgroupTree(dir).end(grace, nil, l.log); err != nil {
+		if err := CgroupTree(dir, 0).End(grace, nil, l.log); err != nil {
 			return pids, fmt.Errorf("leftover engine processes: %w", err)
 		}
-		if err := removeCgroup(dir); err != nil {
+		if err := RemoveCgroup(dir); err != nil {
 			l.log.Warn("removing a leftover engine's cgroup", "cgroup", dir, "err", err)
 		}
 	}
@@ -338,7 +342,7 @@ func (l *Ledger) ReapEngines(engines []LedgerEngine, grace time.Duration) ([]int
 		signalAll(loose, syscall.SIGTERM)
 		if !waitGone(loose, grace) {
 			signalAll(loose, syscall.SIGKILL)
-			if !waitGone(loose, killWait) {
+			if !waitGone(loose, KillWait) {
 				return pids, fmt.Errorf("leftover engine processes %v survived SIGKILL", liveOf(loose))
 			}
 		}
@@ -346,17 +350,16 @@ func (l *Ledger) ReapEngines(engines []LedgerEngine, grace time.Duration) ([]int
 	return pids, l.write()
 }
 
-// add records e, which runs on pool.
-func (l *Ledger) add(pool string, e *engine) {
+// Add records e, an engine started (or adopted), and rewrites the file.
+func (l *Ledger) Add(e LedgerEngine) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.engines[e.pid] = LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token, Cgroup: e.cgroup, Shim: e.shimPath,
-		Argv: e.argv, EnvSums: envSums(e.given)}
+	l.engines[e.PGID] = e
 	if err := l.writeLocked(); err != nil {
-		l.log.Warn("recording engine", "pid", e.pid, "err", err)
+		l.log.Warn("recording engine", "pid", e.PID, "err", err)
 	}
 }
 
@@ -376,35 +379,46 @@ func (l *Ledger) Cgroups() map[string]bool {
 	return groups
 }
 
-// asleep records that e sleeps at level, or (0) is awake.
-func (l *Ledger) asleep(e *engine, level int) {
+// Asleep records that the engine leading process group pgid sleeps at
+// level, or (0) is awake; an engine not recorded is left so.
+func (l *Ledger) Asleep(pgid, level int) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r, ok := l.engines[e.pid]
+	r, ok := l.engines[pgid]
 	if !ok {
 		return
 	}
 	r.Sleeping = level
-	l.engines[e.pid] = r
+	l.engines[pgid] = r
 	if err := l.writeLocked(); err != nil {
-		l.log.Warn("recording engine sleep", "pid", e.pid, "err", err)
+		l.log.Warn("recording engine sleep", "pid", pgid, "err", err)
 	}
 }
 
-// remove forgets e, whose process group is gone.
-func (l *Ledger) remove(e *engine) {
+// Remove forgets the engine leading process group pgid, whose processes are
+// gone, and removes the files of its shim, shim (RemoveShimFiles; "": none).
+func (l *Ledger) Remove(pgid int, shim string) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.engines, e.pid)
-	removeShimFiles(e.shimPath)
+	delete(l.engines, pgid)
+	RemoveShimFiles(shim)
 	if err := l.writeLocked(); err != nil {
-		l.log.Warn("recording engine stop", "pid", e.pid, "err", err)
+		l.log.Warn("recording engine stop", "pid", pgid, "err", err)
+	}
+}
+
+// RemoveShimFiles removes the socket at path and the log beside it of a shim
+// whose engine is gone; "" is none.
+func RemoveShimFiles(path string) {
+	if path != "" {
+		_ = os.Remove(path)
+		_ = os.Remove(path + ".log")
 	}
 }
 
@@ -445,12 +459,12 @@ func (l *Ledger) writeLocked() error {
 	return nil
 }
 
-// stat is the part of /proc/PID/stat poold reads.
-type stat struct {
-	state byte
-	ppid  int
-	pgid  int
-	start uint64 // clock ticks after boot
+// Stat is the part of /proc/PID/stat poold reads (ProcStat).
+type Stat struct {
+	State byte   // R, S, D, Z (a zombie), X (dead)…
+	PPID  int    // the parent
+	PGID  int    // the process group
+	Start uint64 // the start time, in clock ticks after boot
 }
 
 func signalAll(pids []int, sig syscall.Signal) {
@@ -466,7 +480,7 @@ func waitGone(pids []int, d time.Duration) bool {
 		if time.Since(start) > d {
 			return false
 		}
-		time.Sleep(pollInterval(time.Since(start), time.Millisecond, 50*time.Millisecond))
+		time.Sleep(PollInterval(time.Since(start), time.Millisecond, 50*time.Millisecond))
 	}
 	return true
 }

@@ -1,4 +1,4 @@
-package pool
+package engine
 
 import (
 	"bytes"
@@ -16,20 +16,21 @@ import (
 // Linux process mechanics: engines in process groups with Pdeathsig, forked
 // from one long-lived thread, and /proc scans of groups and processes.
 
-// engineProcAttr puts an engine in its own process group, so that stop can
+// ProcAttr puts an engine in its own process group, so that a stop can
 // signal its whole tree, with SIGKILL as its parent-death signal, so that no
-// engine outlives its daemon.
-func engineProcAttr() (*syscall.SysProcAttr, error) {
+// engine outlives its daemon. It fails where engines cannot run (not Linux).
+func ProcAttr() (*syscall.SysProcAttr, error) {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}, nil
 }
 
-// processSpawner is the process's one spawner, started on first use. It lives
-// as long as the process, because it must outlive every engine it started.
-var processSpawner = sync.OnceValue(newSpawner)
+// ProcessSpawner returns the process's one Spawner, started on first use. It
+// lives as long as the process, because it must outlive every engine it
+// started.
+var ProcessSpawner = sync.OnceValue(newSpawner)
 
 // newSpawner starts the spawning goroutine, locked to its thread.
-func newSpawner() spawner {
-	s := make(spawner)
+func newSpawner() Spawner {
+	s := make(Spawner)
 	go func() {
 		runtime.LockOSThread()
 		for r := range s {
@@ -53,7 +54,7 @@ func treeMembers(pgid int, token string, start uint64, group bool, known map[int
 	if err != nil {
 		return nil
 	}
-	marker := []byte(tokenEnv + "=" + token + "\x00")
+	marker := []byte(TokenEnv + "=" + token + "\x00")
 	in := make(map[int]bool)
 	children := make(map[int][]int)
 	starts := make(map[int]uint64) // of every live process
@@ -62,18 +63,18 @@ func treeMembers(pgid int, token string, start uint64, group bool, known map[int
 		if err != nil {
 			continue
 		}
-		st, err := procStat(pid)
-		if err != nil || st.state == 'Z' || st.state == 'X' {
+		st, err := ProcStat(pid)
+		if err != nil || st.State == 'Z' || st.State == 'X' {
 			continue
 		}
-		children[st.ppid] = append(children[st.ppid], pid)
-		starts[pid] = st.start
+		children[st.PPID] = append(children[st.PPID], pid)
+		starts[pid] = st.Start
 		switch was, ok := known[pid]; {
-		case ok && was == st.start:
+		case ok && was == st.Start:
 			in[pid] = true
-		case group && st.pgid == pgid && st.start >= start:
+		case group && st.PGID == pgid && st.Start >= start:
 			in[pid] = true
-		case token != "" && st.start >= start:
+		case token != "" && st.Start >= start:
 			env, err := os.ReadFile("/proc/" + ent.Name() + "/environ")
 			if err == nil && (bytes.HasPrefix(env, marker) || bytes.Contains(env, append([]byte{0}, marker...))) {
 				in[pid] = true
@@ -114,7 +115,7 @@ func treeMembers(pgid int, token string, start uint64, group bool, known map[int
 // another start time, and only the token counts.
 func leftovers(e LedgerEngine) []int {
 	group := true
-	if st, err := procStat(e.PGID); err == nil && st.start != e.StartTicks {
+	if st, err := ProcStat(e.PGID); err == nil && st.Start != e.StartTicks {
 		group = false
 	}
 	if e.Token == "" && !group {
@@ -123,29 +124,30 @@ func leftovers(e LedgerEngine) []int {
 	return treeMembers(e.PGID, e.Token, e.StartTicks, group, nil)
 }
 
-// procStat reads /proc/PID/stat.
-func procStat(pid int) (stat, error) {
+// ProcStat reads /proc/PID/stat: an error where pid is no process, or
+// processes cannot be read (not Linux).
+func ProcStat(pid int) (Stat, error) {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return stat{}, err
+		return Stat{}, err
 	}
 	// The command, in parentheses, may hold anything: fields start after it
 	// at field 3 (state); ppid is field 4, pgrp field 5 and starttime field 22.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
-		return stat{}, fmt.Errorf("/proc/%d/stat: no command field", pid)
+		return Stat{}, fmt.Errorf("/proc/%d/stat: no command field", pid)
 	}
 	f := strings.Fields(string(data[i+1:]))
 	if len(f) < 20 {
-		return stat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+		return Stat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
 	ppid, err0 := strconv.Atoi(f[1])
 	pgid, err1 := strconv.Atoi(f[2])
 	start, err2 := strconv.ParseUint(f[19], 10, 64)
 	if err := errors.Join(err0, err1, err2); err != nil {
-		return stat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+		return Stat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 	}
-	return stat{state: f[0][0], ppid: ppid, pgid: pgid, start: start}, nil
+	return Stat{State: f[0][0], PPID: ppid, PGID: pgid, Start: start}, nil
 }
 
 // procOwner reads the real and effective uid of process pid from
@@ -176,7 +178,7 @@ func procOwner(pid int) (real, effective int, err error) {
 func liveOf(pids []int) []int {
 	var live []int
 	for _, pid := range pids {
-		if st, err := procStat(pid); err == nil && st.state != 'Z' && st.state != 'X' {
+		if st, err := ProcStat(pid); err == nil && st.State != 'Z' && st.State != 'X' {
 			live = append(live, pid)
 		}
 	}

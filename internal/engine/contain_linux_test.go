@@ -1,6 +1,7 @@
-package pool
+package engine
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,57 +10,18 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/poold/poold/internal/profile"
 )
-
-// startEscaper starts an engine whose grandchildren leave its process group:
-// one with setsid (keeping the engine's token), one with setsid and env -i
-// (keeping nothing but its parent). It returns the engine and their pids.
-func startEscaper(t *testing.T, contain *Containment) (*Pool, *engine, []int) {
-	t.Helper()
-	dir := t.TempDir()
-	cfg, err := profile.Parse([]byte(`{
-	  "pools": [{"name": "g", "gpus": [0]}],
-	  "profiles": [{"id": "s", "model": "m", "stopTimeout": "5s", "command": ["sh", "-c",
-	    "setsid sleep 60 & echo $! > ` + dir + `/a; setsid env -i sleep 60 & echo $! > ` + dir + `/b; wait # {port}"]}]
-	}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newPool(cfg.Pool("g"), cfg, Options{Containment: contain})
-	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: contain, HTTP: p.http, Output: p.outputLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.stop(0, p.log) })
-	var pids []int
-	for _, f := range []string{"a", "b"} {
-		path := filepath.Join(dir, f)
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			b, err := os.ReadFile(path)
-			if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && perr == nil {
-				pids = append(pids, pid)
-				t.Cleanup(func() { signalAll([]int{pid}, 9) })
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the engine did not write %s", path)
-			}
-		}
-	}
-	return p, e, pids
-}
 
 // In process-group mode, the grandchildren that left the group are the
 // engine's by their token or their parent while the engine lives, and a stop
 // ends them.
 func TestStopEndsEscapedProcessesProcessGroupMode(t *testing.T) {
-	p, e, escaped := startEscaper(t, nil)
-	if m := e.members(); !slices.Contains(m, escaped[0]) || !slices.Contains(m, escaped[1]) {
+	e, escaped := startEscaper(t, nil)
+	tree := e.tree()
+	if m := tree.Members(); !slices.Contains(m, escaped[0]) || !slices.Contains(m, escaped[1]) {
 		t.Fatalf("members %v lack the escaped processes %v", m, escaped)
 	}
-	if err := e.stop(5*time.Second, p.log); err != nil {
+	if err := tree.End(5*time.Second, nil, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	if live := liveOf(escaped); len(live) > 0 {
@@ -68,22 +30,27 @@ func TestStopEndsEscapedProcessesProcessGroupMode(t *testing.T) {
 }
 
 // In cgroup mode the engine runs in a group of its own, which holds its
-// grandchildren whatever they do; a stop empties and removes it. The test
-// needs a cgroup v2 group it may create under its own, and skips without.
+// grandchildren whatever they do; a stop empties it, and it can then be
+// removed. The test needs a cgroup v2 group it may create under its own, and
+// skips without.
 func TestStopEndsEscapedProcessesCgroupMode(t *testing.T) {
 	base := testCgroup(t)
-	p, e, escaped := startEscaper(t, &Containment{base: base})
+	e, escaped := startEscaper(t, &Containment{base: base})
 	if !strings.HasPrefix(e.cgroup, filepath.Join(base, "engine-g-")) {
 		t.Fatalf("engine cgroup %q, want one under %s", e.cgroup, base)
 	}
 	if m := cgroupProcs(e.cgroup); !slices.Contains(m, e.pid) || !slices.Contains(m, escaped[0]) || !slices.Contains(m, escaped[1]) {
 		t.Fatalf("cgroup holds %v, want the engine %d and %v", m, e.pid, escaped)
 	}
-	if err := e.stop(5*time.Second, p.log); err != nil {
+	if err := e.tree().End(5*time.Second, nil, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	if live := liveOf(escaped); len(live) > 0 {
 		t.Fatalf("escaped processes %v outlived the stop", live)
+	}
+	<-e.exited
+	if err := RemoveCgroup(e.cgroup); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := os.Stat(e.cgroup); !os.IsNotExist(err) {
 		t.Fatalf("the engine's cgroup is still there: %v", err)
@@ -101,7 +68,7 @@ func testCgroup(t *testing.T) string {
 			dir := filepath.Join(mount, strings.TrimPrefix(own, root), "poold-test-"+strconv.Itoa(os.Getpid()))
 			if err = os.Mkdir(dir, 0o755); err == nil {
 				t.Cleanup(func() {
-					if err := removeCgroup(dir); err != nil {
+					if err := RemoveCgroup(dir); err != nil {
 						t.Errorf("removing the test's cgroup: %v", err)
 					}
 				})
@@ -137,8 +104,8 @@ func TestLedgerReapsRecordedGroupUnderTheBase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, e, escaped := startEscaper(t, contain)
-	first.add("g", e)
+	e, escaped := startEscaper(t, contain)
+	first.Add(e.record())
 	first.Close() // the crash: the lock goes, and the engine's leader
 	_ = syscall.Kill(e.pid, syscall.SIGKILL)
 	<-e.exited

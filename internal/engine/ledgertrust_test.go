@@ -1,4 +1,4 @@
-package pool
+package engine
 
 import (
 	"encoding/json"
@@ -10,8 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-
-	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 )
 
 // nobody is the uid (and gid) of the tests' processes and files of another
@@ -21,7 +19,7 @@ const nobody = 65534
 // openLedgerIn opens the ledger of dir for poold's engines contained by
 // contain.
 func openLedgerIn(dir string, contain *Containment) (*Ledger, error) {
-	return OpenLedger(dir, contain, slog.New(slog.DiscardHandler))
+	return OpenLedger(dir, contain, nil, slog.New(slog.DiscardHandler))
 }
 
 // needRoot skips a test that must create files or processes of another
@@ -123,7 +121,7 @@ func TestStateDirRefusedUnlessSafe(t *testing.T) {
 				l.Close()
 				t.Fatalf("opened an unsafe state directory; want an error saying %q", want)
 			}
-			if !errors.Is(err, proc.ErrUntrusted) || !strings.Contains(err.Error(), want) {
+			if !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), want) {
 				t.Fatalf("error %q, want ErrUntrusted saying %q", err, want)
 			}
 		})
@@ -155,11 +153,11 @@ func TestForgedRecordsNotActedOn(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 			pid := cmd.Process.Pid
-			st, err := procStat(pid)
+			st, err := ProcStat(pid)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return LedgerEngine{Pool: "g", Profile: "a", PID: pid, PGID: pid, StartTicks: st.start, Token: "forged"}, func(t *testing.T) {
+			return LedgerEngine{Pool: "g", Profile: "a", PID: pid, PGID: pid, StartTicks: st.Start, Token: "forged"}, func(t *testing.T) {
 				if !alive(pid) {
 					t.Errorf("the process %d of uid %d was killed", pid, nobody)
 				}

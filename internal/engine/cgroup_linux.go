@@ -1,4 +1,4 @@
-package pool
+package engine
 
 import (
 	"bufio"
@@ -137,8 +137,9 @@ func newEngineGroup(base, pool, token string) (dir string, fd *os.File, err erro
 	return dir, fd, nil
 }
 
-// cgroupAttr makes an engine start inside the group open as fd.
-func cgroupAttr(attr *syscall.SysProcAttr, fd *os.File) {
+// UseCgroup makes an engine started with attr start inside the cgroup open
+// as fd (clone3's CLONE_INTO_CGROUP): NewEngineGroup's.
+func UseCgroup(attr *syscall.SysProcAttr, fd *os.File) {
 	attr.UseCgroupFD = true
 	attr.CgroupFD = int(fd.Fd())
 }
@@ -183,9 +184,9 @@ func killCgroup(dir string) {
 	}
 }
 
-// removeCgroup removes the empty group at dir and its descendant groups,
-// deepest first.
-func removeCgroup(dir string) error {
+// RemoveCgroup removes the empty group at dir and its descendant groups,
+// deepest first: an engine's, once its tree has ended.
+func RemoveCgroup(dir string) error {
 	var dirs []string
 	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.IsDir() {
