@@ -618,15 +618,17 @@ func TestRealVLLMServes(t *testing.T) {
 			t.Fatal(err)
 		}
 		<-d2.exited
-		// Its SIGTERM, with a stream longer than its 0.5 s drain bound: the
+		// Its SIGTERM, with a stream longer than its 0.1 s drain bound: the
 		// stream is cut with poold's error event; the engine it keeps is
-		// then stopped, whole, by `poold stop-engines`. A stream that ran
-		// to its end was not in flight at the bound: on a busy machine the
-		// test may read its first event seconds late. Then the next poold
-		// adopts the engine and the stream is tried again, three times at
-		// most.
+		// then stopped, whole, by `poold stop-engines`. The tiny model
+		// streams 1,800 tokens in about half a second, and on a busy
+		// machine the test may read the first event late: a stream that
+		// ran to its end was not in flight at the bound. Then the next
+		// poold adopts the engine and the stream is tried again, six
+		// times at most.
+		const attempts = 6
 		for attempt := 1; ; attempt++ {
-			d3 := startPoold(t, tag, profiles, append(slices.Clone(args), "--shutdown-timeout", "500ms")...)
+			d3 := startPoold(t, tag, profiles, append(slices.Clone(args), "--shutdown-timeout", "100ms")...)
 			reapAtCleanup(t, d3, tag)
 			if got := d3.serving("p0", "qwen"); got != pid {
 				t.Fatalf("after a SIGKILL or a drain the next poold serves pid %d, want the adopted %d", got, pid)
@@ -642,7 +644,7 @@ func TestRealVLLMServes(t *testing.T) {
 				break
 			}
 			chunks, _, done := streamTokens(t, body)
-			if !done || attempt == 3 {
+			if !done || attempt == attempts {
 				t.Errorf("a stream cut at the drain bound does not say so: %d chunks, ran to its end %t, %d bytes, ending %q", chunks, done, len(body), tail(string(body), 6))
 				break
 			}
