@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -195,9 +196,11 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	// together, host-wide, and their memory returned after a flood.
 	headers := headerbudget.New(s.HeaderBytesBudget)
 	reg.MustRegister(metrics.HeaderBudgetRefused(headers.Refused))
+	var draining atomic.Bool // set at SIGTERM (closeWhenDraining)
 	srv := &http.Server{
-		// Outermost: a client that stops reading is cut whatever answers it.
-		Handler:           openai.WriteDeadline(tenants.Gate().Require(s.APIKeys.Require(h)), s.ClientWriteTimeout),
+		// Outermost: answers close their connections once draining; next, a
+		// client that stops reading is cut whatever answers it.
+		Handler:           closeWhenDraining(&draining, openai.WriteDeadline(tenants.Gate().Require(s.APIKeys.Require(h)), s.ClientWriteTimeout)),
 		ReadTimeout:       s.ReadTimeout,
 		ReadHeaderTimeout: s.ReadHeaderTimeout,
 		MaxHeaderBytes:    s.MaxHeaderBytes,
@@ -246,7 +249,8 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 
 	<-servingCtx.Done()
 	log.Info("shutting down: draining requests", "timeout", s.ShutdownTimeout)
-	h.Drain() // /health answers 503: balancers stop sending
+	h.Drain()            // /health answers 503: balancers stop sending
+	draining.Store(true) // every answer closes its connection
 	notify.stopping()
 	drainCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
@@ -256,9 +260,7 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	waitTenants()
 	pools.Refuse()
 	// The listener stays open until the requests in flight are done, so that
-	// new ones get a 503 shutting_down rather than a refused connection; no
-	// connection is kept alive, so that clients reconnect elsewhere.
-	srv.SetKeepAlivesEnabled(false)
+	// new ones get a 503 shutting_down rather than a refused connection.
 	if !waitDrained(drainCtx, h) {
 		log.Warn("drain bound reached with requests in flight: cutting them", "timeout", s.ShutdownTimeout)
 		// Streams get a shutting_down error event, requests still waiting
@@ -347,4 +349,19 @@ func newAccessQueue(dst io.Writer, maxBytes int, log *slog.Logger) *logqueue.Wri
 		warn.Do(func() { log.Warn("access log lines dropped", "dropped_total", q.Dropped(), "err", err) })
 	})
 	return q
+}
+
+// closeWhenDraining wraps next so that, once draining is set, every answer
+// says Connection: close and clients reconnect elsewhere. Idle connections
+// are not closed then (as SetKeepAlivesEnabled(false) would): a request
+// that a client sent on one at that moment would be reset, and a POST is
+// not retried; each is closed after its next answer, or at the end of the
+// drain.
+func closeWhenDraining(draining *atomic.Bool, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		next.ServeHTTP(w, r)
+	})
 }
