@@ -35,7 +35,7 @@ func exitedEngine(t *testing.T, script string) *engine {
 	}
 	t.Cleanup(func() { _ = e.stop(0, p.log) })
 	select {
-	case <-e.exited:
+	case <-e.h.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the engine did not exit")
 	}
@@ -115,7 +115,7 @@ func TestWaitReadyKeepsWhatWasListedAtTheDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := reloadConfig(t, `{"name": "a", "gpus": [0]}`, simProfile("x", []string{"a"}))
-	e := &engine{profile: cfg.Lookup("x"), port: port, http: defaultClients(Options{}), exited: make(chan struct{}), logs: proc.NewOutput(logLines)}
+	e := &engine{profile: cfg.Lookup("x"), port: port, h: servedAt(port), http: defaultClients(Options{}), logs: proc.NewOutput(logLines)}
 	err = e.waitReady(context.Background(), 500*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), `it lists ["other-name"], not "x"`) {
 		t.Fatalf("waitReady: %v; want it to say what /v1/models listed before the deadline", err)

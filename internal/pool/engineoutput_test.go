@@ -65,7 +65,7 @@ func TestEngineOutputLogged(t *testing.T) {
 		if rec["msg"] != EngineOutput {
 			continue
 		}
-		if rec["pool"] != "g" || rec["profile"] != "s" || rec["pid"] != float64(e.pid) {
+		if rec["pool"] != "g" || rec["profile"] != "s" || rec["pid"] != float64(e.h.PID()) {
 			t.Errorf("engine line without its pool, profile and pid: %v", rec)
 		}
 		l, _ := rec[EngineLine].(string)
@@ -114,7 +114,7 @@ func TestPollLinesLeftOut(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = e.stop(0, p.log) })
 		select {
-		case <-e.exited:
+		case <-e.h.Exited():
 		case <-time.After(30 * time.Second):
 			t.Fatal("the engine did not exit")
 		}
