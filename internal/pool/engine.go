@@ -93,36 +93,34 @@ func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Lau
 	}
 }
 
-// engineStart is what startEngine starts an engine from. Launch is how:
-// poold's own executable (substituted for {poold} in commands, and the
-// shim) and the launcher of profiles without a command. Spawn starts its
-// process (nil: on the calling thread); Containment in cgroup mode puts it
-// in a cgroup of its own (nil: process-group mode); Shims, when set, starts
-// it under a supervisor of its own (proc.Supervisor), else it is poold's
-// own child. HTTP are the clients of poold's calls to it; Hurry, once
-// closed, cuts its stop's grace short (nil: never); Output is where its
-// output lines, and poold's about it, are logged.
+// engineStart is what startEngine starts an engine from. Launch is how
+// its command line is made: poold's own executable (substituted for
+// {poold} in commands) and the launcher of profiles without a command.
+// Supervisor starts its process (nil: the zero Supervisor's way, poold's
+// own child in process-group mode). HTTP are the clients of poold's calls
+// to it; Hurry, once closed, cuts its stop's grace short (nil: never);
+// Output is where its output lines, and poold's about it, are logged.
 type engineStart struct {
-	Profile     *profile.Profile
-	Spec        *profile.PoolSpec
-	Launch      profile.Launch
-	Spawn       proc.Spawner
-	Containment *proc.Containment
-	Shims       *proc.Shims
-	HTTP        clients
-	Hurry       <-chan struct{}
-	Output      outputLog
+	Profile    *profile.Profile
+	Spec       *profile.PoolSpec
+	Launch     profile.Launch
+	Supervisor *proc.Supervisor
+	HTTP       clients
+	Hurry      <-chan struct{}
+	Output     outputLog
 }
 
 // startEngine starts the engine that o describes on a free loopback port.
 func startEngine(o engineStart) (*engine, error) {
-	prof, spec := o.Profile, o.Spec
+	prof, spec, sup := o.Profile, o.Spec, o.Supervisor
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
 	}
+	if sup == nil {
+		sup = &proc.Supervisor{}
+	}
 	e := newEngine(prof, spec, o.Launch, port, o.HTTP, o.Hurry)
-	sup := proc.Supervisor{Shims: o.Shims, Spawn: o.Spawn, Containment: o.Containment, Self: o.Launch.Self}
 	e.h, err = sup.Start(proc.Spec{Argv: e.argv, Env: e.env, Given: e.given, Token: rand.Text(), Port: port, Pool: spec.Name,
 		Grace: prof.StopTimeout.Duration, Log: o.Output.log.With("profile", prof.ID)})
 	if err != nil {
@@ -135,7 +133,9 @@ func startEngine(o engineStart) (*engine, error) {
 	return e, nil
 }
 
-// supervisor is what starts and adopts the pool's engines.
+// supervisor is what starts and adopts the pool's engines: under shims
+// with Options.Shims, from the Set's spawner thread, in the pool's
+// containment.
 func (p *Pool) supervisor() *proc.Supervisor {
 	return &proc.Supervisor{Shims: p.opts.Shims, Spawn: p.opts.spawn, Containment: p.opts.Containment, Self: p.opts.Launch.Self}
 }

@@ -29,7 +29,7 @@ func exitedEngine(t *testing.T, script string) *engine {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, Options{})
-	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestWaitReadySaysWhatWasListed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := startEngine(engineStart{Profile: cfg.Lookup("x"), Spec: cfg.Pool("a"), Launch: profile.Launch{Self: self}, Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("x"), Spec: cfg.Pool("a"), Launch: profile.Launch{Self: self}, Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}

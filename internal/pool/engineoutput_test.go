@@ -46,7 +46,7 @@ func TestEngineOutputLogged(t *testing.T) {
 	}
 	var out logSink
 	p := newPool(cfg.Pool("g"), cfg, Options{Logger: slog.New(slog.NewJSONHandler(&out, nil))})
-	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestPollLinesLeftOut(t *testing.T) {
 		var out logSink
 		obs := &exitObserver{}
 		p := newPool(cfg.Pool("g"), cfg, Options{Logger: slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})), Observer: obs, LogPolls: keep})
-		e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+		e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -251,8 +251,8 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
 		e, err := startEngine(engineStart{
-			Profile: prof, Spec: spec, Launch: p.opts.Launch, Spawn: p.opts.spawn, Containment: p.opts.Containment,
-			Shims: p.opts.Shims, HTTP: p.http, Hurry: p.opts.hurry, Output: p.outputLog(),
+			Profile: prof, Spec: spec, Launch: p.opts.Launch, Supervisor: p.supervisor(),
+			HTTP: p.http, Hurry: p.opts.hurry, Output: p.outputLog(),
 		})
 		if err != nil {
 			p.failSwap(ctx, prof, from, phases, nil, fmt.Errorf("starting engine %q: %w", prof.ID, err))

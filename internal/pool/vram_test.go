@@ -150,7 +150,7 @@ func startSleeper(t *testing.T, opts Options) (*Pool, *engine) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, opts)
-	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
