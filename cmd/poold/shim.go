@@ -11,7 +11,7 @@ import (
 )
 
 // engineShim is `poold engine-shim`, an engine's supervisor, which poold
-// runs itself for each engine with shims (engine.Shims): it parses args into a
+// runs itself for each engine with shims (engine.Shims): it parses args into an
 // engine.ShimConfig and runs engine.RunShim, logging to stderr (which poold
 // points to a file beside the socket).
 func engineShim(args []string, stdout, stderr io.Writer) int {

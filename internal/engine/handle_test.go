@@ -76,7 +76,7 @@ func TestChildHandle(t *testing.T) {
 		t.Fatalf("members %v lack the engine %d", m, h.PID())
 	}
 	rec := h.Record()
-	if rec.PID != h.PID() || rec.PGID != h.PID() || rec.Port != sp.Port || rec.Token != sp.Token || rec.StartTicks == 0 || rec.Shim != "" {
+	if rec.PID != h.PID() || rec.PGID != h.PID() || rec.Port != sp.Port || h.Port() != sp.Port || rec.Token != sp.Token || rec.StartTicks == 0 || rec.Shim != "" {
 		t.Fatalf("record %+v of the engine %d started as %+v", rec, h.PID(), sp)
 	}
 	if h.Detach() || len(h.Seen()) != 0 {

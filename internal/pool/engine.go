@@ -27,7 +27,9 @@ const logLines = 30
 // not changed afterwards, except unwatch (the run loop's alone), and the
 // log ring, noted and the other atomics (safe for concurrent use).
 type engine struct {
-	profile   *profile.Profile
+	profile *profile.Profile
+	// h is its process, as the pool's Supervisor started or adopted it;
+	// port is the one it serves on, chosen by the pool.
 	h         proc.Handle
 	port      int
 	gpus      []int    // the pool's GPUs when it started: a reload may move the pool, not the engine
