@@ -45,7 +45,7 @@ type Handle interface {
 	// mode, else its process group's and what left it (GroupTree).
 	Members() []int
 	// Detach lets go of an engine under a shim for the next poold to adopt
-	// (Exited is then closed), and reports whether it did: a child of
+	// (Exited then closes), and reports whether it did: a child of
 	// poold's own cannot be let go of.
 	Detach() bool
 	// Record is the engine's process as the ledger records it: its PID,

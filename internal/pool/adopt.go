@@ -20,8 +20,8 @@ import (
 // predecessor left running under their shims, once each passes
 // verification, instead of loading its models again.
 
-// adoptTimeout bounds each engine's verification: the attach to its shim,
-// and each of the calls to the engine.
+// adoptTimeout bounds each of the calls to an engine in its verification,
+// as proc.AttachTimeout bounds the attach to its shim.
 const adoptTimeout = proc.AttachTimeout
 
 // Adopt takes over the engines that a previous poold recorded (as
