@@ -9,7 +9,6 @@ import (
 
 	"github.com/poold/poold/internal/cli"
 	"github.com/poold/poold/internal/engine"
-	"github.com/poold/poold/internal/pool"
 )
 
 // stopEngines is `poold stop-engines`: it stops every engine that the
@@ -32,7 +31,7 @@ func stopEngines(args []string, stdout, stderr io.Writer) int {
 		return cli.UsageError(stderr, fl, usage, fmt.Errorf("unexpected arguments %q", fl.Args()))
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	ledger, err := engine.OpenLedger(*dir, nil, pool.StopOrphan, log)
+	ledger, err := engine.OpenLedger(*dir, nil, engine.StopOrphan, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "poold stop-engines: %v\n", err)
 		return cli.ExitFailure

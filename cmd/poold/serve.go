@@ -23,6 +23,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/poold/poold/internal/cli"
+	"github.com/poold/poold/internal/engine"
 	"github.com/poold/poold/internal/gpu"
 	"github.com/poold/poold/internal/headerbudget"
 	"github.com/poold/poold/internal/logqueue"
@@ -126,10 +127,10 @@ func run(ctx context.Context, s settings, log *slog.Logger) error {
 	}
 	// With keep-engines-on-restart (and a ledger to find them by), engines
 	// run under supervisors that outlive poold (docs/architecture.md).
-	var shims *pool.Shims
+	var shims *engine.Shims
 	keep := s.KeepEngines && ledger != nil
 	if keep {
-		shims = &pool.Shims{Dir: ledger.Dir(), AdoptTimeout: s.AdoptTimeout}
+		shims = &engine.Shims{Dir: ledger.Dir(), AdoptTimeout: s.AdoptTimeout}
 	}
 	pools := pool.NewSet(cfg, pool.Options{Launch: profile.Launch{Self: self, VLLM: s.VLLMCommand}, Logger: log, Observer: m, VRAM: vram, Ledger: ledger, Host: localHost(), Containment: contain, Shims: shims,
 		RestartBackoff: s.RestartBackoff, MaxRestartBackoff: s.MaxRestartBackoff, HealthInterval: health, LogPolls: s.EngineLogPolls, Activity: usageLedger.activity()})

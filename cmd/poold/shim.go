@@ -7,17 +7,17 @@ import (
 	"time"
 
 	"github.com/poold/poold/internal/cli"
-	"github.com/poold/poold/internal/pool"
+	"github.com/poold/poold/internal/engine"
 )
 
 // engineShim is `poold engine-shim`, an engine's supervisor, which poold
-// runs itself for each engine with shims (pool.Shims): it parses args into a
-// pool.ShimConfig and runs pool.RunShim, logging to stderr (which poold
+// runs itself for each engine with shims (engine.Shims): it parses args into an
+// engine.ShimConfig and runs engine.RunShim, logging to stderr (which poold
 // points to a file beside the socket).
 func engineShim(args []string, stdout, stderr io.Writer) int {
 	const usage = "--socket PATH --token TOKEN --adopt-timeout D [flags] -- COMMAND [ARG...]"
 	fl := cli.NewFlagSet("poold engine-shim")
-	var c pool.ShimConfig
+	var c engine.ShimConfig
 	fl.StringVar(&c.Socket, "socket", "", "the Unix socket to serve")
 	fl.StringVar(&c.Token, "token", "", "the token that marks the engine's processes")
 	fl.StringVar(&c.Fingerprint, "fingerprint", "", "the fingerprint of the engine's command and environment, for the hello")
@@ -37,7 +37,7 @@ func engineShim(args []string, stdout, stderr io.Writer) int {
 		return cli.UsageError(stderr, fl, usage, errors.New("no engine command"))
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, nil)).With("component", "engine-shim", "socket", c.Socket)
-	if err := pool.RunShim(c, log); err != nil {
+	if err := engine.RunShim(c, log); err != nil {
 		log.Error("engine-shim", "err", err)
 		return cli.ExitFailure
 	}

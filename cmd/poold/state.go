@@ -43,7 +43,7 @@ func containment(mode string, log *slog.Logger) (*engine.Containment, error) {
 // disables the ledger, with a warning: no crash clean-up, and no engine
 // kept across a restart.
 func openState(dir string, contain *engine.Containment, log *slog.Logger) (*engine.Ledger, error) {
-	ledger, err := engine.OpenLedger(dir, contain, pool.StopOrphan, log)
+	ledger, err := engine.OpenLedger(dir, contain, engine.StopOrphan, log)
 	switch {
 	case errors.Is(err, syscall.EWOULDBLOCK), errors.Is(err, engine.ErrUntrusted):
 		return nil, fmt.Errorf("state-dir: %w", err)

@@ -6,12 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/shim"
@@ -22,13 +20,9 @@ import (
 // predecessor left running under their shims, once each passes
 // verification, instead of loading its models again.
 
-// errNotRecorded is the verification's finding that an engine's process is
-// not the one recorded: it exited, or its pid is another process's now.
-var errNotRecorded = errors.New("is gone, or is not the recorded process")
-
-// adoptTimeout bounds each engine's verification: the attach to its shim,
-// and each of the calls to the engine.
-const adoptTimeout = 5 * time.Second
+// adoptTimeout bounds each of the calls to an engine in its verification,
+// as proc.AttachTimeout bounds the attach to its shim.
+const adoptTimeout = proc.AttachTimeout
 
 // Adopt takes over the engines that a previous poold recorded (as
 // Ledger.Recorded returns them), before Run. An engine is adopted when its
@@ -64,21 +58,24 @@ func (s *Set) Adopt(ctx context.Context, recorded []proc.LedgerEngine) (rest []p
 // or stops it. It reports whether it dealt with it: false when it could not
 // attach to its shim, and the engine's processes are the caller's to reap.
 func (p *Pool) adopt(ctx context.Context, rec proc.LedgerEngine) bool {
-	e, err := p.attach(rec)
+	e, sh, err := p.attach(rec)
 	if err != nil {
 		p.noteAdoption(rec, err)
 		return false
 	}
-	if err := p.verify(ctx, e, rec); err != nil {
+	if err := p.verify(ctx, e, sh, rec); err != nil {
 		p.noteAdoption(rec, err)
 		// An engine whose process is not the recorded one is stopped by
 		// its shim, which alone knows its child: its pid and group may
 		// be another's now.
-		stop := e.stop
-		if errors.Is(err, errNotRecorded) {
-			stop = e.stopThroughShim
+		grace := e.profile.StopTimeout.Duration
+		var stopErr error
+		if errors.Is(err, proc.ErrNotRecorded) {
+			stopErr = sh.StopThroughShim(grace, e.hurry, p.log.With("profile", rec.Profile, "pid", rec.PID))
+		} else {
+			stopErr = e.stop(grace, p.log)
 		}
-		if stopErr := stop(e.profile.StopTimeout.Duration, p.log); stopErr != nil {
+		if stopErr != nil {
 			p.log.Error("stopping the engine not adopted", "profile", rec.Profile, "pid", rec.PID, "err", stopErr)
 		}
 		proc.RemoveShimFiles(rec.Shim)
@@ -90,49 +87,39 @@ func (p *Pool) adopt(ctx context.Context, rec proc.LedgerEngine) bool {
 }
 
 // attach attaches to the shim of the engine that rec records and returns
-// the engine, followed as one that poold started, or why it cannot.
-func (p *Pool) attach(rec proc.LedgerEngine) (*engine, error) {
+// the engine, followed as one that poold started, and its handle, or why
+// it cannot.
+func (p *Pool) attach(rec proc.LedgerEngine) (*engine, *proc.Shimmed, error) {
 	p.mu.Lock()
 	prof, spec := p.cfg.Lookup(rec.Profile), p.spec
 	served := prof != nil && p.servesLocked(prof.ID)
 	p.mu.Unlock()
 	switch {
 	case rec.Shim == "":
-		return nil, errors.New("it was started without a supervisor (keep-engines-on-restart was off)")
+		return nil, nil, errors.New("it was started without a supervisor (keep-engines-on-restart was off)")
 	case !served:
-		return nil, errors.New("its profile is no longer served by the pool")
+		return nil, nil, errors.New("its profile is no longer served by the pool")
 	}
-	c, err := shim.Attach(rec.Shim, adoptTimeout)
-	var pe *shim.ProtocolError
-	switch {
-	case errors.As(err, &pe):
-		return nil, fmt.Errorf("its supervisor is of an older or newer poold (protocol %d; this poold speaks %d) and cannot be asked to stop it: it is stopped by its process group and loaded afresh", pe.Shim, shim.Protocol)
-	case err != nil:
-		return nil, fmt.Errorf("its supervisor does not answer (it ends once its engine has exited): %w", err)
+	sh, err := p.supervisor().Adopt(rec, p.log.With("profile", prof.ID))
+	if err != nil {
+		return nil, nil, err
 	}
-	if c.Hello.PID != rec.PID {
-		c.Close()
-		return nil, fmt.Errorf("its supervisor runs pid %d, not the recorded %d", c.Hello.PID, rec.PID)
-	}
-	e := newEngine(prof, spec, p.opts.Launch, rec.Port, rec.Token, p.http, p.opts.hurry)
-	e.pid, e.startTicks, e.cgroup, e.shimPath, e.conn = rec.PID, rec.StartTicks, rec.Cgroup, rec.Shim, c
-	out, wait := e.follow(p.log.With("profile", prof.ID, "pid", e.pid))
-	e.run(out, wait, p.outputLog().with("profile", prof.ID, "pid", e.pid))
-	return e, nil
+	e := newEngine(prof, spec, p.opts.Launch, rec.Port, p.http, p.opts.hurry)
+	e.h = sh
+	e.run(p.outputLog().with("profile", prof.ID, "pid", rec.PID))
+	return e, sh, nil
 }
 
-// verify checks that e, attached, is the engine that rec records, as the
-// profile in force would run it, and that it answers as recorded.
-func (p *Pool) verify(ctx context.Context, e *engine, rec proc.LedgerEngine) error {
-	if st, err := proc.ProcStat(rec.PID); err != nil || st.Start != rec.StartTicks || st.State == 'Z' || isClosed(e.exited) {
-		return fmt.Errorf("its process %d %w", rec.PID, errNotRecorded)
-	}
-	if st, err := e.conn.State(adoptTimeout); err != nil || !st.Running || st.Stopping {
-		return fmt.Errorf("its supervisor does not report it running (%+v, %v): its process %d %w", st, err, rec.PID, errNotRecorded)
+// verify checks that e, attached through its shim as sh, is the engine
+// that rec records, as the profile in force would run it, and that it
+// answers as recorded.
+func (p *Pool) verify(ctx context.Context, e *engine, sh *proc.Shimmed, rec proc.LedgerEngine) error {
+	if err := sh.Recorded(); err != nil {
+		return err
 	}
 	// A shim started by an older poold holds a fingerprint of the whole
 	// environment: it stands while poold's own environment has not changed.
-	if fp := e.conn.Hello.Fingerprint; fp != shim.Fingerprint(e.argv, e.given) && fp != shim.Fingerprint(e.argv, e.env) {
+	if fp := sh.Fingerprint(); fp != shim.Fingerprint(e.argv, e.given) && fp != shim.Fingerprint(e.argv, e.env) {
 		return fmt.Errorf("its profile changed while poold was down, or the vllm-command setting did: %s", changes(rec, e.argv, e.given))
 	}
 	p.mu.Lock()
@@ -168,7 +155,7 @@ func (p *Pool) verify(ctx context.Context, e *engine, rec proc.LedgerEngine) err
 func (p *Pool) take(e *engine, level int) {
 	e.served.Store(true)
 	p.opts.Ledger.Add(e.record(p.name))
-	p.opts.Ledger.Asleep(e.pid, level)
+	p.opts.Ledger.Asleep(e.h.PID(), level)
 	now := p.opts.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -209,20 +196,11 @@ func (p *Pool) noteAdoption(rec proc.LedgerEngine, err error) {
 	p.mu.Unlock()
 }
 
-// stopThroughShim stops an engine that is not to be adopted through its
-// shim alone (stopShimmed), which stops it under the stop contract; it
-// waits for the shim's report of the exit, at most grace and the SIGKILL
-// wait. Nothing is signalled by poold: its pid and group may be another
-// process's now.
-func (e *engine) stopThroughShim(grace time.Duration, log *slog.Logger) error {
-	log.Info("stopping an engine through its shim", "profile", e.profile.ID, "pid", e.pid, "shim_pid", e.conn.Hello.ShimPID)
-	return e.stopShimmed(grace, log)
-}
-
 // record is e as the ledger records it, running on pool.
 func (e *engine) record(pool string) proc.LedgerEngine {
-	return proc.LedgerEngine{Pool: pool, Profile: e.profile.ID, PID: e.pid, PGID: e.pid, Port: e.port, StartTicks: e.startTicks, Token: e.token, Cgroup: e.cgroup, Shim: e.shimPath,
-		Argv: e.argv, EnvSums: envSums(e.given)}
+	rec := e.h.Record()
+	rec.Pool, rec.Profile, rec.Argv, rec.EnvSums = pool, e.profile.ID, e.argv, envSums(e.given)
+	return rec
 }
 
 // envSums is a digest of each variable of env by name: the first 16 hex

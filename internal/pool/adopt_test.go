@@ -3,6 +3,8 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -40,11 +42,11 @@ func keptSetWith(t *testing.T, dir string, cfg *profile.Config, vllm []string) (
 	if err != nil {
 		t.Fatal(err)
 	}
-	ledger, err := proc.OpenLedger(dir, nil, StopOrphan, slog.New(slog.DiscardHandler))
+	ledger, err := proc.OpenLedger(dir, nil, proc.StopOrphan, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s = NewSet(cfg, Options{Launch: profile.Launch{Self: self, VLLM: vllm}, Ledger: ledger, Shims: &Shims{Dir: dir, AdoptTimeout: time.Minute}})
+	s = NewSet(cfg, Options{Launch: profile.Launch{Self: self, VLLM: vllm}, Ledger: ledger, Shims: &proc.Shims{Dir: dir, AdoptTimeout: time.Minute}})
 	recorded, err := ledger.Recorded()
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +169,7 @@ func TestAdoptRefuses(t *testing.T) {
 			eng := waitFor(t, s1, "g", "a ready", func(p statusapi.Pool) bool { return p.State == StateReady.String() && p.Engine != nil }).Engine
 			stop1(true)
 
-			l, err := proc.OpenLedger(dir, nil, StopOrphan, slog.New(slog.DiscardHandler))
+			l, err := proc.OpenLedger(dir, nil, proc.StopOrphan, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -320,5 +322,48 @@ func TestChanges(t *testing.T) {
 	}
 	if got := changes(proc.LedgerEngine{}, base, nil); got != "another command line or environment" {
 		t.Errorf("an older ledger's record: %q", got)
+	}
+}
+
+// An engine left by an older poold, whose shim speaks another protocol, is
+// not adopted, and the reason says why; it is left to the reap. The shim
+// here is a fake one, which says hello in protocol 1 for a real process.
+func TestAdoptRefusesAnOlderShim(t *testing.T) {
+	eng := exec.Command("sleep", "600")
+	eng.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := eng.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Process.Kill(); _ = eng.Wait() })
+	dir := realTempDir(t)
+	sock := filepath.Join(dir, "engine-fake.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	pid := eng.Process.Pid
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = json.NewEncoder(c).Encode(shim.Message{Kind: shim.KindHello, Protocol: 1, PID: pid, ShimPID: os.Getpid(), Grace: time.Second})
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	st, err := proc.ProcStat(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRecords(t, dir, proc.LedgerEngine{Pool: "g", Profile: "a", PID: pid, PGID: pid, StartTicks: st.Start, Token: "fake-token", Shim: sock})
+	s, rest, _ := keptSet(t, dir, reloadConfig(t, `{"name": "g", "gpus": [0]}`, simProfile("a", []string{"g"})))
+	if len(rest) != 1 || rest[0].PID != pid {
+		t.Fatalf("left to the reap: %+v, want the engine of the older shim", rest)
+	}
+	want := fmt.Sprintf("its supervisor is of an older or newer poold (protocol 1; this poold speaks %d)", shim.Protocol)
+	if ad := s.Pool("g").Status().Adoption; len(ad) != 1 || ad[0].Adopted || !strings.Contains(ad[0].Reason, want) {
+		t.Fatalf("adoption %+v, want a refusal saying %q", ad, want)
 	}
 }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,47 +16,29 @@ import (
 
 	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
-	"github.com/poold/poold/internal/shim"
 	"github.com/poold/poold/internal/statusapi"
 )
 
 // logLines is how many of an engine's last output lines are kept for error reports.
 const logLines = 30
 
-// engine is one engine subprocess in its own process group. Its fields are set
-// before start returns and not changed afterwards, except through the exited
-// channel (closed by the one goroutine that calls cmd.Wait, after setting
-// exitErr), unwatch (the run loop's alone), and the log ring, noted and the
-// other atomics (safe for concurrent use).
+// engine is one engine subprocess, as the pool runs it: its process is
+// the handle's (proc.Handle). Its fields are set before start returns and
+// not changed afterwards, except unwatch (the run loop's alone), and the
+// log ring, noted and the other atomics (safe for concurrent use).
 type engine struct {
-	profile   *profile.Profile
+	profile *profile.Profile
+	// h is its process, as the pool's Supervisor started or adopted it;
+	// port is the one it serves on, chosen by the pool.
+	h         proc.Handle
 	port      int
 	gpus      []int    // the pool's GPUs when it started: a reload may move the pool, not the engine
 	target    *url.URL // http://127.0.0.1:port, shared read-only by every lease
-	pid       int      // also the process group id
 	startedAt time.Time
 	argv, env []string // the command line and the environment (engineEnv), but the token
 	// given is the part of env that poold gives on purpose (givenEnv): with
 	// argv, what the engine's fingerprint covers.
 	given []string
-	// token is POOLD_ENGINE_TOKEN in the environment of the engine and its
-	// descendants, which tells them from unrelated processes after a crash.
-	token string
-	// startTicks is the leader's start time (proc.Stat.Start); 0 if unknown.
-	startTicks uint64
-	// cgroup is the directory of the engine's own cgroup in cgroup mode
-	// (proc.Containment); "" in process-group mode.
-	cgroup string
-	// shimPath is the socket of the engine's supervisor and conn poold's
-	// attachment to it (shimmed.go); "" and nil for an engine that is
-	// poold's own child. detached is set once poold let go of it for the
-	// next poold to adopt.
-	shimPath string
-	conn     *shim.Conn
-	detached atomic.Bool
-	// lost is set once the connection to the shim ended without its
-	// report of the exit.
-	lost atomic.Bool
 
 	http clients // its probe and control clients
 	// idle is how long a connection to it may stay idle (idleTimeout).
@@ -67,10 +47,8 @@ type engine struct {
 	// signal at shutdown); nil never is.
 	hurry <-chan struct{}
 
-	exited  chan struct{}
-	exitErr error         // valid once exited is closed
-	pumped  chan struct{} // closed once every writer closed the log pipe
-	logs    *proc.Output
+	pumped chan struct{} // closed once every writer closed the log pipe
+	logs   *proc.Output
 	// noted has a bit set for each kind of output line (noteLines) the log
 	// pump has seen.
 	noted atomic.Uint32
@@ -95,11 +73,10 @@ type engine struct {
 }
 
 // newEngine is the engine of prof on the pool spec, as launch runs it on
-// port, marked with token, before it has a process: its pid, startTicks,
-// cgroup, shimPath and conn are the caller's to set, and run starts
-// following it. hc are the clients of poold's calls to it; hurry, once
-// closed, cuts its stop's grace short (nil: never).
-func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, port int, token string, hc clients, hurry <-chan struct{}) *engine {
+// port, before it has a process: its handle is the caller's to set, and
+// run starts following it. hc are the clients of poold's calls to it;
+// hurry, once closed, cuts its stop's grace short (nil: never).
+func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, port int, hc clients, hurry <-chan struct{}) *engine {
 	env := engineEnv(prof, spec)
 	return &engine{
 		profile:   prof,
@@ -110,108 +87,70 @@ func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Lau
 		argv:      prof.Argv(port, spec, launch),
 		env:       env,
 		given:     givenEnv(prof, spec),
-		token:     token,
 		http:      hc,
 		idle:      idleTimeout(env),
 		hurry:     hurry,
-		exited:    make(chan struct{}),
 		pumped:    make(chan struct{}),
 		logs:      proc.NewOutput(logLines),
 	}
 }
 
-// engineStart is what startEngine starts an engine from. Launch is how:
-// poold's own executable (substituted for {poold} in commands, and the
-// shim) and the launcher of profiles without a command. Spawn starts its
-// process (nil: on the calling thread); Containment in cgroup mode puts it
-// in a cgroup of its own (nil: process-group mode); Shims, when set, starts
-// it under a supervisor of its own (shimmed.go), else it is poold's own
-// child. HTTP are the clients of poold's calls to it; Hurry, once closed,
-// cuts its stop's grace short (nil: never); Output is where its output
-// lines, and poold's about it, are logged.
+// engineStart is what startEngine starts an engine from. Launch is how
+// its command line is made: poold's own executable (substituted for
+// {poold} in commands) and the launcher of profiles without a command.
+// Supervisor starts its process (nil: the zero Supervisor's way, poold's
+// own child in process-group mode). HTTP are the clients of poold's calls
+// to it; Hurry, once closed, cuts its stop's grace short (nil: never);
+// Output is where its output lines, and poold's about it, are logged.
 type engineStart struct {
-	Profile     *profile.Profile
-	Spec        *profile.PoolSpec
-	Launch      profile.Launch
-	Spawn       proc.Spawner
-	Containment *proc.Containment
-	Shims       *Shims
-	HTTP        clients
-	Hurry       <-chan struct{}
-	Output      outputLog
+	Profile    *profile.Profile
+	Spec       *profile.PoolSpec
+	Launch     profile.Launch
+	Supervisor *proc.Supervisor
+	HTTP       clients
+	Hurry      <-chan struct{}
+	Output     outputLog
 }
 
 // startEngine starts the engine that o describes on a free loopback port.
 func startEngine(o engineStart) (*engine, error) {
-	prof, spec, shims := o.Profile, o.Spec, o.Shims
+	prof, spec, sup := o.Profile, o.Spec, o.Supervisor
 	port, err := freePort()
 	if err != nil {
 		return nil, fmt.Errorf("choosing a port: %w", err)
 	}
-	e := newEngine(prof, spec, o.Launch, port, rand.Text(), o.HTTP, o.Hurry)
-	argv := e.argv
-	var cgroupFD *os.File
-	if e.cgroup, cgroupFD, err = o.Containment.NewEngineGroup(spec.Name, e.token); err != nil {
+	if sup == nil {
+		sup = &proc.Supervisor{}
+	}
+	e := newEngine(prof, spec, o.Launch, port, o.HTTP, o.Hurry)
+	e.h, err = sup.Start(proc.Spec{Argv: e.argv, Env: e.env, Given: e.given, Token: rand.Text(), Port: port, Pool: spec.Name,
+		Grace: prof.StopTimeout.Duration, Log: o.Output.log.With("profile", prof.ID)})
+	if err != nil {
 		return nil, err
 	}
-	if cgroupFD != nil {
-		defer cgroupFD.Close()
-	}
-	var cmd *exec.Cmd
-	if shims == nil {
-		cmd = exec.Command(argv[0], argv[1:]...)
-		cmd.Env = append(slices.Clip(e.env), proc.TokenEnv+"="+e.token)
-		if cmd.SysProcAttr, err = proc.ProcAttr(); err != nil {
-			if e.cgroup != "" {
-				_ = proc.RemoveCgroup(e.cgroup)
-			}
-			return nil, err
-		}
-		if cgroupFD != nil {
-			proc.UseCgroup(cmd.SysProcAttr, cgroupFD)
-		}
-	} else {
-		// The shim starts the engine into its cgroup and stays out of it:
-		// a stop that ends the group never ends the shim.
-		e.shimPath = shims.socket(e.token)
-		cmd = shims.command(o.Launch.Self, e.shimPath, e.token, shim.Fingerprint(argv, e.given), e.cgroup, prof.StopTimeout.Duration, argv)
-		cmd.Env = e.env
-	}
-	var out io.ReadCloser
-	var wait func() error
-	if shims == nil {
-		out, wait, err = proc.StartChild(cmd, o.Spawn)
-		if err == nil {
-			e.pid = cmd.Process.Pid
-		}
-	} else if e.conn, err = shims.start(cmd, e.shimPath, o.Spawn); err == nil {
-		e.pid = e.conn.Hello.PID
-		out, wait = e.follow(o.Output.log.With("profile", prof.ID, "pid", e.pid))
-	}
-	if err != nil {
-		if e.cgroup != "" {
-			_ = proc.RemoveCgroup(e.cgroup)
-		}
-		proc.RemoveShimFiles(e.shimPath)
-		return nil, fmt.Errorf("running %q: %w", argv[0], err)
-	}
-	if st, err := proc.ProcStat(e.pid); err == nil {
-		e.startTicks = st.Start
-	}
-	output := o.Output.with("profile", prof.ID, "pid", e.pid)
-	output.log.Info("engine started", "port", port, "argv", strings.Join(argv, " "), "cgroup", e.cgroup, "shim", e.shimPath)
-	e.run(out, wait, output)
+	output := o.Output.with("profile", prof.ID, "pid", e.h.PID())
+	rec := e.h.Record()
+	output.log.Info("engine started", "port", port, "argv", strings.Join(e.argv, " "), "cgroup", rec.Cgroup, "shim", rec.Shim)
+	e.run(output)
 	return e, nil
 }
 
-// run reads the engine's output from r into output and records its exit,
-// which wait waits for.
-func (e *engine) run(r io.ReadCloser, wait func() error, output outputLog) {
-	go e.pump(r, output)
-	go func() {
-		e.exitErr = wait()
-		close(e.exited)
-	}()
+// supervisor is what starts and adopts the pool's engines: under shims
+// with Options.Shims, from the Set's spawner thread, in the pool's
+// containment.
+func (p *Pool) supervisor() *proc.Supervisor {
+	return &proc.Supervisor{Shims: p.opts.Shims, Spawn: p.opts.spawn, Containment: p.opts.Containment, Self: p.opts.Launch.Self}
+}
+
+// run reads the engine's output into output, after the lines that a
+// previous poold received of it (proc.Handle.Seen), which go into the log
+// ring alone.
+func (e *engine) run(output outputLog) {
+	for _, line := range e.h.Seen() {
+		e.noteReason(line)
+		e.logs.Add(line)
+	}
+	go e.pump(e.h.Output(), output)
 }
 
 // runs reports whether e runs prof on spec as launch would start it now:
@@ -249,20 +188,15 @@ func loopbackURL(port int) *url.URL {
 	return &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(port)}
 }
 
-// outputWait bounds the wait for an exited engine's last output lines: a
-// descendant that survives it may hold the pipe open.
-const outputWait = time.Second
-
 // awaitOutput waits, once the engine has exited, until its output has been
-// read to the end (every writer closed the pipe), or outputWait passes: the
-// pipe is read asynchronously, and the last lines say why it exited.
+// read to the end (every writer closed the pipe), or proc.OutputWait
+// passes: the pipe is read asynchronously, and the last lines say why it
+// exited.
 func (e *engine) awaitOutput() {
-	select {
-	case <-e.exited:
-	default:
+	if !isClosed(e.h.Exited()) {
 		return
 	}
-	t := time.NewTimer(outputWait)
+	t := time.NewTimer(proc.OutputWait)
 	defer t.Stop()
 	select {
 	case <-e.pumped:
@@ -275,8 +209,8 @@ func (e *engine) awaitOutput() {
 func (e *engine) failure() error {
 	e.awaitOutput()
 	status := "exited"
-	if e.exitErr != nil {
-		status = e.exitErr.Error()
+	if err := e.h.Err(); err != nil {
+		status = err.Error()
 	}
 	return e.failedWith(status)
 }
@@ -306,42 +240,23 @@ func (e *engine) failedServing(err error) failure {
 	return f
 }
 
-// stop ends all of the engine's processes (its cgroup, or its process group
-// and what left it: see proc.Containment): SIGTERM, up to grace for them to end,
-// then SIGKILL. An engine under a shim is stopped by its shim
-// (stopShimmed); poold ends itself only what is left once the shim reported
-// the exit or is gone, or when the shim failed to stop it. It returns only
-// when no live process of the engine remains, or with an error naming the
-// survivors. In cgroup mode the group is then removed.
+// stop ends all of the engine's processes (proc.Handle.Stop): its cgroup,
+// or its process group and what left it, through its shim first for an
+// engine under one.
 func (e *engine) stop(grace time.Duration, log *slog.Logger) error {
-	log = log.With("profile", e.profile.ID, "pid", e.pid)
-	if e.conn != nil {
-		if err := e.stopShimmed(grace, log); err != nil {
-			log.Error("the engine's supervisor did not stop it; poold ends its processes itself", "err", err)
-		}
-	}
-	if err := e.tree().End(grace, e.hurry, log); err != nil {
-		return err
-	}
-	<-e.exited
-	if e.cgroup != "" {
-		if err := proc.RemoveCgroup(e.cgroup); err != nil {
-			log.Warn("removing the engine's cgroup", "profile", e.profile.ID, "cgroup", e.cgroup, "err", err)
-		}
-	}
-	return nil
+	return e.h.Stop(grace, e.hurry, log.With("profile", e.profile.ID, "pid", e.h.PID()))
 }
 
-// tree is what stopping the engine ends.
-func (e *engine) tree() proc.Tree {
-	if e.cgroup != "" {
-		return proc.CgroupTree(e.cgroup, e.pid)
+// detach lets go of an engine under a shim for the next poold to adopt
+// (proc.Handle.Detach), and reports whether it did: one that is poold's own
+// child cannot be let go of.
+func (e *engine) detach() bool {
+	if !e.h.Detach() {
+		return false
 	}
-	return proc.GroupTree(e.pid, e.token, e.startTicks)
+	e.unwatchHealth()
+	return true
 }
-
-// members lists the engine's live processes.
-func (e *engine) members() []int { return e.tree().Members() }
 
 // portAttempts bounds the starts of one engine whose port was taken.
 const portAttempts = 3

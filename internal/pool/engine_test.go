@@ -29,13 +29,13 @@ func exitedEngine(t *testing.T, script string) *engine {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, Options{})
-	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.stop(0, p.log) })
 	select {
-	case <-e.exited:
+	case <-e.h.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the engine did not exit")
 	}
@@ -79,7 +79,7 @@ func TestWaitReadySaysWhatWasListed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := startEngine(engineStart{Profile: cfg.Lookup("x"), Spec: cfg.Pool("a"), Launch: profile.Launch{Self: self}, Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("x"), Spec: cfg.Pool("a"), Launch: profile.Launch{Self: self}, Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestWaitReadyKeepsWhatWasListedAtTheDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := reloadConfig(t, `{"name": "a", "gpus": [0]}`, simProfile("x", []string{"a"}))
-	e := &engine{profile: cfg.Lookup("x"), port: port, http: defaultClients(Options{}), exited: make(chan struct{}), logs: proc.NewOutput(logLines)}
+	e := &engine{profile: cfg.Lookup("x"), port: port, h: servedAt(port), http: defaultClients(Options{}), logs: proc.NewOutput(logLines)}
 	err = e.waitReady(context.Background(), 500*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), `it lists ["other-name"], not "x"`) {
 		t.Fatalf("waitReady: %v; want it to say what /v1/models listed before the deadline", err)

@@ -89,7 +89,7 @@ func (e *engine) lastOutput() string {
 // engine's last output lines.
 func (e *engine) printed(bit uint32) bool {
 	select {
-	case <-e.exited:
+	case <-e.h.Exited():
 	default:
 		return false
 	}

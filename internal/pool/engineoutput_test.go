@@ -46,7 +46,7 @@ func TestEngineOutputLogged(t *testing.T) {
 	}
 	var out logSink
 	p := newPool(cfg.Pool("g"), cfg, Options{Logger: slog.New(slog.NewJSONHandler(&out, nil))})
-	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestEngineOutputLogged(t *testing.T) {
 		if rec["msg"] != EngineOutput {
 			continue
 		}
-		if rec["pool"] != "g" || rec["profile"] != "s" || rec["pid"] != float64(e.pid) {
+		if rec["pool"] != "g" || rec["profile"] != "s" || rec["pid"] != float64(e.h.PID()) {
 			t.Errorf("engine line without its pool, profile and pid: %v", rec)
 		}
 		l, _ := rec[EngineLine].(string)
@@ -108,13 +108,13 @@ func TestPollLinesLeftOut(t *testing.T) {
 		var out logSink
 		obs := &exitObserver{}
 		p := newPool(cfg.Pool("g"), cfg, Options{Logger: slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})), Observer: obs, LogPolls: keep})
-		e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+		e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = e.stop(0, p.log) })
 		select {
-		case <-e.exited:
+		case <-e.h.Exited():
 		case <-time.After(30 * time.Second):
 			t.Fatal("the engine did not exit")
 		}

@@ -56,8 +56,8 @@ const refusedPolls = 3
 // answers 503, or refusedPolls polls in a row find its port refusing
 // connections (an error saying so, with the engine's reason and last
 // output lines). Other answers and failed probes count for nothing: an
-// exit is seen through e.exited, and a slow answer is no proof of a dead
-// core.
+// exit is seen through the handle's Exited, and a slow answer is no proof
+// of a dead core.
 func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -66,7 +66,7 @@ func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-e.exited:
+		case <-e.h.Exited():
 			return nil
 		case <-t.C:
 		}

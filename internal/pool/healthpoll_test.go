@@ -76,8 +76,8 @@ func TestHealthPollerFailsAnEngineThatRefuses(t *testing.T) {
 	e := &engine{
 		profile: &profile.Profile{ID: "m"},
 		port:    ln.Addr().(*net.TCPAddr).Port,
+		h:       servedAt(ln.Addr().(*net.TCPAddr).Port),
 		http:    defaultClients(Options{}),
-		exited:  make(chan struct{}),
 		logs:    proc.NewOutput(logLines),
 	}
 	ln.Close()

@@ -14,7 +14,7 @@ import (
 
 func openLedger(t *testing.T, dir string) *proc.Ledger {
 	t.Helper()
-	l, err := proc.OpenLedger(dir, nil, StopOrphan, slog.New(slog.DiscardHandler))
+	l, err := proc.OpenLedger(dir, nil, proc.StopOrphan, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

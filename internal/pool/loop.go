@@ -74,7 +74,7 @@ func (p *Pool) run(ctx context.Context) {
 		}
 		var exited <-chan struct{}
 		if p.eng != nil {
-			exited = p.eng.exited
+			exited = p.eng.h.Exited()
 		}
 		p.mu.Unlock()
 		if next != nil {
@@ -119,7 +119,7 @@ func (p *Pool) engineFailed(e *engine, err error) {
 	p.setStateLocked(StateFailed)
 	p.lastErr = err
 	p.mu.Unlock()
-	p.log.Error("engine failed while serving; stopping it", "profile", e.profile.ID, "pid", e.pid, "err", err)
+	p.log.Error("engine failed while serving; stopping it", "profile", e.profile.ID, "pid", e.h.PID(), "err", err)
 	p.wake()
 }
 
@@ -224,7 +224,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 
 	var own []int // a sleeper about to wake reclaims the memory it holds
 	if sl != nil {
-		own = sl.eng.members()
+		own = sl.eng.h.Members()
 	}
 	p.makeGPURoom(prof, spec.GPUs, own)
 	p.mu.Lock()
@@ -251,8 +251,8 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		t := p.opts.Now()
 		p.log.Info("starting engine", "profile", prof.ID, "from", from, "attempt", attempt)
 		e, err := startEngine(engineStart{
-			Profile: prof, Spec: spec, Launch: p.opts.Launch, Spawn: p.opts.spawn, Containment: p.opts.Containment,
-			Shims: p.opts.Shims, HTTP: p.http, Hurry: p.opts.hurry, Output: p.outputLog(),
+			Profile: prof, Spec: spec, Launch: p.opts.Launch, Supervisor: p.supervisor(),
+			HTTP: p.http, Hurry: p.opts.hurry, Output: p.outputLog(),
 		})
 		if err != nil {
 			p.failSwap(ctx, prof, from, phases, nil, fmt.Errorf("starting engine %q: %w", prof.ID, err))
@@ -266,7 +266,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 
 		t = p.opts.Now()
 		err = e.waitReady(ctx, prof.StartupTimeout.Duration)
-		if err != nil && !isClosed(e.exited) {
+		if err != nil && !isClosed(e.h.Exited()) {
 			// Alive but not ready (startupTimeout, or poold stopping): those
 			// who wait are told now, not after the engine's stop grace.
 			p.failSwap(ctx, prof, from, phases, e, err)
@@ -417,7 +417,7 @@ func (p *Pool) failSwap(ctx context.Context, prof *profile.Profile, from string,
 // stopEngine stops e under the stop contract and forgets it. release is how
 // long the VRAM check took, zero when it did not run or gave up.
 func (p *Pool) stopEngine(e *engine) (release time.Duration, err error) {
-	p.log.Info("stopping engine", "profile", e.profile.ID, "pid", e.pid)
+	p.log.Info("stopping engine", "profile", e.profile.ID, "pid", e.h.PID())
 	release, err = p.stopAndForget(e, e.profile.StopTimeout.Duration, exitStopped)
 	if err != nil {
 		return 0, fmt.Errorf("stopping engine %q: %w", e.profile.ID, err)
@@ -457,12 +457,13 @@ func (p *Pool) stopGroup(e *engine, grace time.Duration) (release time.Duration,
 	e.unwatchHealth()
 	var released func() error
 	if p.opts.VRAM != nil {
-		released = p.opts.VRAM.Watch(e.gpus, e.members())
+		released = p.opts.VRAM.Watch(e.gpus, e.h.Members())
 	}
 	if err := e.stop(grace, p.log); err != nil {
 		return 0, err
 	}
-	p.opts.Ledger.Remove(e.pid, e.shimPath)
+	rec := e.h.Record()
+	p.opts.Ledger.Remove(rec.PID, rec.Shim)
 	if released == nil {
 		return 0, nil
 	}
@@ -511,14 +512,14 @@ func (p *Pool) detachAll() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e := p.eng; e != nil && e.detach() {
-		p.log.Info("engine left running for the next poold", "profile", e.profile.ID, "pid", e.pid)
+		p.log.Info("engine left running for the next poold", "profile", e.profile.ID, "pid", e.h.PID())
 		p.eng = nil
 		p.sched.Lost()
 		p.setStateLocked(StateEmpty)
 	}
 	for _, sl := range slices.Clone(p.sleepers) {
 		if sl.eng.detach() {
-			p.log.Info("sleeping engine left running for the next poold", "profile", sl.eng.profile.ID, "pid", sl.eng.pid)
+			p.log.Info("sleeping engine left running for the next poold", "profile", sl.eng.profile.ID, "pid", sl.eng.h.PID())
 			p.removeSleeperLocked(sl)
 		}
 	}

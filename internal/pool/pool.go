@@ -158,9 +158,9 @@ type Options struct {
 	// a Set: never).
 	detach *atomic.Bool
 	// Shims, when set, starts each engine under a supervisor of its own,
-	// which it outlives poold by (shimmed.go); nil starts engines as
+	// which it outlives poold by (proc.Supervisor); nil starts engines as
 	// poold's own children, which die with it.
-	Shims *Shims
+	Shims *proc.Shims
 	// Host, when its functions are set, is what a cold start is checked
 	// against, as Launch would start it, before anything is drained for it
 	// (the engine binary resolves, a local model path exists, no flag vLLM

@@ -50,7 +50,7 @@ func (e *engine) waitReady(ctx context.Context, timeout time.Duration) error {
 	seen := "no answer yet" // what the last probe found
 	for {
 		select {
-		case <-e.exited:
+		case <-e.h.Exited():
 			return fmt.Errorf("while loading: %w", e.failure())
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -167,7 +167,7 @@ func (e *engine) sleep(ctx context.Context, level int) error {
 // probe that proves it generates. timeout bounds it all.
 func (e *engine) wakeUp(ctx context.Context, level int, timeout time.Duration) error {
 	select {
-	case <-e.exited:
+	case <-e.h.Exited():
 		return fmt.Errorf("died while asleep: %w", e.failure())
 	default:
 	}

@@ -60,10 +60,10 @@ func newFakeEngine(t *testing.T, id string, answer func(call string) (int, strin
 	f.engine = &engine{
 		profile: &profile.Profile{ID: id},
 		http:    defaultClients(Options{}),
-		exited:  make(chan struct{}),
 		logs:    proc.NewOutput(logLines),
 	}
 	f.port, _ = strconv.Atoi(port)
+	f.h = servedAt(f.port)
 	return f
 }
 

@@ -37,7 +37,7 @@ func (s *Set) EngineAsleep(pool string, pid, port, level int) {
 func (p *Pool) engineAsleep(pid, port, level int) {
 	p.mu.Lock()
 	e := p.eng
-	ok := e != nil && e.pid == pid && e.port == port && p.servingLocked(e)
+	ok := e != nil && e.h.PID() == pid && e.port == port && p.servingLocked(e)
 	p.mu.Unlock()
 	if !ok {
 		return
@@ -58,7 +58,7 @@ func (p *Pool) engineAsleep(pid, port, level int) {
 		p.mu.Unlock()
 		if e.unwakeable.CompareAndSwap(false, true) {
 			p.log.Warn("engine says it sleeps by itself, and poold cannot wake it (no sleep endpoints); requests go on to it as it is",
-				"profile", e.profile.ID, "pid", e.pid, "level", level, "err", err)
+				"profile", e.profile.ID, "pid", e.h.PID(), "level", level, "err", err)
 			p.observeSelfSleep(SelfSleepNone)
 		}
 		return
@@ -68,7 +68,7 @@ func (p *Pool) engineAsleep(pid, port, level int) {
 	p.sched.Lost()
 	p.setStateLocked(StateSleeping)
 	p.mu.Unlock()
-	p.log.Info("engine fell asleep by itself; the next request wakes it", "profile", e.profile.ID, "pid", e.pid, "level", level)
+	p.log.Info("engine fell asleep by itself; the next request wakes it", "profile", e.profile.ID, "pid", e.h.PID(), "level", level)
 	p.observeSelfSleep(SelfSleepWake)
 	p.wake()
 }
@@ -98,7 +98,7 @@ func (p *Pool) adoptSelfSleeper() {
 		need = weightBytes(e.profile)
 	}
 	p.opts.host.reserve(need, 0)
-	p.opts.Ledger.Asleep(e.pid, level)
+	p.opts.Ledger.Asleep(e.h.PID(), level)
 	sl := &sleeper{eng: e, level: level, since: p.opts.Now(), hostBytes: need, self: true, gone: make(chan struct{})}
 	p.mu.Lock()
 	p.sleepers = append(p.sleepers, sl)

@@ -4,15 +4,17 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 )
 
 // shimMain is `engine-shim` for this test binary, which serves as its own
-// engines' shim: the flags Shims.command gives, parsed into a ShimConfig for
-// RunShim (in poold, cmd/poold parses them).
+// engines' shim: the flags proc.Shims gives, parsed into a proc.ShimConfig for
+// proc.RunShim (in poold, cmd/poold parses them).
 func shimMain(args []string, stderr io.Writer) int {
 	fl := flag.NewFlagSet("engine-shim", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	var c ShimConfig
+	var c proc.ShimConfig
 	fl.StringVar(&c.Socket, "socket", "", "")
 	fl.StringVar(&c.Token, "token", "", "")
 	fl.StringVar(&c.Fingerprint, "fingerprint", "", "")
@@ -24,7 +26,7 @@ func shimMain(args []string, stderr io.Writer) int {
 	}
 	c.Argv = fl.Args()
 	log := slog.New(slog.NewJSONHandler(stderr, nil)).With("component", "engine-shim", "socket", c.Socket)
-	if err := RunShim(c, log); err != nil {
+	if err := proc.RunShim(c, log); err != nil {
 		log.Error("engine-shim", "err", err)
 		return 1
 	}

@@ -30,7 +30,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	}
 	p.mu.Unlock()
 	select {
-	case <-old.exited:
+	case <-old.h.Exited():
 		return false
 	default:
 	}
@@ -50,7 +50,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 	old.unwatchHealth()
 	var released func() error
 	if p.opts.VRAM != nil {
-		released = p.opts.VRAM.WatchSleep(gpus, old.members())
+		released = p.opts.VRAM.WatchSleep(gpus, old.h.Members())
 	}
 	sctx, cancel := context.WithTimeout(ctx, old.profile.StopTimeout.Duration)
 	err := old.sleep(sctx, level)
@@ -75,7 +75,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 		}
 	}
 	sl := &sleeper{eng: old, level: level, since: p.opts.Now(), hostBytes: need, gone: make(chan struct{})}
-	p.opts.Ledger.Asleep(old.pid, level)
+	p.opts.Ledger.Asleep(old.h.PID(), level)
 	p.mu.Lock()
 	p.sleepers = append(p.sleepers, sl)
 	if p.eng == old {
@@ -91,7 +91,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 func (p *Pool) watchSleeper(sl *sleeper) {
 	go func() {
 		select {
-		case <-sl.eng.exited:
+		case <-sl.eng.h.Exited():
 			p.wake()
 		case <-sl.gone:
 		}
@@ -191,7 +191,7 @@ func (p *Pool) staleSleeperLocked() (*sleeper, string) {
 	for i, sl := range order {
 		why := ""
 		select {
-		case <-sl.eng.exited:
+		case <-sl.eng.h.Exited():
 			why = "exited while asleep"
 		default:
 			id := sl.eng.profile.ID
@@ -218,11 +218,11 @@ func (p *Pool) stopSleeper(sl *sleeper, why string) {
 	e := sl.eng
 	reason, grace := exitStopped, e.profile.StopTimeout.Duration
 	select {
-	case <-e.exited:
+	case <-e.h.Exited():
 		reason, grace = statusapi.ExitCrashed, 0
 		p.log.Error("sleeping engine exited", "profile", e.profile.ID, "err", e.failure())
 	default:
-		p.log.Info("stopping sleeping engine", "profile", e.profile.ID, "pid", e.pid, "reason", why)
+		p.log.Info("stopping sleeping engine", "profile", e.profile.ID, "pid", e.h.PID(), "reason", why)
 	}
 	if _, err := p.stopAndForget(e, grace, reason); err != nil {
 		p.log.Error("stopping sleeping engine", "profile", e.profile.ID, "err", err)
@@ -239,7 +239,7 @@ func (p *Pool) stopSleepers() {
 func (p *Pool) sleepStatusLocked() []statusapi.Sleeper {
 	list := make([]statusapi.Sleeper, len(p.sleepers))
 	for i, sl := range p.sleepers {
-		list[i] = statusapi.Sleeper{Profile: sl.eng.profile.ID, Level: sl.level, Since: sl.since, HostBytes: sl.hostBytes, PID: sl.eng.pid, Port: sl.eng.port, SelfSlept: sl.self}
+		list[i] = statusapi.Sleeper{Profile: sl.eng.profile.ID, Level: sl.level, Since: sl.since, HostBytes: sl.hostBytes, PID: sl.eng.h.PID(), Port: sl.eng.port, SelfSlept: sl.self}
 	}
 	return list
 }
@@ -255,7 +255,7 @@ func (p *Pool) wakeSleeper(ctx context.Context, sl *sleeper, from string, phases
 	err := e.wakeUp(ctx, sl.level, e.profile.StartupTimeout.Duration)
 	if err == nil {
 		phases["wake"] = p.opts.Now().Sub(t)
-		p.opts.Ledger.Asleep(e.pid, 0)
+		p.opts.Ledger.Asleep(e.h.PID(), 0)
 		return true
 	}
 	abandoned := ctx.Err() != nil // poold is stopping, or the pool was removed: not a failure

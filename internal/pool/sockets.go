@@ -36,7 +36,7 @@ func (p *Pool) checkSockets(e *engine, allowExposed bool) (warning, err error) {
 		p.log.Warn("cannot read the listening sockets; the engine's port and exposure are not checked", "profile", e.profile.ID, "err", err)
 		return nil, nil
 	}
-	r := proc.InspectSockets(ls, proc.SocketInodes(e.members()), e.port)
+	r := proc.InspectSockets(ls, proc.SocketInodes(e.h.Members()), e.port)
 	switch {
 	case len(r.Foreign) > 0:
 		return nil, fmt.Errorf("%w %d (listening on %v): the start is refused, since requests could reach the other", errPortShared, e.port, r.Foreign)
@@ -58,7 +58,7 @@ func (p *Pool) checkSockets(e *engine, allowExposed bool) (warning, err error) {
 		return nil, nil
 	}
 	warning = errors.Join(warnings...)
-	p.log.Error("engine listens beyond loopback", "profile", e.profile.ID, "pid", e.pid, "err", warning)
+	p.log.Error("engine listens beyond loopback", "profile", e.profile.ID, "pid", e.h.PID(), "err", warning)
 	return warning, nil
 }
 

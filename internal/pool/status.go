@@ -78,7 +78,7 @@ func (p *Pool) Status() statusapi.Pool {
 		st.Failing = p.backoff.status(p.cfg.Lookup(b.ID), now)
 	}
 	if e := p.eng; e != nil {
-		es := &statusapi.Engine{Profile: e.profile.ID, PID: e.pid, Port: e.port, StartedAt: e.startedAt}
+		es := &statusapi.Engine{Profile: e.profile.ID, PID: e.h.PID(), Port: e.port, StartedAt: e.startedAt}
 		if s.Loaded() == e.profile.ID {
 			t := p.readyAt
 			es.ReadyAt = &t

@@ -150,7 +150,7 @@ func startSleeper(t *testing.T, opts Options) (*Pool, *engine) {
 		t.Fatal(err)
 	}
 	p := newPool(cfg.Pool("g"), cfg, opts)
-	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Containment: p.opts.Containment, HTTP: p.http, Output: p.outputLog()})
+	e, err := startEngine(engineStart{Profile: cfg.Lookup("s"), Spec: cfg.Pool("g"), Supervisor: p.supervisor(), HTTP: p.http, Output: p.outputLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,10 +164,10 @@ func TestStopWaitsForVRAMRelease(t *testing.T) {
 	p, e := startSleeper(t, Options{VRAM: vram, Observer: obs})
 	// Wait (bounded) for the shell's sleeping child so that the group has two members.
 	deadline := time.Now().Add(10 * time.Second)
-	for len(groupMembers(e.pid)) < 2 && time.Now().Before(deadline) {
+	for len(groupMembers(e.h.PID())) < 2 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	members := groupMembers(e.pid)
+	members := groupMembers(e.h.PID())
 	if len(members) < 2 {
 		t.Fatalf("engine group has members %v, want the shell and its child", members)
 	}
@@ -178,10 +178,10 @@ func TestStopWaitsForVRAMRelease(t *testing.T) {
 	if release <= 0 {
 		t.Fatalf("release duration %v, want > 0", release)
 	}
-	if !vram.waited || !slices.Equal(vram.gpus, []int{2, 3}) || !slices.Contains(vram.pids, e.pid) || len(vram.pids) != len(members) {
+	if !vram.waited || !slices.Equal(vram.gpus, []int{2, 3}) || !slices.Contains(vram.pids, e.h.PID()) || len(vram.pids) != len(members) {
 		t.Fatalf("watched gpus %v pids %v (waited %t), want gpus [2 3] and pids %v", vram.gpus, vram.pids, vram.waited, members)
 	}
-	if left := groupMembers(e.pid); len(left) != 0 {
+	if left := groupMembers(e.h.PID()); len(left) != 0 {
 		t.Fatalf("group members left: %v", left)
 	}
 	if obs.notReleased != 0 || !slices.Equal(obs.exits, []string{"s:stopped"}) {

@@ -1,4 +1,4 @@
-package pool
+package engine
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/shim"
 )
 
@@ -28,7 +27,7 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 	}
 	defer os.Remove(c.Socket)
 	// Only poold's user may connect, whatever the umask (the next poold
-	// refuses a socket that others may write: proc.CheckFile).
+	// refuses a socket that others may write: CheckFile).
 	if err := os.Chmod(c.Socket, 0o600); err != nil {
 		ln.Close()
 		return fmt.Errorf("restricting %s: %w", c.Socket, err)
@@ -36,8 +35,8 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
-	cmd.Env = append(os.Environ(), proc.TokenEnv+"="+c.Token)
-	cmd.SysProcAttr, _ = proc.ProcAttr()
+	cmd.Env = append(os.Environ(), TokenEnv+"="+c.Token)
+	cmd.SysProcAttr, _ = ProcAttr()
 	if c.Cgroup != "" {
 		fd, err := os.Open(c.Cgroup)
 		if err != nil {
@@ -46,9 +45,9 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 			return shim.Fail(ln, err, c.AdoptTimeout)
 		}
 		defer fd.Close()
-		proc.UseCgroup(cmd.SysProcAttr, fd)
+		UseCgroup(cmd.SysProcAttr, fd)
 	}
-	out, wait, err := proc.StartChild(cmd, proc.ProcessSpawner())
+	out, wait, err := StartChild(cmd, ProcessSpawner())
 	if err != nil {
 		err = fmt.Errorf("running %q: %w", c.Argv[0], err)
 		log.Error("the engine could not start", "err", err)
@@ -56,12 +55,12 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 	}
 	pid := cmd.Process.Pid
 	var start uint64
-	if st, err := proc.ProcStat(pid); err == nil {
+	if st, err := ProcStat(pid); err == nil {
 		start = st.Start
 	}
-	t := proc.GroupTree(pid, c.Token, start)
+	t := GroupTree(pid, c.Token, start)
 	if c.Cgroup != "" {
-		t = proc.CgroupTree(c.Cgroup, pid)
+		t = CgroupTree(c.Cgroup, pid)
 	}
 	eng := &shimmedEngine{wait: wait, log: log, tree: t}
 	log.Info("engine started", "pid", pid, "cgroup", c.Cgroup)
@@ -73,7 +72,7 @@ func RunShim(c ShimConfig, log *slog.Logger) error {
 // shimmedEngine is the engine as the shim sees it (shim.Engine).
 type shimmedEngine struct {
 	wait func() error
-	tree proc.Tree
+	tree Tree
 	log  *slog.Logger
 }
 

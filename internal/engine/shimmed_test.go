@@ -1,8 +1,7 @@
-package pool
+package engine
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
-	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/shim"
 )
 
@@ -95,31 +92,17 @@ func startFakeShimWith(t *testing.T, f *fakeShim) *fakeShim {
 	return f
 }
 
-// engine attaches to f as poold does to the shim of an engine it
-// started, and follows it.
-func (f *fakeShim) engine(t *testing.T) *engine {
+// handle attaches to f as poold does to the shim of an engine it adopts,
+// and follows it.
+func (f *fakeShim) handle(t *testing.T) *Shimmed {
 	t.Helper()
-	c, err := shim.Attach(f.path, 30*time.Second)
+	var sup Supervisor
+	h, err := sup.Adopt(LedgerEngine{PID: f.eng.Process.Pid, Token: "fake-token", Shim: f.path}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &engine{
-		profile:  &profile.Profile{ID: "m"},
-		pid:      f.eng.Process.Pid,
-		token:    "fake-token",
-		shimPath: f.path,
-		conn:     c,
-		exited:   make(chan struct{}),
-		pumped:   make(chan struct{}),
-		logs:     proc.NewOutput(logLines),
-	}
-	out, wait := e.follow(slog.New(slog.DiscardHandler))
-	go func() { _, _ = io.Copy(io.Discard, out) }()
-	go func() {
-		e.exitErr = wait()
-		close(e.exited)
-	}()
-	return e
+	go func() { _, _ = io.Copy(io.Discard, h.Output()) }()
+	return h
 }
 
 // poold stops an engine under a shim by asking the shim, with the
@@ -127,8 +110,8 @@ func (f *fakeShim) engine(t *testing.T) *engine {
 // shim holds.
 func TestStopGoesThroughTheShim(t *testing.T) {
 	f := startFakeShim(t, false)
-	e := f.engine(t)
-	if err := e.stop(3*time.Second, slog.New(slog.DiscardHandler)); err != nil {
+	h := f.handle(t)
+	if err := h.Stop(3*time.Second, nil, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
 	select {
@@ -148,19 +131,19 @@ func TestStopGoesThroughTheShim(t *testing.T) {
 // goes through a new connection to the shim, which still runs it.
 func TestStopAfterTheShimConnectionDropped(t *testing.T) {
 	f := startFakeShim(t, true)
-	e := f.engine(t)
+	h := f.handle(t)
 	select {
-	case <-e.exited:
+	case <-h.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the dropped connection went unnoticed")
 	}
-	if !e.lost.Load() || e.exitErr == nil || !strings.Contains(e.exitErr.Error(), "its supervisor (poold engine-shim) is gone") {
-		t.Fatalf("exit %v (lost: %v); want the lost supervisor", e.exitErr, e.lost.Load())
+	if !h.lost.Load() || h.Err() == nil || !strings.Contains(h.Err().Error(), "its supervisor (poold engine-shim) is gone") {
+		t.Fatalf("exit %v (lost: %v); want the lost supervisor", h.Err(), h.lost.Load())
 	}
 	if !alive(f.eng.Process.Pid) {
 		t.Fatal("the engine died with the connection")
 	}
-	if err := e.stop(3*time.Second, slog.New(slog.DiscardHandler)); err != nil {
+	if err := h.Stop(3*time.Second, nil, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
 	select {
@@ -181,17 +164,17 @@ func TestStopAfterTheShimConnectionDropped(t *testing.T) {
 // runs, with the reap's grace.
 func TestReapGoesThroughTheShim(t *testing.T) {
 	f := startFakeShim(t, false)
-	ledger, err := proc.OpenLedger(filepath.Dir(f.path), nil, StopOrphan, slog.New(slog.DiscardHandler))
+	ledger, err := OpenLedger(filepath.Dir(f.path), nil, StopOrphan, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ledger.Close()
 	pid := f.eng.Process.Pid
-	st, err := proc.ProcStat(pid)
+	st, err := ProcStat(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopped, err := ledger.ReapEngines([]proc.LedgerEngine{{Pool: "gone", Profile: "m", PID: pid, PGID: pid, StartTicks: st.Start, Token: "fake-token", Shim: f.path}}, 3*time.Second)
+	stopped, err := ledger.ReapEngines([]LedgerEngine{{Pool: "gone", Profile: "m", PID: pid, PGID: pid, StartTicks: st.Start, Token: "fake-token", Shim: f.path}}, 3*time.Second)
 	if err != nil {
 		t.Fatalf("ReapEngines: %v", err)
 	}
@@ -212,11 +195,10 @@ func TestReapGoesThroughTheShim(t *testing.T) {
 // ends once the shim reports the exit, long before the grace.
 func TestHurriedStopGoesThroughTheShim(t *testing.T) {
 	f := startFakeShimWith(t, &fakeShim{slow: true, protocol: shim.Protocol})
-	e := f.engine(t)
+	h := f.handle(t)
 	hurry := make(chan struct{})
-	e.hurry = hurry
 	stopped := make(chan error, 1)
-	go func() { stopped <- e.stop(time.Hour, slog.New(slog.DiscardHandler)) }()
+	go func() { stopped <- h.Stop(time.Hour, hurry, slog.New(slog.DiscardHandler)) }()
 	if a := <-f.asked; a.r.Op != shim.OpStop || a.r.Grace != time.Hour {
 		t.Fatalf("the shim was asked %+v first, want the stop", a.r)
 	}
@@ -236,26 +218,5 @@ func TestHurriedStopGoesThroughTheShim(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the hurried stop did not end with the engine")
-	}
-}
-
-// An engine left by an older poold, whose shim speaks another protocol, is
-// not adopted, and the reason says why; it is left to the reap.
-func TestAdoptRefusesAnOlderShim(t *testing.T) {
-	f := startFakeShimWith(t, &fakeShim{protocol: 1})
-	dir := filepath.Dir(f.path)
-	pid := f.eng.Process.Pid
-	st, err := proc.ProcStat(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeRecords(t, dir, proc.LedgerEngine{Pool: "g", Profile: "a", PID: pid, PGID: pid, StartTicks: st.Start, Token: "fake-token", Shim: f.path})
-	s, rest, _ := keptSet(t, dir, reloadConfig(t, `{"name": "g", "gpus": [0]}`, simProfile("a", []string{"g"})))
-	if len(rest) != 1 || rest[0].PID != pid {
-		t.Fatalf("left to the reap: %+v, want the engine of the older shim", rest)
-	}
-	want := fmt.Sprintf("its supervisor is of an older or newer poold (protocol 1; this poold speaks %d)", shim.Protocol)
-	if ad := s.Pool("g").Status().Adoption; len(ad) != 1 || ad[0].Adopted || !strings.Contains(ad[0].Reason, want) {
-		t.Fatalf("adoption %+v, want a refusal saying %q", ad, want)
 	}
 }
