@@ -11,8 +11,12 @@
 // output as it reads it (Output, OwnPoll); the engines ledger in the state
 // directory, which a crash's successor reaps (Ledger, and StopOrphan for
 // an engine under a shim that no pool takes), and that directory's trust
-// rule (CheckStateDir, CheckFile, ErrUntrusted); and the listening sockets
-// of the host's network namespace and the ones a set of processes holds
+// rule (CheckStateDir, CheckFile, ErrUntrusted); the listening sockets of
+// the host's network namespace and the ones a set of processes holds
 // (InspectSockets, Listeners, SocketInodes), by which a ready engine is
-// checked to answer on its port alone and nowhere beyond loopback.
+// checked to answer on its port alone and nowhere beyond loopback
+// (CheckSockets); the engine's HTTP API as poold calls it (API: its
+// probes, sleep, wake and warm-up); and the checks of an engine that a
+// previous poold left under its shim before it is adopted
+// (Shimmed.Verify).
 package engine

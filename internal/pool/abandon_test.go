@@ -106,7 +106,7 @@ func TestShutdownDuringSleepIsNoFailure(t *testing.T) {
 	p := NewSet(cfg, Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}).Pool("a")
 	prof, spec := cfg.Lookup("x"), cfg.Pool("a")
 	// The engine as the pool started it, but served by srv: no process.
-	e := &engine{profile: prof, port: port, argv: prof.Argv(port, spec, p.opts.Launch), env: engineEnv(prof, spec), http: p.http, h: servedAt(port)}
+	e := &engine{profile: prof, port: port, argv: prof.Argv(port, spec, p.opts.Launch), env: engineEnv(prof, spec), api: p.http.At(port), h: servedAt(port)}
 	p.state = StateStopping // as swap leaves it before sleepOut
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

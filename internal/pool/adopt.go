@@ -2,27 +2,15 @@ package pool
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
-	"fmt"
-	"maps"
-	"slices"
-	"strconv"
-	"strings"
 
 	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
-	"github.com/poold/poold/internal/shim"
 	"github.com/poold/poold/internal/statusapi"
 )
 
 // Adoption: a poold that starts takes over the engines that its
 // predecessor left running under their shims, once each passes
 // verification, instead of loading its models again.
-
-// adoptTimeout bounds each of the calls to an engine in its verification,
-// as proc.AttachTimeout bounds the attach to its shim.
-const adoptTimeout = proc.AttachTimeout
 
 // Adopt takes over the engines that a previous poold recorded (as
 // Ledger.Recorded returns them), before Run. An engine is adopted when its
@@ -111,41 +99,21 @@ func (p *Pool) attach(rec proc.LedgerEngine) (*engine, *proc.Shimmed, error) {
 }
 
 // verify checks that e, attached through its shim as sh, is the engine
-// that rec records, as the profile in force would run it, and that it
-// answers as recorded.
+// that rec records, as the profile in force would run it, that it answers
+// as recorded (Shimmed.Verify), and that the pool has room for it.
 func (p *Pool) verify(ctx context.Context, e *engine, sh *proc.Shimmed, rec proc.LedgerEngine) error {
-	if err := sh.Recorded(); err != nil {
+	p.mu.Lock()
+	allowExposed := p.spec.AllowNonLoopback
+	p.mu.Unlock()
+	want := proc.Want{ID: e.profile.ID, Argv: e.argv, Env: e.env, Given: e.given, MaySleep: e.profile.SleepLevel() > 0, AllowExposed: allowExposed}
+	if err := sh.Verify(ctx, rec, e.api, want, p.log.With("profile", rec.Profile, "pid", rec.PID)); err != nil {
 		return err
 	}
-	// A shim started by an older poold holds a fingerprint of the whole
-	// environment: it stands while poold's own environment has not changed.
-	if fp := sh.Fingerprint(); fp != shim.Fingerprint(e.argv, e.given) && fp != shim.Fingerprint(e.argv, e.env) {
-		return fmt.Errorf("its profile changed while poold was down, or the vllm-command setting did: %s", changes(rec, e.argv, e.given))
-	}
 	p.mu.Lock()
-	busy, allowExposed := rec.Sleeping == 0 && p.eng != nil, p.spec.AllowNonLoopback
+	busy := rec.Sleeping == 0 && p.eng != nil
 	p.mu.Unlock()
 	if busy {
 		return errors.New("the pool already has an awake engine")
-	}
-	if _, err := p.checkSockets(e, allowExposed); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adoptTimeout)
-	defer cancel()
-	if rec.Sleeping > 0 || e.profile.SleepLevel() > 0 {
-		asleep, err := e.isSleeping(ctx)
-		switch {
-		case err != nil:
-			return err
-		case asleep != (rec.Sleeping > 0):
-			return fmt.Errorf("it was recorded asleep at level %d, and GET /is_sleeping says %v", rec.Sleeping, asleep)
-		}
-	}
-	if rec.Sleeping == 0 {
-		if ok, seen := e.serves(ctx); !ok {
-			return fmt.Errorf("GET /v1/models: %s", seen)
-		}
 	}
 	return nil
 }
@@ -199,120 +167,6 @@ func (p *Pool) noteAdoption(rec proc.LedgerEngine, err error) {
 // record is e as the ledger records it, running on pool.
 func (e *engine) record(pool string) proc.LedgerEngine {
 	rec := e.h.Record()
-	rec.Pool, rec.Profile, rec.Argv, rec.EnvSums = pool, e.profile.ID, e.argv, envSums(e.given)
+	rec.Pool, rec.Profile, rec.Argv, rec.EnvSums = pool, e.profile.ID, e.argv, proc.EnvSums(e.given)
 	return rec
-}
-
-// envSums is a digest of each variable of env by name: the first 16 hex
-// digits of the sha256 of its value, enough to tell a change, without
-// keeping a value that may be a secret.
-func envSums(env []string) map[string]string {
-	sums := make(map[string]string, len(env))
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		sum := sha256.Sum256([]byte(v))
-		sums[k] = hex.EncodeToString(sum[:8])
-	}
-	return sums
-}
-
-// changes says what differs between the engine rec records and the one the
-// profile in force would start with argv and given: the flags of the
-// command line added, removed or changed, and the variables, by name only
-// (a value may be a secret). A ledger of an older poold records neither.
-func changes(rec proc.LedgerEngine, argv, given []string) string {
-	if rec.Argv == nil {
-		return "another command line or environment"
-	}
-	var parts []string
-	added, removed, changed := argChanges(rec.Argv, argv)
-	for _, c := range []struct {
-		what  string
-		names []string
-	}{{"added", added}, {"removed", removed}, {"changed", changed}} {
-		if len(c.names) > 0 {
-			parts = append(parts, fmt.Sprintf("argument %s %s", strings.Join(c.names, ", "), c.what))
-		}
-	}
-	now := envSums(given)
-	var vars [3][]string // added, removed, changed
-	for _, k := range slices.Sorted(maps.Keys(now)) {
-		switch old, ok := rec.EnvSums[k]; {
-		case !ok:
-			vars[0] = append(vars[0], k)
-		case old != now[k]:
-			vars[2] = append(vars[2], k)
-		}
-	}
-	for _, k := range slices.Sorted(maps.Keys(rec.EnvSums)) {
-		if _, ok := now[k]; !ok {
-			vars[1] = append(vars[1], k)
-		}
-	}
-	for i, what := range []string{"added", "removed", "changed"} {
-		if len(vars[i]) > 0 {
-			parts = append(parts, fmt.Sprintf("variable %s %s", strings.Join(vars[i], ", "), what))
-		}
-	}
-	if len(parts) == 0 {
-		return "another command line or environment"
-	}
-	return strings.Join(parts, "; ")
-}
-
-// argChanges names the arguments that differ between the command lines was
-// and now, past what they share at both ends: each by its flag (cut at
-// "="), a flag's value by the flag before it, or by its place ("#3"); the
-// values themselves are not shown.
-func argChanges(was, now []string) (added, removed, changed []string) {
-	pre := 0
-	for pre < len(was) && pre < len(now) && was[pre] == now[pre] {
-		pre++
-	}
-	suf := 0
-	for suf < len(was)-pre && suf < len(now)-pre && was[len(was)-1-suf] == now[len(now)-1-suf] {
-		suf++
-	}
-	name := func(argv []string, i int) string {
-		switch a := argv[i]; {
-		case strings.HasPrefix(a, "-"):
-			flag, _, _ := strings.Cut(a, "=")
-			return flag
-		case i > 0 && strings.HasPrefix(argv[i-1], "-"):
-			flag, _, _ := strings.Cut(argv[i-1], "=")
-			return flag
-		}
-		return "#" + strconv.Itoa(i)
-	}
-	var old, cur []string
-	for i := pre; i < len(was)-suf; i++ {
-		old = append(old, name(was, i))
-	}
-	for i := pre; i < len(now)-suf; i++ {
-		cur = append(cur, name(now, i))
-	}
-	for _, n := range uniq(cur) {
-		if slices.Contains(old, n) {
-			changed = append(changed, n)
-		} else {
-			added = append(added, n)
-		}
-	}
-	for _, n := range uniq(old) {
-		if !slices.Contains(cur, n) {
-			removed = append(removed, n)
-		}
-	}
-	return added, removed, changed
-}
-
-// uniq is names without repeats, in their first order.
-func uniq(names []string) []string {
-	var out []string
-	for _, n := range names {
-		if !slices.Contains(out, n) {
-			out = append(out, n)
-		}
-	}
-	return out
 }

@@ -295,36 +295,6 @@ func TestAdoptSignalsOnlyPooldsShims(t *testing.T) {
 	}
 }
 
-func TestChanges(t *testing.T) {
-	base := []string{"vllm", "serve", "--model", "m", "--port", "41000", "--max-model-len", "4096"}
-	rec := proc.LedgerEngine{Argv: base, EnvSums: envSums([]string{"A=1", "B=2", "HF_TOKEN=secret"})}
-	for _, tt := range []struct {
-		name        string
-		argv, given []string
-		want        string
-	}{
-		{"a value", []string{"vllm", "serve", "--model", "m", "--port", "41000", "--max-model-len", "8192"},
-			[]string{"A=1", "B=2", "HF_TOKEN=secret"}, "argument --max-model-len changed"},
-		{"flags added and removed", []string{"vllm", "serve", "--model", "m", "--port", "41000", "--enforce-eager", "--seed=3"},
-			[]string{"A=1", "B=2", "HF_TOKEN=secret"}, "argument --enforce-eager, --seed added; argument --max-model-len removed"},
-		{"the launcher", append([]string{"python", "-m", "vllm.entrypoints.openai.api_server"}, base[2:]...),
-			[]string{"A=1", "B=2", "HF_TOKEN=secret"}, "argument -m added; argument #1 removed; argument #0 changed"},
-		{"variables", base, []string{"A=1", "C=3", "HF_TOKEN=t0ken"}, "variable C added; variable B removed; variable HF_TOKEN changed"},
-		{"nothing told apart", base, []string{"A=1", "B=2", "HF_TOKEN=secret"}, "another command line or environment"},
-	} {
-		got := changes(rec, tt.argv, tt.given)
-		if got != tt.want {
-			t.Errorf("%s: changes = %q, want %q", tt.name, got, tt.want)
-		}
-		if strings.Contains(got, "secret") || strings.Contains(got, "t0ken") {
-			t.Errorf("%s: a value shown: %q", tt.name, got)
-		}
-	}
-	if got := changes(proc.LedgerEngine{}, base, nil); got != "another command line or environment" {
-		t.Errorf("an older ledger's record: %q", got)
-	}
-}
-
 // An engine left by an older poold, whose shim speaks another protocol, is
 // not adopted, and the reason says why; it is left to the reap. The shim
 // here is a fake one, which says hello in protocol 1 for a real process.

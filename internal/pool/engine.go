@@ -40,7 +40,7 @@ type engine struct {
 	// argv, what the engine's fingerprint covers.
 	given []string
 
-	http clients // its probe and control clients
+	api proc.API // its HTTP API on its port
 	// idle is how long a connection to it may stay idle (idleTimeout).
 	idle time.Duration
 	// hurry, once closed, cuts the SIGTERM grace of a stop short (a second
@@ -76,7 +76,7 @@ type engine struct {
 // port, before it has a process: its handle is the caller's to set, and
 // run starts following it. hc are the clients of poold's calls to it;
 // hurry, once closed, cuts its stop's grace short (nil: never).
-func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, port int, hc clients, hurry <-chan struct{}) *engine {
+func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Launch, port int, hc proc.Clients, hurry <-chan struct{}) *engine {
 	env := engineEnv(prof, spec)
 	return &engine{
 		profile:   prof,
@@ -87,7 +87,7 @@ func newEngine(prof *profile.Profile, spec *profile.PoolSpec, launch profile.Lau
 		argv:      prof.Argv(port, spec, launch),
 		env:       env,
 		given:     givenEnv(prof, spec),
-		http:      hc,
+		api:       hc.At(port),
 		idle:      idleTimeout(env),
 		hurry:     hurry,
 		pumped:    make(chan struct{}),
@@ -107,7 +107,7 @@ type engineStart struct {
 	Spec       *profile.PoolSpec
 	Launch     profile.Launch
 	Supervisor *proc.Supervisor
-	HTTP       clients
+	HTTP       proc.Clients
 	Hurry      <-chan struct{}
 	Output     outputLog
 }
@@ -179,9 +179,6 @@ func givenEnv(prof *profile.Profile, spec *profile.PoolSpec) []string {
 	}
 	return append(env, prof.Environ(spec)...)
 }
-
-// base is the engine's loopback URL.
-func (e *engine) base() string { return "http://127.0.0.1:" + strconv.Itoa(e.port) }
 
 // loopbackURL is the base URL of an engine listening on port.
 func loopbackURL(port int) *url.URL {

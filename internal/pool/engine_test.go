@@ -115,7 +115,7 @@ func TestWaitReadyKeepsWhatWasListedAtTheDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := reloadConfig(t, `{"name": "a", "gpus": [0]}`, simProfile("x", []string{"a"}))
-	e := &engine{profile: cfg.Lookup("x"), port: port, h: servedAt(port), http: defaultClients(Options{}), logs: proc.NewOutput(logLines)}
+	e := &engine{profile: cfg.Lookup("x"), port: port, h: servedAt(port), api: proc.NewClients(nil, nil).At(port), logs: proc.NewOutput(logLines)}
 	err = e.waitReady(context.Background(), 500*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), `it lists ["other-name"], not "x"`) {
 		t.Fatalf("waitReady: %v; want it to say what /v1/models listed before the deadline", err)

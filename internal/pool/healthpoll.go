@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -70,11 +71,7 @@ func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
 			return nil
 		case <-t.C:
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.base()+"/health", nil)
-		if err != nil {
-			return nil
-		}
-		resp, err := e.http.probe.Do(req)
+		status, err := e.api.Health(ctx)
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			if refused++; refused == refusedPolls {
 				return e.failedWith(fmt.Sprintf("failed: GET /health was refused %d times in a row: nothing listens on its port %d", refused, e.port))
@@ -85,9 +82,8 @@ func (e *engine) pollHealth(ctx context.Context, interval time.Duration) error {
 		if err != nil {
 			continue
 		}
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusServiceUnavailable {
-			return e.failedWith("failed over: GET /health answered " + resp.Status + ": its engine core is dead")
+		if status == http.StatusServiceUnavailable {
+			return e.failedWith("failed over: GET /health answered " + strconv.Itoa(status) + " " + http.StatusText(status) + ": its engine core is dead")
 		}
 	}
 }

@@ -73,11 +73,12 @@ func TestHealthPollerFailsAnEngineThatRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	port := ln.Addr().(*net.TCPAddr).Port
 	e := &engine{
 		profile: &profile.Profile{ID: "m"},
-		port:    ln.Addr().(*net.TCPAddr).Port,
-		h:       servedAt(ln.Addr().(*net.TCPAddr).Port),
-		http:    defaultClients(Options{}),
+		port:    port,
+		h:       servedAt(port),
+		api:     proc.NewClients(nil, nil).At(port),
 		logs:    proc.NewOutput(logLines),
 	}
 	ln.Close()

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 	"github.com/poold/poold/internal/profile"
 	"github.com/poold/poold/internal/statusapi"
 )
@@ -284,7 +285,7 @@ func (p *Pool) swap(ctx context.Context, prof *profile.Profile, retired bool) {
 		if _, stopErr := p.stopAndForget(e, prof.StopTimeout.Duration, statusapi.ExitLoadFailed); stopErr != nil {
 			p.log.Error("stopping failed engine", "profile", prof.ID, "err", stopErr)
 		}
-		if errors.Is(err, errPortShared) || e.portTaken() {
+		if errors.Is(err, proc.ErrPortShared) || e.portTaken() {
 			if attempt < portAttempts {
 				p.log.Warn("engine's port was taken; starting it on another", "profile", prof.ID, "port", e.port, "attempt", attempt, "err", err)
 				continue

@@ -197,7 +197,7 @@ type Pool struct {
 	name string
 	opts Options
 	log  *slog.Logger
-	http clients       // of the calls to its engines
+	http proc.Clients  // of the calls to its engines
 	kick chan struct{} // buffered(1): wakes the run loop
 	done chan struct{} // closed when the run loop has ended
 	// cancel ends the run loop's context; set by the Set before the loop starts.
@@ -248,7 +248,7 @@ func newPool(spec *profile.PoolSpec, cfg *profile.Config, opts Options) *Pool {
 		name:  spec.Name,
 		opts:  opts,
 		log:   opts.Logger.With("component", "pool", "pool", spec.Name),
-		http:  defaultClients(opts),
+		http:  proc.NewClients(opts.ProbeClient, opts.ControlClient),
 		kick:  make(chan struct{}, 1),
 		done:  make(chan struct{}),
 		spec:  spec,

@@ -59,10 +59,10 @@ func newFakeEngine(t *testing.T, id string, answer func(call string) (int, strin
 	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
 	f.engine = &engine{
 		profile: &profile.Profile{ID: id},
-		http:    defaultClients(Options{}),
 		logs:    proc.NewOutput(logLines),
 	}
 	f.port, _ = strconv.Atoi(port)
+	f.api = proc.NewClients(nil, nil).At(f.port)
 	f.h = servedAt(f.port)
 	return f
 }
@@ -99,7 +99,7 @@ func TestSleepAndWakeCalls(t *testing.T) {
 			return 0, ""
 		})
 		ctx := context.Background()
-		if err := f.sleep(ctx, tt.level); err != nil {
+		if err := f.api.Sleep(ctx, tt.level); err != nil {
 			t.Fatalf("level %d: sleep: %v", tt.level, err)
 		}
 		if err := f.wakeUp(ctx, tt.level, 10*time.Second); err != nil {
@@ -127,37 +127,5 @@ func TestWakeFailsFastWhenStillAsleep(t *testing.T) {
 	}
 	if got := f.recorded(); !slices.Equal(got, []string{"POST /wake_up", "GET /is_sleeping"}) {
 		t.Fatalf("calls %q: the warm-up was sent to a sleeping engine", got)
-	}
-}
-
-// A pooling model serves no completions (vLLM answers 404): the warm-up
-// runs it through /v1/embeddings instead, and fails when that fails.
-func TestWarmUpPoolingModel(t *testing.T) {
-	for _, tt := range []struct {
-		name      string
-		embedding int // the status of /v1/embeddings
-		ok        bool
-	}{
-		{"embeds", http.StatusOK, true},
-		{"serves no embeddings either", http.StatusNotFound, true},
-		{"fails", http.StatusInternalServerError, false},
-	} {
-		f := newFakeEngine(t, "e", func(call string) (int, string) {
-			switch {
-			case strings.HasPrefix(call, "POST /v1/completions "):
-				return http.StatusNotFound, `{"detail":"Not Found"}`
-			case strings.HasPrefix(call, "POST /v1/embeddings "):
-				return tt.embedding, "{}"
-			}
-			return 0, ""
-		})
-		err := f.warmUp(context.Background())
-		if (err == nil) != tt.ok {
-			t.Errorf("%s: warm-up %v, want ok %t", tt.name, err, tt.ok)
-		}
-		want := []string{`POST /v1/completions {"model":"e","prompt":"warm-up","max_tokens":1}`, `POST /v1/embeddings {"model":"e","input":"warm-up"}`}
-		if got := f.recorded(); !slices.Equal(got, want) {
-			t.Errorf("%s: calls %q, want %q", tt.name, got, want)
-		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/url"
+
+	proc "github.com/poold/poold/internal/engine" // named apart from the pool's engine type
 )
 
 // Engines that fall asleep by themselves. The newest vLLM servers can put an
@@ -42,8 +44,8 @@ func (p *Pool) engineAsleep(pid, port, level int) {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	asleep, err := e.isSleeping(ctx)
+	ctx, cancel := context.WithTimeout(context.Background(), proc.ProbeTimeout)
+	asleep, err := e.api.IsSleeping(ctx)
 	cancel()
 	var transport *url.Error
 	if errors.As(err, &transport) || err == nil && !asleep {

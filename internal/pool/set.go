@@ -46,8 +46,8 @@ func NewSet(cfg *profile.Config, opts Options) *Set {
 	opts.spawn = proc.ProcessSpawner()
 	opts.hurry = make(chan struct{})
 	opts.detach = new(atomic.Bool)
-	hc := defaultClients(opts) // shared by every pool of the set
-	opts.ProbeClient, opts.ControlClient = hc.probe, hc.control
+	hc := proc.NewClients(opts.ProbeClient, opts.ControlClient) // shared by every pool of the set
+	opts.ProbeClient, opts.ControlClient = hc.Probe, hc.Control
 	s := &Set{opts: opts}
 	s.list.Store(&poolList{})
 	s.Apply(cfg)

@@ -53,7 +53,7 @@ func (p *Pool) sleepOut(ctx context.Context, old *engine, retired bool) bool {
 		released = p.opts.VRAM.WatchSleep(gpus, old.h.Members())
 	}
 	sctx, cancel := context.WithTimeout(ctx, old.profile.StopTimeout.Duration)
-	err := old.sleep(sctx, level)
+	err := old.api.Sleep(sctx, level)
 	cancel()
 	if err != nil {
 		p.opts.host.release(need)
